@@ -1,0 +1,7 @@
+"""``python -m merak_sim.cli`` runs the merak-sim command line."""
+
+import sys
+
+from merak_sim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,45 @@
+"""The schedule IR, generators, lowering, validation and unit-cost replay (torch-free)."""
+
+from .execute import DeadlockError, Execution, execute
+from .generators import SCHEDULES, ScheduleSpec, generate
+from .ir import (
+    Action,
+    Fused,
+    Kind,
+    Schedule,
+    ScheduleError,
+    Step,
+    format_program,
+    iter_actions,
+    parse_program,
+    parse_step,
+)
+from .lowering import lower
+from .replay import ReplayResult, replay, stage_aware_fractions
+from .validate import ValidationReport, live_profile, validate
+
+__all__ = [
+    "Action",
+    "DeadlockError",
+    "Execution",
+    "Fused",
+    "Kind",
+    "ReplayResult",
+    "SCHEDULES",
+    "Schedule",
+    "ScheduleError",
+    "ScheduleSpec",
+    "Step",
+    "ValidationReport",
+    "execute",
+    "format_program",
+    "generate",
+    "iter_actions",
+    "live_profile",
+    "lower",
+    "parse_program",
+    "parse_step",
+    "replay",
+    "stage_aware_fractions",
+    "validate",
+]

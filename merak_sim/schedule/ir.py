@@ -1,0 +1,369 @@
+"""The schedule IR shared by the simulator (merak_sim) and the real backend (merak_exec).
+
+A :class:`Schedule` is one program per pipeline rank: a tuple of *steps*. A step is
+either a single :class:`Action` or a :class:`Fused` group of communication actions
+posted together (one ``batch_isend_irecv`` call).
+
+Communication semantics (the one place they are written down; both back ends obey
+them, and :func:`merak_sim.schedule.validate.validate` proves schedules safe under them)
+-------------------------------------------------------------------------------------
+1. Each rank runs its program strictly in order. Compute actions (F, F*, R, B, I, W,
+   AR, OPT) run one after another on the rank's compute stream.
+2. Sends and receives are *posted* asynchronously when the program reaches them;
+   posting takes no time and never blocks the program. A send's data is the output
+   of compute that precedes it in program order.
+3. A transfer starts when both its send and its matching receive are posted and
+   completes one transfer time later; the send and the receive complete together.
+4. A compute action waits only for the receive it consumes: F/F* wait for their
+   ``rA``, B/I for their ``rG``; R and W consume nothing remote (R re-forwards from
+   the input F* kept). This is what lets "R3 rG3 B3" overlap the re-forward with the
+   gradient in flight. A :class:`Fused` group is one posting (one
+   ``batch_isend_irecv``); its consumer still waits only for its own receive, and a
+   send's completion is awaited only before its buffer is freed at the end.
+5. Matching is by tag: the activation of micro-batch m leaving global virtual stage
+   g is received by g+1; its gradient goes back from g+1 to g. Between any ordered
+   pair of ranks, sends must be posted in the same order as the peer posts the
+   matching receives (NCCL matches point-to-point operations by order, not tag).
+6. ``AR`` (data-parallel gradient all-reduce) and ``OPT`` (optimizer step) end each
+   rank's program; they involve only the rank's data-parallel peers, which run the
+   identical program, so they never wait on another pipeline rank.
+
+Tokens
+------
+Every action has a one-token string form that parses back to an equal action:
+``F3`` forward, ``F*3`` forward without grad (Merak's F*: keeps only the stage input
+and RNG state), ``R3`` re-forward (recompute), ``B3`` backward, ``I3`` / ``W3`` the
+zero-bubble backward-input / backward-weight halves, ``sA3``/``rA3`` send/receive
+activation, ``sG3``/``rG3`` send/receive gradient, ``AR``, ``OPT``. A chunk (virtual
+stage) other than 0 is written as a prefix: ``1F3``, ``1sA3``. A fused group joins its
+parts with ``/`` (``sA3/rG0``); the bracketed form ``[sA3/rG0]`` of the reference is
+also accepted.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Iterator, Union
+
+__all__ = [
+    "Kind",
+    "Action",
+    "Fused",
+    "Step",
+    "Schedule",
+    "ScheduleError",
+    "parse_step",
+    "parse_program",
+    "format_program",
+    "iter_actions",
+]
+
+
+class ScheduleError(ValueError):
+    """A schedule, token or generator argument is invalid (message names the problem)."""
+
+
+class Kind(enum.Enum):
+    """What an :class:`Action` does. The value is the token's letter code."""
+
+    FORWARD = "F"
+    FORWARD_NOGRAD = "F*"
+    RECOMPUTE = "R"
+    BACKWARD = "B"
+    BACKWARD_INPUT = "I"
+    BACKWARD_WEIGHT = "W"
+    SEND_ACT = "sA"
+    RECV_ACT = "rA"
+    SEND_GRAD = "sG"
+    RECV_GRAD = "rG"
+    ALL_REDUCE = "AR"
+    OPTIMIZER = "OPT"
+
+    @property
+    def is_compute(self) -> bool:
+        """True for actions that occupy the compute stream."""
+        return self not in _COMM_KINDS
+
+    @property
+    def is_comm(self) -> bool:
+        """True for point-to-point sends and receives."""
+        return self in _COMM_KINDS
+
+    @property
+    def is_send(self) -> bool:
+        """True for sA and sG."""
+        return self in (Kind.SEND_ACT, Kind.SEND_GRAD)
+
+    @property
+    def is_recv(self) -> bool:
+        """True for rA and rG."""
+        return self in (Kind.RECV_ACT, Kind.RECV_GRAD)
+
+    @property
+    def per_microbatch(self) -> bool:
+        """True unless the action is once per iteration (AR, OPT)."""
+        return self not in (Kind.ALL_REDUCE, Kind.OPTIMIZER)
+
+
+_COMM_KINDS = frozenset({Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD})
+_FORWARD_KINDS = frozenset({Kind.FORWARD, Kind.FORWARD_NOGRAD})
+
+# chunk prefix, kind code, micro-batch. Longest codes first so "F*" wins over "F".
+_TOKEN_RE = re.compile(r"^(\d*)(F\*|OPT|AR|sA|rA|sG|rG|F|R|B|I|W)(\d*)$")
+_BY_CODE = {k.value: k for k in Kind}
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Action:
+    """One instruction of a rank's program.
+
+    Attributes:
+        kind: what the action does.
+        stage: the pipeline rank (physical stage) that runs it, 0-based.
+        microbatch: micro-batch index, or -1 for AR/OPT.
+        chunk: virtual-stage index on this rank (interleaved schedules), else 0. The
+            model stage it belongs to is ``chunk * num_stages + stage``.
+    """
+
+    kind: Kind
+    stage: int
+    microbatch: int = -1
+    chunk: int = 0
+
+    def __post_init__(self) -> None:
+        if self.stage < 0 or self.chunk < 0:
+            raise ScheduleError(f"action has negative stage {self.stage} or chunk {self.chunk}")
+        if self.kind.per_microbatch and self.microbatch < 0:
+            raise ScheduleError(f"{self.kind.name} needs a micro-batch index >= 0")
+        if not self.kind.per_microbatch and self.microbatch != -1:
+            raise ScheduleError(f"{self.kind.value} takes no micro-batch index")
+
+    def __str__(self) -> str:
+        prefix = str(self.chunk) if self.chunk else ""
+        mb = str(self.microbatch) if self.kind.per_microbatch else ""
+        return f"{prefix}{self.kind.value}{mb}"
+
+    @property
+    def parts(self) -> tuple[Action, ...]:
+        """The actions posted by this step: just itself (see :attr:`Fused.parts`)."""
+        return (self,)
+
+    @staticmethod
+    def parse(token: str, stage: int) -> Action:
+        """Parse one token such as ``"1F*3"`` on pipeline rank ``stage``."""
+        m = _TOKEN_RE.match(token.strip())
+        if not m:
+            raise ScheduleError(
+                f"malformed action token {token!r}: expected e.g. F3, F*3, R3, B3, I3, W3, "
+                "sA3, rG3, AR, OPT, with an optional chunk prefix like 1F3"
+            )
+        chunk_s, code, mb_s = m.groups()
+        kind = _BY_CODE[code]
+        if kind.per_microbatch and not mb_s:
+            raise ScheduleError(f"action token {token!r} is missing its micro-batch number")
+        if not kind.per_microbatch and (mb_s or chunk_s):
+            raise ScheduleError(f"action token {token!r}: {code} takes no numbers")
+        return Action(kind, stage, int(mb_s) if mb_s else -1, int(chunk_s) if chunk_s else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Fused:
+    """Communication actions posted together as one batched posting (e.g. ``sA3/rG0``)."""
+
+    parts: tuple[Action, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.parts) < 2:
+            raise ScheduleError("a fused group needs at least two actions")
+        for a in self.parts:
+            if not a.kind.is_comm:
+                raise ScheduleError(f"only sends and receives can be fused, not {a}")
+
+    def __str__(self) -> str:
+        return "/".join(str(a) for a in self.parts)
+
+
+Step = Union[Action, Fused]
+
+
+def parse_step(token: str, stage: int) -> Step:
+    """Parse a step token: one action, or a fused group ``a/b`` (brackets optional)."""
+    t = token.strip()
+    if t.startswith("[") and t.endswith("]"):
+        t = t[1:-1]
+    pieces = t.split("/")
+    if len(pieces) == 1:
+        return Action.parse(pieces[0], stage)
+    return Fused(tuple(Action.parse(p, stage) for p in pieces))
+
+
+def parse_program(text: str, stage: int) -> tuple[Step, ...]:
+    """Parse a whitespace-separated program such as ``"F0 sA0 F1 [sA1/rG0] B0"``."""
+    return tuple(parse_step(tok, stage) for tok in text.split())
+
+
+def format_program(program: tuple[Step, ...], brackets: bool = False) -> str:
+    """Render a program as space-separated tokens (fused groups bracketed if asked)."""
+    out = []
+    for step in program:
+        s = str(step)
+        out.append(f"[{s}]" if brackets and isinstance(step, Fused) else s)
+    return " ".join(out)
+
+
+def iter_actions(program: tuple[Step, ...]) -> Iterator[Action]:
+    """Yield every action of a program, fused groups flattened in order."""
+    for step in program:
+        yield from step.parts
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank programs plus the metadata both back ends need.
+
+    Attributes:
+        name: generator name (``"1f1b"``, ``"shifted-critical-path"``, ...).
+        num_stages: pipeline ranks S.
+        num_microbatches: micro-batches M per iteration.
+        virtual_stages: model chunks per rank v (1 unless interleaved).
+        programs: one tuple of steps per rank.
+        no_recompute_stages: ranks whose forwards keep all activations whatever the
+            recompute policy says (Merak's last stage never recomputes).
+        lowered: whether communication actions have been added.
+    """
+
+    name: str
+    num_stages: int
+    num_microbatches: int
+    virtual_stages: int
+    programs: tuple[tuple[Step, ...], ...]
+    no_recompute_stages: frozenset[int] = field(default_factory=frozenset)
+    lowered: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.programs) != self.num_stages:
+            raise ScheduleError(
+                f"schedule has {len(self.programs)} programs for {self.num_stages} stages"
+            )
+        for rank, prog in enumerate(self.programs):
+            for a in iter_actions(prog):
+                if a.stage != rank:
+                    raise ScheduleError(f"action {a} of stage {a.stage} placed on rank {rank}")
+                if a.chunk >= self.virtual_stages:
+                    raise ScheduleError(
+                        f"action {a} uses chunk {a.chunk} but virtual_stages={self.virtual_stages}"
+                    )
+
+    @property
+    def num_model_stages(self) -> int:
+        """Model stages (S * v): how many pieces the layers are cut into."""
+        return self.num_stages * self.virtual_stages
+
+    def model_stage(self, a: Action) -> int:
+        """Global virtual stage that ``a`` works on (``chunk * S + rank``)."""
+        return a.chunk * self.num_stages + a.stage
+
+    def rank_of(self, model_stage: int) -> tuple[int, int]:
+        """(rank, chunk) that holds ``model_stage``."""
+        return model_stage % self.num_stages, model_stage // self.num_stages
+
+    def num_actions(self) -> int:
+        """Total number of actions over all ranks (fused groups counted per part)."""
+        return sum(sum(len(s.parts) for s in p) for p in self.programs)
+
+    def format(self, brackets: bool = True) -> str:
+        """Human-readable per-rank listing."""
+        return "\n".join(
+            f"S{r}: {format_program(p, brackets)}" for r, p in enumerate(self.programs)
+        )
+
+    # -- persistence -------------------------------------------------------------
+    def to_json(self) -> str:
+        """Serialise as JSON (stable keys, one token string per rank)."""
+        return json.dumps(
+            {
+                "format": "merak-schedule/1",
+                "name": self.name,
+                "num_stages": self.num_stages,
+                "num_microbatches": self.num_microbatches,
+                "virtual_stages": self.virtual_stages,
+                "no_recompute_stages": sorted(self.no_recompute_stages),
+                "lowered": self.lowered,
+                "programs": [format_program(p) for p in self.programs],
+            },
+            indent=1,
+        )
+
+    @staticmethod
+    def from_json(text: str) -> Schedule:
+        """Inverse of :meth:`to_json`; raises :class:`ScheduleError` on malformed input."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ScheduleError(f"schedule JSON is malformed: {e}") from None
+        if not isinstance(d, dict) or d.get("format") != "merak-schedule/1":
+            raise ScheduleError("schedule JSON lacks \"format\": \"merak-schedule/1\"")
+        try:
+            return Schedule(
+                name=str(d["name"]),
+                num_stages=int(d["num_stages"]),
+                num_microbatches=int(d["num_microbatches"]),
+                virtual_stages=int(d["virtual_stages"]),
+                programs=tuple(parse_program(p, r) for r, p in enumerate(d["programs"])),
+                no_recompute_stages=frozenset(int(x) for x in d.get("no_recompute_stages", [])),
+                lowered=bool(d.get("lowered", True)),
+            )
+        except KeyError as e:
+            raise ScheduleError(f"schedule JSON is missing field {e.args[0]!r}") from None
+        except (TypeError, AttributeError) as e:
+            raise ScheduleError(f"schedule JSON has a field of the wrong type: {e}") from None
+
+    def to_csv(self) -> str:
+        """CSV: a header row, then one row per rank: rank followed by its step tokens."""
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(
+            [
+                f"# merak-schedule/1 name={self.name} S={self.num_stages} "
+                f"M={self.num_microbatches} v={self.virtual_stages} "
+                f"no_recompute={','.join(map(str, sorted(self.no_recompute_stages)))} "
+                f"lowered={int(self.lowered)}"
+            ]
+        )
+        for r, p in enumerate(self.programs):
+            w.writerow([r, *(str(s) for s in p)])
+        return buf.getvalue()
+
+    @staticmethod
+    def from_csv(text: str) -> Schedule:
+        """Inverse of :meth:`to_csv`; raises :class:`ScheduleError` on malformed input."""
+        rows = list(csv.reader(io.StringIO(text)))
+        if not rows or not rows[0] or not rows[0][0].startswith("# merak-schedule/1"):
+            raise ScheduleError("schedule CSV must start with a '# merak-schedule/1 ...' header")
+        meta = dict(kv.split("=", 1) for kv in rows[0][0].split()[2:] if "=" in kv)
+        try:
+            S, M, v = int(meta["S"]), int(meta["M"]), int(meta["v"])
+        except (KeyError, ValueError):
+            raise ScheduleError("schedule CSV header needs integer S=, M= and v= fields") from None
+        programs = []
+        for i, row in enumerate(rows[1:]):
+            if not row:
+                continue
+            if row[0].strip() != str(i):
+                raise ScheduleError(f"schedule CSV row {i + 2} should start with rank {i}")
+            programs.append(tuple(parse_step(tok, i) for tok in row[1:] if tok.strip()))
+        nr = meta.get("no_recompute", "")
+        return Schedule(
+            name=meta.get("name", "custom"),
+            num_stages=S,
+            num_microbatches=M,
+            virtual_stages=v,
+            programs=tuple(programs),
+            no_recompute_stages=frozenset(int(x) for x in nr.split(",") if x),
+            lowered=meta.get("lowered", "1") == "1",
+        )

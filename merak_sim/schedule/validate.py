@@ -1,0 +1,173 @@
+"""``validate(schedule)``: prove a schedule correct under the IR's semantics.
+
+Checks, in order (the first failure raises :class:`ScheduleError`; a deadlock raises
+:class:`~merak_sim.schedule.execute.DeadlockError` whose message draws the rank x step
+grid with the point where each rank stopped):
+
+1. Completeness: every (model stage, micro-batch) gets exactly one forward (F or F*)
+   and one complete backward (B, or I then W); F* is followed by exactly one R before
+   its backward; an R only follows an F*; nothing runs before its forward.
+2. Sends carry data that exists: ``sA`` comes after that micro-batch's forward on the
+   rank, ``sG`` after its B or I.
+3. Point-to-point order: between every ordered pair of ranks the receiver posts its
+   receives in the order the sender posts the sends (NCCL matches by order).
+4. Deadlock-freedom and matching: symbolic execution with unit durations finishes,
+   every compute action's receive was posted before it, every send has a receive.
+5. AR and OPT, if present, come once each, after every backward, AR before OPT.
+
+It returns a :class:`ValidationReport` with the peak number of micro-batches whose
+activations are held on each rank (forward done, backward not yet complete).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .execute import execute
+from .ir import Kind, Schedule, ScheduleError, iter_actions
+from .lowering import comm_key, peer_of
+
+__all__ = ["ValidationReport", "validate", "live_profile"]
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """What validate() proved and measured.
+
+    Attributes:
+        peak_in_flight: per rank, the most micro-batch chunks alive at once
+            (activations held between a forward and the end of its backward).
+        peak_full_in_flight: per rank, the most alive chunks that hold their full
+            activation set (F, or F* after its R); F* chunks awaiting R hold only input.
+        makespan_unit: makespan with unit durations and free communication.
+    """
+
+    peak_in_flight: tuple[int, ...]
+    peak_full_in_flight: tuple[int, ...]
+    makespan_unit: float
+
+
+def live_profile(sched: Schedule, rank: int) -> list[tuple[int, int]]:
+    """After each compute action of ``rank``: (chunks alive holding full activations,
+    chunks alive holding only their input because they ran as F* and await R)."""
+    full: set = set()
+    nograd: set = set()
+    out = []
+    for a in iter_actions(sched.programs[rank]):
+        key = (a.chunk, a.microbatch)
+        k = a.kind
+        if k is Kind.FORWARD:
+            full.add(key)
+        elif k is Kind.FORWARD_NOGRAD:
+            nograd.add(key)
+        elif k is Kind.RECOMPUTE:
+            nograd.discard(key)
+            full.add(key)
+        elif k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT):
+            full.discard(key)
+            nograd.discard(key)
+        else:
+            continue
+        out.append((len(full), len(nograd)))
+    return out
+
+
+def _check_rank(sched: Schedule, rank: int) -> None:
+    state: dict[tuple[int, int], str] = {}  # (chunk, mb) -> last phase
+    n_ar = n_opt = 0
+    for a in iter_actions(sched.programs[rank]):
+        key = (a.chunk, a.microbatch)
+        k = a.kind
+        where = f"rank {rank}: {a}"
+        if k is Kind.ALL_REDUCE:
+            n_ar += 1
+            continue
+        if k is Kind.OPTIMIZER:
+            n_opt += 1
+            if n_ar == 0 and sched.num_microbatches:
+                raise ScheduleError(f"{where}: optimizer step before the gradient all-reduce")
+            continue
+        if n_ar or n_opt:
+            raise ScheduleError(f"{where}: action after the all-reduce/optimizer step")
+        if a.microbatch >= sched.num_microbatches:
+            raise ScheduleError(
+                f"{where}: micro-batch {a.microbatch} >= microbatches {sched.num_microbatches}"
+            )
+        s = state.get(key)
+        if k in (Kind.FORWARD, Kind.FORWARD_NOGRAD):
+            if s is not None:
+                raise ScheduleError(f"{where}: second forward of this micro-batch")
+            state[key] = "F*" if k is Kind.FORWARD_NOGRAD else "F"
+        elif k is Kind.RECOMPUTE:
+            if s != "F*":
+                raise ScheduleError(f"{where}: R without a pending F* (state {s})")
+            state[key] = "R"
+        elif k in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
+            if s == "F*":
+                raise ScheduleError(f"{where}: backward of an F* micro-batch before its R")
+            if s not in ("F", "R"):
+                raise ScheduleError(f"{where}: backward without a forward (state {s})")
+            state[key] = "done" if k is Kind.BACKWARD else "I"
+        elif k is Kind.BACKWARD_WEIGHT:
+            if s != "I":
+                raise ScheduleError(f"{where}: W without a preceding I (state {s})")
+            state[key] = "done"
+        elif k is Kind.SEND_ACT:
+            if s is None:
+                raise ScheduleError(f"{where}: sends an activation not yet computed")
+        elif k is Kind.SEND_GRAD:
+            if s not in ("I", "done"):
+                raise ScheduleError(f"{where}: sends a gradient not yet computed")
+    for c in range(sched.virtual_stages):
+        for m in range(sched.num_microbatches):
+            s = state.get((c, m))
+            if s != "done":
+                what = "forward" if s is None else "complete backward"
+                g = c * sched.num_stages + rank
+                raise ScheduleError(
+                    f"rank {rank}: model stage {g} micro-batch {m} is missing its {what}"
+                )
+    if n_ar > 1 or n_opt > 1:
+        raise ScheduleError(f"rank {rank}: AR or OPT appears more than once")
+
+
+def _check_order(sched: Schedule) -> None:
+    sends: dict = defaultdict(list)
+    recvs: dict = defaultdict(list)
+    for rank, prog in enumerate(sched.programs):
+        for a in iter_actions(prog):
+            if a.kind.is_send:
+                sends[(rank, peer_of(sched, a))].append(comm_key(sched, a))
+            elif a.kind.is_recv:
+                recvs[(peer_of(sched, a), rank)].append(comm_key(sched, a))
+    for pair in sends.keys() | recvs.keys():
+        s, r = sends.get(pair, []), recvs.get(pair, [])
+        for i, (ks, kr) in enumerate(zip(s, r)):
+            if ks != kr:
+                raise ScheduleError(
+                    f"ranks {pair[0]}->{pair[1]}: send #{i} carries {ks} but the receiver's "
+                    f"#{i} receive expects {kr} (point-to-point order must match)"
+                )
+        if len(s) != len(r):
+            raise ScheduleError(
+                f"ranks {pair[0]}->{pair[1]}: {len(s)} sends but {len(r)} receives"
+            )
+
+
+def validate(sched: Schedule) -> ValidationReport:
+    """Prove ``sched`` complete, well-ordered and deadlock-free (see module docstring)."""
+    for rank in range(sched.num_stages):
+        _check_rank(sched, rank)
+    if sched.lowered:
+        _check_order(sched)
+        ex = execute(sched, lambda a: 1.0 if a.kind.per_microbatch else 0.0)
+        makespan = ex.makespan
+    else:
+        makespan = float("nan")
+    peaks, fulls = [], []
+    for rank in range(sched.num_stages):
+        prof = live_profile(sched, rank)
+        peaks.append(max((f + n for f, n in prof), default=0))
+        fulls.append(max((f for f, _ in prof), default=0))
+    return ValidationReport(tuple(peaks), tuple(fulls), makespan)
