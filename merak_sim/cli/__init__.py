@@ -1,5 +1,8 @@
-"""``merak-sim`` command line. Each subcommand lives in its own module of this package
-and is registered in :data:`SUBCOMMANDS`.
+"""``merak-sim`` command line.
+
+Every module of this package named ``*_cmd.py`` defines one click command in a
+module attribute ``command``; they are registered automatically, so adding a
+subcommand never touches this file.
 
 Errors from bad input (``ValueError`` and its subclasses such as ScheduleError,
 click usage errors, unreadable files) are printed as one line
@@ -9,17 +12,12 @@ click usage errors, unreadable files) are printed as one line
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import sys
 
 import click
 
-__all__ = ["cli", "main", "SUBCOMMANDS"]
-
-#: module (in this package) -> name of the click command object inside it.
-SUBCOMMANDS: dict[str, str] = {
-    "schedule_cmd": "schedule",
-    "demo_cmd": "demo",
-}
+__all__ = ["cli", "main"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -28,8 +26,9 @@ def cli() -> None:
     """Simulate, plan and reproduce 3D-parallel transformer training (Merak)."""
 
 
-for _mod, _attr in SUBCOMMANDS.items():
-    cli.add_command(getattr(importlib.import_module(f"{__name__}.{_mod}"), _attr))
+for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if _info.name.endswith("_cmd"):
+        cli.add_command(importlib.import_module(f"{__name__}.{_info.name}").command)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,12 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("merak-sim: aborted", err=True)
         return 1
     except (ValueError, OSError, KeyError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        click.echo(f"merak-sim: error: {msg}", err=True)
+        text = str(e) or type(e).__name__
+        lines = text.splitlines()
+        click.echo(f"merak-sim: error: {lines[0]}", err=True)
         # Multi-line diagnostics (like a deadlock grid) follow the one-line error.
-        extra = str(e).splitlines()[1:]
-        if extra:
-            click.echo("\n".join(extra), err=True)
+        if len(lines) > 1:
+            click.echo("\n".join(lines[1:]), err=True)
         return 2
 
 

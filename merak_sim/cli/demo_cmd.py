@@ -42,7 +42,7 @@ def schedule_comparison(pp: int = 4, microbatches: int = 8) -> list[dict]:
 @click.option("--out", type=click.Path(file_okay=False), default="out/demo", show_default=True)
 @click.option("--pp", type=int, default=4, show_default=True)
 @click.option("--microbatches", type=int, default=8, show_default=True)
-def demo(out, pp, microbatches):
+def demo_command(out, pp, microbatches):
     """Compare pipeline schedules on unit costs; print a table and write a plot."""
     from rich.console import Console
     from rich.table import Table
@@ -79,3 +79,4 @@ def demo(out, pp, microbatches):
     atomic_write_text(Path(out) / "schedules.csv", "variant,makespan,speedup,bubble\n" + "".join(
         f"{r['variant']},{r['makespan']},{r['speedup']},{r['bubble']}\n" for r in rows))
     click.echo(f"wrote {path}")
+command = demo_command

@@ -1,0 +1,176 @@
+"""ParallelConfig: the one validated description of how a job is parallelised.
+
+The simulator, the planner and the real backend (merak_exec) all take this type, so a
+configuration evaluated in simulation is exactly the one dispatched to a cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from merak_sim.schedule import SCHEDULES, generate, stage_aware_fractions
+from merak_sim.schedule.ir import Schedule
+
+__all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES"]
+
+RECOMPUTE_POLICIES = ("none", "full", "selective", "stage-aware")
+TP_OVERLAPS = ("none", "sub-pipelined")
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelConfig:
+    """Degrees of parallelism, batch split, schedule and Merak technique choices.
+
+    Attributes:
+        dp, tp, pp: data, tensor and pipeline parallel degrees.
+        virtual_stages: model chunks per pipeline rank (interleaved-1f1b only).
+        micro_batch_size: samples per micro-batch per data-parallel replica.
+        global_batch_size: samples per iteration over all replicas; the number of
+            micro-batches is ``global_batch_size // (dp * micro_batch_size)``.
+        schedule: a name from :data:`merak_sim.schedule.SCHEDULES`.
+        recompute: "none", "full" (every layer checkpointed), "selective"
+            (Korthikanti et al. 2022: only the attention core recomputed) or
+            "stage-aware" (Merak T2: fractions from ``recompute_c0`` or explicit
+            ``recompute_fractions``, one per pipeline rank).
+        sequence_parallel: Megatron sequence parallelism with tp.
+        tp_overlap: "none" or "sub-pipelined" (Merak T3, ``tp_overlap_parts`` parts).
+        zero: ZeRO stage, 0 or 1 (optimizer states sharded over dp).
+        dtype: training precision of weights and activations.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    virtual_stages: int = 1
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    schedule: str = "1f1b"
+    recompute: str = "none"
+    recompute_c0: float = 0.75
+    recompute_fractions: tuple[float, ...] | None = None
+    sequence_parallel: bool = False
+    tp_overlap: str = "none"
+    tp_overlap_parts: int = 2
+    zero: int = 0
+    dtype: str = "bf16"
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def world_size(self) -> int:
+        """dp * tp * pp GPUs."""
+        return self.dp * self.tp * self.pp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per iteration per pipeline."""
+        return self.global_batch_size // (self.dp * self.micro_batch_size)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending numbers; never assert."""
+        for name in ("dp", "tp", "pp", "virtual_stages", "micro_batch_size",
+                     "global_batch_size", "tp_overlap_parts"):
+            val = getattr(self, name)
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ValueError(f"{name} must be a positive integer, got {val!r}")
+        if self.global_batch_size % (self.dp * self.micro_batch_size):
+            raise ValueError(
+                f"global batch {self.global_batch_size} is not divisible by dp * micro-batch "
+                f"size = {self.dp} * {self.micro_batch_size}"
+            )
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"unknown schedule {self.schedule!r}; choose one of: {', '.join(SCHEDULES)}"
+            )
+        if self.recompute not in RECOMPUTE_POLICIES:
+            raise ValueError(
+                f"unknown recompute policy {self.recompute!r}; choose one of: "
+                f"{', '.join(RECOMPUTE_POLICIES)}"
+            )
+        if not 0.0 <= self.recompute_c0 <= 1.0:
+            raise ValueError(f"recompute_c0 must lie in [0, 1], got {self.recompute_c0}")
+        if self.recompute_fractions is not None:
+            if len(self.recompute_fractions) != self.pp:
+                raise ValueError(
+                    f"recompute_fractions has {len(self.recompute_fractions)} entries for "
+                    f"pp={self.pp}"
+                )
+            if any(not 0.0 <= c <= 1.0 for c in self.recompute_fractions):
+                raise ValueError(f"recompute_fractions must lie in [0, 1]: "
+                                 f"{self.recompute_fractions}")
+        if self.tp_overlap not in TP_OVERLAPS:
+            raise ValueError(
+                f"unknown tp overlap {self.tp_overlap!r}; choose one of: {', '.join(TP_OVERLAPS)}"
+            )
+        if self.tp_overlap == "sub-pipelined" and self.micro_batch_size % self.tp_overlap_parts:
+            raise ValueError(
+                f"sub-pipelined TP splits a micro-batch into {self.tp_overlap_parts} parts: "
+                f"micro-batch size {self.micro_batch_size} is not divisible by it"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence parallelism needs tp > 1")
+        if self.zero not in (0, 1):
+            raise ValueError(f"zero must be 0 or 1, got {self.zero}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
+        if self.virtual_stages > 1 and not SCHEDULES[self.schedule].interleaved:
+            raise ValueError(
+                f"virtual stages {self.virtual_stages} need schedule interleaved-1f1b, "
+                f"not {self.schedule}"
+            )
+
+    def build_schedule(self) -> Schedule:
+        """The lowered pipeline schedule for this configuration (ScheduleError, a
+        ValueError, if the schedule's requirements are violated)."""
+        return generate(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
+
+    def recompute_per_stage(self, schedule: Schedule | None = None) -> tuple[float, ...]:
+        """Checkpointed fraction c_s of each pipeline rank's layers.
+
+        "none" -> 0, "full" -> 1, "selective" -> 0 (its cheaper recompute is charged
+        by the cost model), "stage-aware" -> explicit fractions or Merak's formula from
+        c0 (with stage S-2 taking stage S-3's ratio under the shifted schedule, since
+        it holds 3 micro-batches at its start). Ranks the schedule marks as never
+        recomputing get 0.
+        """
+        S = self.pp
+        if self.recompute == "full":
+            c = [1.0] * S
+        elif self.recompute == "stage-aware":
+            if self.recompute_fractions is not None:
+                c = list(self.recompute_fractions)
+            else:
+                c = list(stage_aware_fractions(S, self.recompute_c0))
+                if self.schedule == "shifted-critical-path" and S >= 3:
+                    c[S - 2] = c[S - 3]
+        else:
+            c = [0.0] * S
+        sched_nr = schedule.no_recompute_stages if schedule is not None else frozenset()
+        if schedule is None and self.schedule in ("last-no-recompute", "shifted-critical-path"):
+            sched_nr = frozenset({S - 1})
+        return tuple(0.0 if s in sched_nr else x for s, x in enumerate(c))
+
+    def to_dict(self) -> dict:
+        """Plain-JSON form (stable keys), the inverse of :meth:`from_dict`."""
+        d = asdict(self)
+        d.pop("extra")
+        if d["recompute_fractions"] is not None:
+            d["recompute_fractions"] = list(d["recompute_fractions"])
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> ParallelConfig:
+        """Build from :meth:`to_dict` output; unknown keys are an error naming the key."""
+        known = set(ParallelConfig.__dataclass_fields__) - {"extra"}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown parallel-config field(s): {', '.join(sorted(unknown))}")
+        d = dict(d)
+        if d.get("recompute_fractions") is not None:
+            d["recompute_fractions"] = tuple(float(x) for x in d["recompute_fractions"])
+        return ParallelConfig(**d)
+
+
