@@ -60,7 +60,9 @@ def write_launch(
     if launcher not in LAUNCHERS:
         raise DispatchError(f"unknown launcher {launcher!r}; choose one of: {', '.join(LAUNCHERS)}")
     if nodes < 1 or gpus_per_node < 1:
-        raise DispatchError(f"nodes and gpus-per-node must be >= 1, got {nodes} and {gpus_per_node}")
+        raise DispatchError(
+            f"nodes and gpus-per-node must be >= 1, got {nodes} and {gpus_per_node}"
+        )
     cfg = plan.parallel
     world = nodes * gpus_per_node
     if world != cfg.world_size:

@@ -68,7 +68,7 @@ def demo_command(out, pp, microbatches):
     from merak_sim.schedule.render import plot_gantt
 
     fig, axes = plt.subplots(len(rows), 1, figsize=(12, 2.0 * len(rows)), sharex=True)
-    for ax, r in zip(axes, rows):
+    for ax, r in zip(axes, rows, strict=True):
         plot_gantt(r["execution"], ax=ax, title=f"{r['variant']}: {r['makespan']:.2f}")
     fig.tight_layout()
     buf = io.BytesIO()

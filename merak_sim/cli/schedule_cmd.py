@@ -26,7 +26,9 @@ from merak_sim.schedule.render import plot_gantt, text_gantt
               help="Write the schedule as CSV (one row per rank).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Write the schedule as JSON.")
-def schedule_command(name, pp, microbatches, virtual_stages, recompute, gantt_png, csv_out, json_out):
+def schedule_command(
+    name, pp, microbatches, virtual_stages, recompute, gantt_png, csv_out, json_out
+):
     """Print the per-rank action sequences of a schedule, prove it deadlock-free, and
     replay it with unit costs (f=1, b=2, recompute 1, free communication)."""
     sched = generate(name, pp, microbatches, virtual_stages)

@@ -12,10 +12,10 @@ actions (a rank runs until it blocks; posting the matching operation wakes it).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from .ir import Action, Fused, Kind, Schedule, ScheduleError, Step
+from .ir import Action, Fused, Schedule, ScheduleError, Step
 from .lowering import comm_key, consumed_key
 
 __all__ = ["Execution", "DeadlockError", "execute"]
@@ -177,7 +177,8 @@ def execute(
                 completion((send_post[key][1],))
                 continue
             a = (send_post.get(key) or recv_post.get(key))[1]
-            raise ScheduleError(f"{a} on rank {a.stage} has no matching {'receive' if a.kind.is_send else 'send'}")
+            other = "receive" if a.kind.is_send else "send"
+            raise ScheduleError(f"{a} on rank {a.stage} has no matching {other}")
     end_xfer = max((e for _, e in transfers.values()), default=0.0)
     makespan = max(max(clock, default=0.0), end_xfer)
     return Execution(

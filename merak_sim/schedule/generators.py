@@ -14,8 +14,8 @@ al., TPDS 2023, as described in shared/reference/merak.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .ir import Action, Kind, Schedule, ScheduleError, Step
 from .lowering import lower
@@ -33,7 +33,7 @@ __all__ = [
     "shifted_critical_path",
 ]
 
-F, FN, R, B, I, W = (
+F, FN, R, B, I, W = (  # noqa: E741 - the IR's own letters
     Kind.FORWARD,
     Kind.FORWARD_NOGRAD,
     Kind.RECOMPUTE,

@@ -47,8 +47,8 @@ import enum
 import io
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Union
 
 __all__ = [
     "Kind",
@@ -188,7 +188,7 @@ class Fused:
         return "/".join(str(a) for a in self.parts)
 
 
-Step = Union[Action, Fused]
+Step = Action | Fused
 
 
 def parse_step(token: str, stage: int) -> Step:

@@ -82,8 +82,9 @@ def plot_gantt(ex: Execution, path: str | Path | None = None, title: str = "", a
     if title:
         ax.set_title(title)
     if path is not None and own:
-        from merak_sim.io import atomic_write_bytes
         import io
+
+        from merak_sim.io import atomic_write_bytes
 
         buf = io.BytesIO()
         ax.figure.tight_layout()

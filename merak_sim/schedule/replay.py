@@ -11,8 +11,8 @@ schedule marks as never recomputing use ``c_s = 0``. Communication is free unles
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .execute import Execution, execute
 from .ir import Action, Kind, Schedule, ScheduleError, iter_actions

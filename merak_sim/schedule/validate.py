@@ -143,7 +143,7 @@ def _check_order(sched: Schedule) -> None:
                 recvs[(peer_of(sched, a), rank)].append(comm_key(sched, a))
     for pair in sends.keys() | recvs.keys():
         s, r = sends.get(pair, []), recvs.get(pair, [])
-        for i, (ks, kr) in enumerate(zip(s, r)):
+        for i, (ks, kr) in enumerate(zip(s, r, strict=False)):
             if ks != kr:
                 raise ScheduleError(
                     f"ranks {pair[0]}->{pair[1]}: send #{i} carries {ks} but the receiver's "
