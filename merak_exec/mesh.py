@@ -1,0 +1,173 @@
+"""Launch and topology: torch.distributed start-up and the dp/tp/pp process groups.
+
+Rank layout (Megatron's): tp varies fastest, then dp, then pp, so a tensor-parallel
+group is a run of consecutive ranks (one node, fast links) and pipeline peers are
+``dp * tp`` ranks apart. ``global = (pp_rank * dp + dp_rank) * tp + tp_rank``.
+
+Every process must create every group in the same order (``new_group`` is a
+collective over the world), so :func:`build_mesh` enumerates all groups on every rank
+and keeps the ones it belongs to.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from merak_sim.config import ParallelConfig
+
+__all__ = ["ExecError", "Mesh", "init_distributed", "build_mesh", "default_timeout_s"]
+
+
+class ExecError(ValueError):
+    """Bad input to the real backend (degrees, model, checkpoint): the message names the
+    problem and the fix."""
+
+
+def default_timeout_s() -> float:
+    """Timeout for every wait, from MERAK_TIMEOUT_S (default 60 s): short, so a lost
+    rank turns into a clear error on the others rather than a hang."""
+    try:
+        return float(os.environ.get("MERAK_TIMEOUT_S", "60"))
+    except ValueError:
+        raise ExecError("MERAK_TIMEOUT_S must be a number of seconds") from None
+
+
+def init_distributed(timeout_s: float | None = None, backend: str | None = None) -> None:
+    """Initialise the default process group from the launcher's environment.
+
+    Works under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) and Slurm's srun
+    (SLURM_PROCID/SLURM_NTASKS are mapped to RANK/WORLD_SIZE, LOCAL_RANK from
+    SLURM_LOCALID). Backend: NCCL when CUDA is available, else gloo. A process without
+    any launcher environment becomes a world of one. No-op if already initialised.
+    """
+    if dist.is_initialized():
+        return
+    env = os.environ
+    if "RANK" not in env and "SLURM_PROCID" in env:
+        env["RANK"] = env["SLURM_PROCID"]
+        env["WORLD_SIZE"] = env.get("SLURM_NTASKS", "1")
+        env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
+    if "RANK" not in env:
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in env:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                env["MASTER_PORT"] = str(s.getsockname()[1])
+    if env.get("MASTER_ADDR") in (None, "localhost", "127.0.0.1"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))
+    t = datetime.timedelta(seconds=timeout_s if timeout_s is not None else default_timeout_s())
+    dist.init_process_group(backend=backend, timeout=t)
+
+
+@dataclass
+class Mesh:
+    """This rank's coordinates and process groups.
+
+    Attributes:
+        config: the ParallelConfig the mesh was built from.
+        rank, world_size: global rank and size.
+        dp_rank, tp_rank, pp_rank: coordinates.
+        dp_group, tp_group, pp_group: groups this rank belongs to (None when degree 1).
+        tied_group: {first, last} pipeline ranks of this (dp, tp) slice, for summing
+            tied embedding gradients (None unless pp > 1).
+        device: torch device this rank computes on.
+        timeout_s: bound on every wait.
+    """
+
+    config: ParallelConfig
+    rank: int
+    world_size: int
+    dp_rank: int
+    tp_rank: int
+    pp_rank: int
+    dp_group: object
+    tp_group: object
+    pp_group: object
+    tied_group: object
+    device: torch.device
+    timeout_s: float
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree."""
+        return self.config.dp
+
+    @property
+    def tp(self) -> int:
+        """Tensor-parallel degree."""
+        return self.config.tp
+
+    @property
+    def pp(self) -> int:
+        """Pipeline degree."""
+        return self.config.pp
+
+    def global_rank(self, pp_rank: int, dp_rank: int | None = None,
+                    tp_rank: int | None = None) -> int:
+        """Global rank of the given coordinates (missing ones default to this rank's)."""
+        d = self.dp_rank if dp_rank is None else dp_rank
+        t = self.tp_rank if tp_rank is None else tp_rank
+        return (pp_rank * self.dp + d) * self.tp + t
+
+
+def build_mesh(config: ParallelConfig, timeout_s: float | None = None) -> Mesh:
+    """Create the dp, tp, pp (and tied-embedding) groups for ``config``.
+
+    Raises :class:`ExecError` on every rank if the degrees do not multiply to the
+    world size.
+    """
+    if not dist.is_initialized():
+        init_distributed(timeout_s)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if config.world_size != world:
+        raise ExecError(
+            f"dp*tp*pp = {config.dp}*{config.tp}*{config.pp} = {config.world_size} does not "
+            f"match the world size {world}; launch {config.world_size} processes or change "
+            "the degrees"
+        )
+    dp, tp, pp = config.dp, config.tp, config.pp
+    tp_rank = rank % tp
+    dp_rank = (rank // tp) % dp
+    pp_rank = rank // (tp * dp)
+    t = datetime.timedelta(seconds=timeout_s if timeout_s is not None else default_timeout_s())
+
+    def g(p: int, d: int, q: int) -> int:
+        return (p * dp + d) * tp + q
+
+    mine = {}
+    # Same creation order on every rank (new_group is collective over the world).
+    for kind, groups in (
+        ("tp", [[g(p, d, q) for q in range(tp)] for p in range(pp) for d in range(dp)]),
+        ("dp", [[g(p, d, q) for d in range(dp)] for p in range(pp) for q in range(tp)]),
+        ("pp", [[g(p, d, q) for p in range(pp)] for d in range(dp) for q in range(tp)]),
+        ("tied", [[g(0, d, q), g(pp - 1, d, q)] for d in range(dp) for q in range(tp)]
+         if pp > 1 else []),
+    ):
+        for ranks in groups:
+            if len(ranks) == 1:
+                continue
+            grp = dist.new_group(ranks, timeout=t)
+            if rank in ranks:
+                mine[kind] = grp
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    return Mesh(
+        config=config, rank=rank, world_size=world, dp_rank=dp_rank, tp_rank=tp_rank,
+        pp_rank=pp_rank, dp_group=mine.get("dp"), tp_group=mine.get("tp"),
+        pp_group=mine.get("pp"), tied_group=mine.get("tied"), device=device,
+        timeout_s=t.total_seconds(),
+    )

@@ -1,0 +1,194 @@
+"""``parallelize(model, config)``: turn an ordinary model into this rank's share of a
+dp x tp x pp job and train it with the schedule the config names.
+
+Order of transformations (torchtitan's): the model becomes a layer chain, the chain
+is cut into ``pp * virtual_stages`` model stages, this rank keeps its chunks (the rest
+is dropped; a meta-device model materialises only the kept layers), tensor
+parallelism shards the kept layers, recompute fractions are set per stage, and the
+runtime interprets the schedule each step with data-parallel gradient averaging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from merak_exec.capture import to_chain
+from merak_exec.mesh import ExecError, Mesh, build_mesh
+from merak_exec.runtime import PipelineRuntime, StepOutput
+from merak_exec.stages import LayerChain, build_stage, split_from_points, uniform_split
+from merak_exec.tensor_parallel import (FAMILY_MAPPINGS, SubPipelined, TPMapping,
+                                        apply_tensor_parallel)
+from merak_sim.config import ParallelConfig
+
+__all__ = ["ParallelModel", "parallelize"]
+
+
+@dataclass
+class ParallelModel:
+    """This rank's part of a parallelised model and the runtime that trains it.
+
+    Attributes:
+        mesh: groups and coordinates.
+        chain: the full layer chain (only local layers are materialised).
+        ranges: layer range of every model stage.
+        chunks: local stage modules, by chunk.
+        runtime: the schedule interpreter.
+        config: the ParallelConfig.
+    """
+
+    mesh: Mesh
+    chain: LayerChain
+    ranges: list[range]
+    chunks: list
+    runtime: PipelineRuntime
+    config: ParallelConfig
+    history: list[StepOutput] = field(default_factory=list)
+
+    def parameters(self):
+        """Local trainable parameters (shards under TP)."""
+        return [p for c in self.chunks for p in c.parameters() if p.requires_grad]
+
+    def named_parameters(self):
+        """(name, parameter) of local chunks, names prefixed with the global layer index
+        so they are unique across pipeline ranks (``layers.<i>.<name>``)."""
+        out = []
+        for c in self.chunks:
+            r = self.ranges[c.index]
+            for li, layer in zip(r, c.layers):
+                for n, p in layer.named_parameters():
+                    out.append((f"layers.{li}.{n}", p))
+        return out
+
+    def split_batch(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """This dp rank's micro-batches of a *global* batch ``[dp*M*mbs, ...]``."""
+        cfg = self.config
+        M, mbs = cfg.num_microbatches, cfg.micro_batch_size
+        n = M * mbs
+        if t.shape[0] != cfg.global_batch_size:
+            raise ExecError(f"batch has {t.shape[0]} samples; the config's global batch size "
+                            f"is {cfg.global_batch_size}")
+        mine = t[self.mesh.dp_rank * n:(self.mesh.dp_rank + 1) * n]
+        return list(mine.split(mbs, dim=0))
+
+    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor) -> StepOutput:
+        """One iteration on a global batch (every rank passes the same tensors)."""
+        out = self.runtime.step(self.split_batch(input_ids), self.split_batch(labels))
+        self.history.append(out)
+        return out
+
+
+def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
+                optimizer_fn: Callable[[list], torch.optim.Optimizer] | None = None,
+                seq_len: int, split_points: list[int] | None = None,
+                tp_mapping: TPMapping | str | None = None, mesh: Mesh | None = None,
+                record: bool = True, dtype: torch.dtype | None = None) -> ParallelModel:
+    """Parallelise ``model`` for ``config`` on the current torch.distributed world.
+
+    Args:
+        model: the built-in GPT, a HuggingFace GPT2LMHeadModel / LlamaForCausalLM, a
+            model torch.export can capture, or a ready :class:`LayerChain`. It may live
+            on the meta device; then only this rank's layers are materialised.
+        config: degrees, micro-batching, schedule, recompute policy, TP overlap.
+        optimizer_fn: builds the optimizer from the local parameters (default AdamW,
+            lr 1e-4).
+        seq_len: sequence length of every micro-batch (fixes the boundary shape).
+        split_points: explicit layer indices where stages begin (default: uniform).
+        tp_mapping: a :class:`TPMapping` or a family name ("gpt", "llama", "bert");
+            default from the model's family.
+        mesh: reuse existing groups.
+        record: record per-action events.
+        dtype: training dtype (default fp32 on CPU, the config's dtype on CUDA).
+    """
+    mesh = mesh or build_mesh(config)
+    chain, family = to_chain(model, seq_len=seq_len)
+    sched = config.build_schedule()
+    G = sched.num_model_stages
+    if split_points is not None:
+        ranges = split_from_points(chain, split_points, G)
+    else:
+        ranges = uniform_split(chain, G)
+    S = config.pp
+    my = [c * S + mesh.pp_rank for c in range(config.virtual_stages)]
+    chunks = [build_stage(chain, ranges, g, lambda x: x % S) for g in my]
+    if dtype is None:
+        dtype = ({"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+                 [config.dtype] if mesh.device.type == "cuda" else torch.float32)
+    # Tensor parallelism on the kept layers only.
+    if config.tp > 1:
+        mapping = tp_mapping if isinstance(tp_mapping, TPMapping) else FAMILY_MAPPINGS.get(
+            tp_mapping or family or "")
+        if mapping is None:
+            raise ExecError(f"no tensor-parallel mapping for model family {family!r}; pass "
+                            "tp_mapping=TPMapping(column=..., row=..., divide=...)")
+        n = sum(apply_tensor_parallel(c, mapping, mesh.tp_group, config.tp, mesh.tp_rank)
+                for c in chunks)
+        if n == 0 and any(len(r) > 2 for r in ranges):
+            raise ExecError("the tensor-parallel mapping matched no linear layer; check its "
+                            "module names against model.named_modules()")
+        if config.tp_overlap == "sub-pipelined":
+            groups = _part_groups(mesh, config)
+            for c in chunks:
+                c.subpipe = SubPipelined(groups)
+    fractions = config.recompute_per_stage(sched)
+    for c in chunks:
+        c.set_recompute_fraction(fractions[mesh.pp_rank])
+        _materialize(c, mesh.device, dtype)
+    tied = _tied_params(chain, ranges, chunks, S)
+    params = [p for c in chunks for p in c.parameters() if p.requires_grad]
+    opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(params)
+    rt = PipelineRuntime(chunks, sched, mesh, opt,
+                         (config.micro_batch_size, seq_len, chain.hidden_size),
+                         boundary_dtype=dtype, tied_params=tied, record=record)
+    return ParallelModel(mesh=mesh, chain=chain, ranges=ranges, chunks=chunks, runtime=rt,
+                         config=config)
+
+
+def _part_groups(mesh: Mesh, config: ParallelConfig) -> list:
+    """k extra tp groups (one per sub-pipelined part), created collectively."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dp, tp, pp = config.dp, config.tp, config.pp
+    t = datetime.timedelta(seconds=mesh.timeout_s)
+    groups = []
+    for _ in range(config.tp_overlap_parts):
+        mine = None
+        for p in range(pp):
+            for d in range(dp):
+                ranks = [(p * dp + d) * tp + q for q in range(tp)]
+                g = dist.new_group(ranks, timeout=t)
+                if mesh.rank in ranks:
+                    mine = g
+        groups.append(mine)
+    return groups
+
+
+def _materialize(module: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Move to ``device``/``dtype``; a meta-device module gets real storage and a fresh
+    initialisation of only its own parameters."""
+    if any(p.is_meta for p in module.parameters()):
+        module.to_empty(device=device)
+        for m in module.modules():
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+    module.to(device=device, dtype=dtype)
+
+
+def _tied_params(chain: LayerChain, ranges: list[range], chunks, S: int) -> list:
+    """Local copies of tied parameters whose partner lives on another pipeline rank."""
+    out = []
+    local = {li: layer for c in chunks for li, layer in zip(ranges[c.index], c.layers)}
+    for (i, ni), (j, nj) in chain.tied:
+        si = next(s for s, r in enumerate(ranges) if i in r)
+        sj = next(s for s, r in enumerate(ranges) if j in r)
+        if si % S == sj % S:
+            continue
+        for li, name in ((i, ni), (j, nj)):
+            if li in local:
+                out.append(local[li].get_parameter(name))
+    return out

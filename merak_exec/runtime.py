@@ -1,0 +1,333 @@
+"""The runtime: interprets a :class:`merak_sim.schedule.ir.Schedule` on real ranks.
+
+There is no second copy of any schedule here: each rank walks its program from the
+schedule object and performs each action, obeying the semantics written down in
+:mod:`merak_sim.schedule.ir`:
+
+- sends and receives are *posted* (``isend``/``irecv``, or one ``batch_isend_irecv``
+  for a :class:`~merak_sim.schedule.ir.Fused` group) when the program reaches them,
+  and never block;
+- a compute action waits (with a timeout) only for the receive it consumes;
+- sends are awaited at the end of the iteration, before their buffers are dropped.
+
+Actions: F (forward with the stage's checkpoint fraction), F* (forward under no-grad,
+keeping only the stage input and the RNG state), R (re-forward from that input with
+the RNG state restored, so dropout masks match), B (backward), I / W (zero-bubble:
+input gradient, then weight gradient), AR (sum tied-embedding gradients across the
+first and last pipeline ranks, then average every gradient over data parallel), OPT
+(optimizer step). Matching tags come from :func:`merak_sim.schedule.lowering.comm_key`,
+so both ends derive the same tag from the same schedule.
+
+Every action's start and end is recorded by a :class:`~merak_exec.result.Recorder`
+(perf_counter on CPU, CUDA events on GPU) into the simulator's events schema.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from merak_exec.mesh import Mesh
+from merak_exec.result import Recorder
+from merak_exec.stages import StageModule
+from merak_sim.schedule.ir import Action, Fused, Kind, Schedule
+from merak_sim.schedule.lowering import comm_key, peer_of
+
+__all__ = ["PipelineRuntime", "StepOutput", "RankTimeoutError"]
+
+
+class RankTimeoutError(RuntimeError):
+    """A wait for a peer exceeded the timeout: the peer is probably dead or stuck."""
+
+
+@dataclass
+class _MB:
+    """Per (chunk, micro-batch) state kept between actions."""
+
+    x: torch.Tensor | None = None  # stage input (requires grad unless model stage 0)
+    out: torch.Tensor | None = None  # output with autograd graph (loss on the last stage)
+    act: torch.Tensor | None = None  # detached output to send
+    rng: tuple | None = None  # RNG state saved by F*
+    gout: torch.Tensor | None = None  # gradient of ``out`` received from downstream
+    gx: torch.Tensor | None = None  # gradient of ``x`` to send upstream
+
+
+@dataclass
+class StepOutput:
+    """Result of one training iteration on this rank.
+
+    Attributes:
+        loss: mean loss over the iteration's micro-batches and dp replicas (same on
+            every rank).
+        losses: per-micro-batch losses of this pipeline (last stage; empty elsewhere).
+        events: recorded action rows (dicts in the shared events schema).
+    """
+
+    loss: float
+    losses: list[float] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+
+
+def _tag(key: tuple[str, int, int], num_model_stages: int) -> int:
+    kind, g, mb = key
+    return (mb * num_model_stages + g) * 2 + (1 if kind == "G" else 0)
+
+
+class PipelineRuntime:
+    """Executes one rank's program of ``schedule`` each :meth:`step`.
+
+    Args:
+        chunks: this rank's stage modules, indexed by chunk (virtual stage).
+        schedule: lowered schedule; ``schedule.num_stages`` must equal ``mesh.pp``.
+        mesh: process groups and coordinates.
+        optimizer: stepped by OPT.
+        boundary_shape: shape of one micro-batch's residual stream (without the
+            leading part split), e.g. ``(mbs, seq, hidden)``.
+        boundary_dtype: its dtype.
+        tied_params: this rank's copies of tied parameters (summed over the tied group).
+        record: keep per-action events.
+    """
+
+    def __init__(self, chunks: list[StageModule], schedule: Schedule, mesh: Mesh,
+                 optimizer: torch.optim.Optimizer | None, boundary_shape: tuple[int, ...],
+                 boundary_dtype: torch.dtype = torch.float32,
+                 tied_params: list[torch.nn.Parameter] | None = None,
+                 record: bool = True) -> None:
+        self.chunks = chunks
+        self.schedule = schedule
+        self.mesh = mesh
+        self.optimizer = optimizer
+        self.boundary_shape = tuple(boundary_shape)
+        self.boundary_dtype = boundary_dtype
+        self.tied_params = tied_params or []
+        self.program = schedule.programs[mesh.pp_rank]
+        self.timeout = datetime.timedelta(seconds=mesh.timeout_s)
+        self.recorder = Recorder(mesh, enabled=record)
+        self.params = [p for c in chunks for p in c.parameters() if p.requires_grad]
+        self.cuda = mesh.device.type == "cuda"
+
+    # -- helpers ---------------------------------------------------------------------
+    def _peer_global(self, a: Action) -> int:
+        return self.mesh.global_rank(peer_of(self.schedule, a))
+
+    def _wait(self, work, what: str) -> None:
+        try:
+            ok = work.wait(self.timeout)
+        except RuntimeError as e:
+            raise RankTimeoutError(
+                f"merak_exec: rank {self.mesh.rank} gave up waiting for {what} after "
+                f"{self.mesh.timeout_s:g} s ({str(e).splitlines()[0][:160]}); "
+                "a peer rank probably died or stalled"
+            ) from None
+        if ok is False:
+            raise RankTimeoutError(
+                f"merak_exec: rank {self.mesh.rank} timed out after {self.mesh.timeout_s:g} s "
+                f"waiting for {what}; a peer rank probably died or stalled"
+            )
+
+    def _post(self, parts: tuple[Action, ...], st: dict) -> None:
+        """Post sends/receives (one batch for a fused group)."""
+        ops, recs = [], []
+        G = self.schedule.num_model_stages
+        for a in parts:
+            key = comm_key(self.schedule, a)
+            peer = self._peer_global(a)
+            mb = st.setdefault((a.chunk, a.microbatch), _MB())
+            if a.kind.is_send:
+                t = mb.act if a.kind is Kind.SEND_ACT else mb.gx
+                if t is None:
+                    raise RuntimeError(f"{a} on rank {self.mesh.rank}: nothing to send yet")
+                t = t.contiguous()
+                ops.append(dist.P2POp(dist.isend, t, peer, tag=_tag(key, G)))
+            else:
+                t = torch.empty(self.boundary_shape, dtype=self.boundary_dtype,
+                                device=self.mesh.device)
+                ops.append(dist.P2POp(dist.irecv, t, peer, tag=_tag(key, G)))
+            recs.append((a, t))
+        if len(ops) == 1:
+            (a0, t0), fn = recs[0], (dist.isend if parts[0].kind.is_send else dist.irecv)
+            works = [fn(t0, self._peer_global(a0), tag=_tag(comm_key(self.schedule, a0), G))]
+        else:
+            works = dist.batch_isend_irecv(ops)
+            if len(works) != len(ops):  # backends that coalesce return one handle
+                works = [works[-1]] * len(ops)
+        for (a, t), w in zip(recs, works):
+            ev = self.recorder.comm_posted(a, t.numel() * t.element_size())
+            if a.kind.is_send:
+                self._sends.append((a, w, ev))
+            else:
+                self._recvs[(a.chunk, a.microbatch, a.kind)] = (w, t, ev)
+
+    def _take_recv(self, a: Action, kind: Kind) -> torch.Tensor:
+        w, t, ev = self._recvs.pop((a.chunk, a.microbatch, kind))
+        self._wait(w, f"{'activation' if kind is Kind.RECV_ACT else 'gradient'} of "
+                      f"micro-batch {a.microbatch} (chunk {a.chunk}) from rank "
+                      f"{self._peer_global(Action(kind, a.stage, a.microbatch, a.chunk))}")
+        self.recorder.comm_done(ev)
+        return t
+
+    # -- actions ---------------------------------------------------------------------
+    def _input(self, a: Action, st: dict, inputs) -> torch.Tensor:
+        chunk = self.chunks[a.chunk]
+        if chunk.is_first:
+            return inputs[a.microbatch].to(self.mesh.device, non_blocking=True)
+        x = self._take_recv(a, Kind.RECV_ACT)
+        return x.requires_grad_()
+
+    def _finish_forward(self, a: Action, mb: _MB, out: torch.Tensor, labels) -> None:
+        chunk = self.chunks[a.chunk]
+        if chunk.is_last:
+            loss = chunk.loss_fn(out, labels[a.microbatch].to(self.mesh.device))
+            self._losses[a.microbatch] = loss.detach()
+            mb.out = loss / self.schedule.num_microbatches
+        else:
+            mb.out = out
+            mb.act = out.detach()
+
+    def _forward(self, a: Action, st: dict, inputs, labels) -> None:
+        mb = st.setdefault((a.chunk, a.microbatch), _MB())
+        mb.x = self._input(a, st, inputs)
+        out = self.chunks[a.chunk](mb.x)
+        self._finish_forward(a, mb, out, labels)
+
+    def _forward_nograd(self, a: Action, st: dict, inputs, labels) -> None:
+        mb = st.setdefault((a.chunk, a.microbatch), _MB())
+        mb.x = self._input(a, st, inputs)
+        mb.rng = (torch.get_rng_state(),
+                  torch.cuda.get_rng_state(self.mesh.device) if self.cuda else None)
+        with torch.no_grad():
+            out = self.chunks[a.chunk](mb.x, use_checkpoint=False)
+        if not self.chunks[a.chunk].is_last:
+            mb.act = out.detach()
+
+    def _recompute(self, a: Action, st: dict, labels) -> None:
+        mb = st[(a.chunk, a.microbatch)]
+        if mb.rng is None:
+            raise RuntimeError(f"{a}: no F* ran for micro-batch {a.microbatch}")
+        devices = [self.mesh.device] if self.cuda else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(mb.rng[0])
+            if self.cuda:
+                torch.cuda.set_rng_state(mb.rng[1], self.mesh.device)
+            out = self.chunks[a.chunk](mb.x, use_checkpoint=False)
+        self._finish_forward(a, mb, out, labels)
+        mb.act = None  # already sent by F*
+
+    def _grad_out(self, a: Action, mb: _MB) -> torch.Tensor | None:
+        if self.chunks[a.chunk].is_last:
+            return None
+        if mb.gout is None:
+            mb.gout = self._take_recv(a, Kind.RECV_GRAD)
+        return mb.gout
+
+    def _backward(self, a: Action, st: dict) -> None:
+        mb = st[(a.chunk, a.microbatch)]
+        if mb.out is None:
+            raise RuntimeError(f"{a} on rank {self.mesh.rank}: no forward graph (F* without R?)")
+        torch.autograd.backward(mb.out, self._grad_out(a, mb))
+        if not self.chunks[a.chunk].is_first:
+            mb.gx = mb.x.grad
+        mb.out = mb.x = mb.gout = None
+
+    def _backward_input(self, a: Action, st: dict) -> None:
+        mb = st[(a.chunk, a.microbatch)]
+        g = self._grad_out(a, mb)
+        if not self.chunks[a.chunk].is_first:
+            (mb.gx,) = torch.autograd.grad(mb.out, mb.x, g, retain_graph=True)
+
+    def _backward_weight(self, a: Action, st: dict) -> None:
+        mb = st[(a.chunk, a.microbatch)]
+        params = [p for p in self.chunks[a.chunk].parameters() if p.requires_grad]
+        torch.autograd.backward(mb.out, self._grad_out(a, mb), inputs=params)
+        mb.out = mb.x = mb.gout = None
+
+    def _all_reduce_grads(self) -> None:
+        """Tied-parameter sum over the tied group, then mean over dp (one flat buffer)."""
+        m = self.mesh
+        if m.tied_group is not None and self.tied_params:
+            for p in self.tied_params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, group=m.tied_group)
+        if m.dp_group is None:
+            return
+        grads = []
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        work = dist.all_reduce(flat, group=m.dp_group, async_op=True)
+        self._wait(work, "the data-parallel gradient all-reduce")
+        flat.div_(m.dp)
+        off = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[off:off + n].view_as(g))
+            off += n
+
+    # -- the iteration ---------------------------------------------------------------
+    def step(self, inputs: list[torch.Tensor] | None, labels: list[torch.Tensor] | None
+             ) -> StepOutput:
+        """Run this rank's program once over M micro-batches.
+
+        ``inputs`` (needed where chunk 0 is model stage 0) and ``labels`` (needed on the
+        rank holding the last model stage) are lists of M micro-batch tensors.
+        """
+        st: dict = {}
+        self._sends, self._recvs, self._losses = [], {}, {}
+        rec = self.recorder
+        rec.start_step()
+        for step in self.program:
+            if isinstance(step, Fused) or step.kind.is_comm:
+                self._post(step.parts, st)
+                continue
+            a = step
+            ev = rec.begin(a)
+            k = a.kind
+            if k is Kind.FORWARD:
+                self._forward(a, st, inputs, labels)
+            elif k is Kind.FORWARD_NOGRAD:
+                self._forward_nograd(a, st, inputs, labels)
+            elif k is Kind.RECOMPUTE:
+                self._recompute(a, st, labels)
+            elif k is Kind.BACKWARD:
+                self._backward(a, st)
+            elif k is Kind.BACKWARD_INPUT:
+                self._backward_input(a, st)
+            elif k is Kind.BACKWARD_WEIGHT:
+                self._backward_weight(a, st)
+            elif k is Kind.ALL_REDUCE:
+                for sa, w, sev in self._sends:
+                    self._wait(w, f"send {sa} to rank {self._peer_global(sa)} to complete")
+                    rec.comm_done(sev)
+                self._sends = []
+                self._all_reduce_grads()
+            elif k is Kind.OPTIMIZER:
+                if self.optimizer is not None:
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+            rec.end(ev)
+        for sa, w, sev in self._sends:  # programs without AR still drain their sends
+            self._wait(w, f"send {sa} to complete")
+            rec.comm_done(sev)
+        loss = self._reduce_loss()
+        return StepOutput(loss=loss, losses=[self._losses[m].item() for m in sorted(self._losses)],
+                          events=rec.finish_step())
+
+    def _reduce_loss(self) -> float:
+        """Mean loss of the iteration, made known to every rank (one small all-reduce)."""
+        M = self.schedule.num_microbatches
+        total = torch.zeros((), dtype=torch.float64, device=self.mesh.device)
+        if self._losses:
+            total += sum(v.double() for v in self._losses.values()) / M
+        m = self.mesh
+        if m.pp_group is not None:
+            dist.all_reduce(total, group=m.pp_group)
+        if m.dp_group is not None:
+            dist.all_reduce(total, group=m.dp_group)
+            total /= m.dp
+        return float(total.item())

@@ -1,0 +1,150 @@
+"""A model as a chain of layers, and the pipeline stages cut from it.
+
+A :class:`LayerChain` is the runtime's view of a model: ``layers[0]`` takes the
+model input (token ids), every later layer takes the residual stream, the last layer
+produces logits and ``loss_fn(logits, labels)`` the loss. Only the residual stream
+crosses a boundary between two layers, so any contiguous run of layers is a valid
+stage. Parameters shared between layers far apart (tied input/output embeddings)
+are listed in ``tied`` so the runtime can sum their gradients across the stages
+holding copies (Merak, shared/reference/merak.md, system item 2).
+
+:func:`uniform_split` assigns layers to model stages (embedding with the first,
+head with the last, blocks spread evenly, remainders to the earliest stages); an
+explicit list of split points overrides it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from merak_exec.mesh import ExecError
+
+__all__ = ["LayerChain", "StageModule", "uniform_split", "split_from_points", "build_stage"]
+
+
+@dataclass
+class LayerChain:
+    """A model as ``layers`` applied in sequence plus a loss.
+
+    Attributes:
+        layers: first takes the model input, last returns logits.
+        loss_fn: ``loss_fn(logits, labels) -> scalar``.
+        tied: pairs ``((i, name), (j, name))``: parameter ``name`` of layer i is the
+            same tensor as parameter ``name`` of layer j (i < j).
+        hidden_size: width of the residual stream crossing a cut.
+        heavy: indices of the layers that count for balancing (the blocks).
+        boundary_dtype: dtype of the residual stream.
+    """
+
+    layers: list[nn.Module]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    tied: list[tuple[tuple[int, str], tuple[int, str]]] = field(default_factory=list)
+    hidden_size: int = 0
+    heavy: list[int] = field(default_factory=list)
+    boundary_dtype: torch.dtype = torch.float32
+
+
+def uniform_split(chain: LayerChain, num_stages: int) -> list[range]:
+    """Contiguous layer ranges, one per model stage, balancing the heavy layers.
+
+    The first stage also holds every light layer before the first heavy one, the
+    last every light layer after the last heavy one.
+    """
+    n = len(chain.layers)
+    heavy = chain.heavy or list(range(n))
+    if num_stages > len(heavy):
+        raise ExecError(
+            f"cannot cut {len(heavy)} blocks into {num_stages} pipeline stages; use fewer "
+            "stages (pp * virtual stages) or a deeper model"
+        )
+    base, extra = divmod(len(heavy), num_stages)
+    bounds, i = [0], 0
+    for s in range(num_stages - 1):
+        i += base + (1 if s < extra else 0)
+        bounds.append(heavy[i])
+    bounds.append(n)
+    return [range(bounds[s], bounds[s + 1]) for s in range(num_stages)]
+
+
+def split_from_points(chain: LayerChain, points: list[int], num_stages: int) -> list[range]:
+    """Stages from explicit split points: layer indices where a new stage begins."""
+    pts = sorted(points)
+    if len(pts) != num_stages - 1 or len(set(pts)) != len(pts) or (
+        pts and (pts[0] <= 0 or pts[-1] >= len(chain.layers))
+    ):
+        raise ExecError(
+            f"split points {points} must be {num_stages - 1} distinct layer indices in "
+            f"1..{len(chain.layers) - 1}"
+        )
+    b = [0, *pts, len(chain.layers)]
+    return [range(b[s], b[s + 1]) for s in range(num_stages)]
+
+
+class StageModule(nn.Module):
+    """A contiguous run of layers executed as one pipeline (virtual) stage.
+
+    ``recompute_layers`` of the layers (counted from the first heavy one) run under
+    activation checkpointing in a normal forward (Merak T2's per-stage fraction);
+    a re-forward R runs them all plainly because it exists to rebuild activations.
+    """
+
+    def __init__(self, layers: list[nn.Module], index: int, num_stages: int,
+                 loss_fn, heavy: list[bool]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.index = index
+        self.is_first = index == 0
+        self.is_last = index == num_stages - 1
+        self.loss_fn = loss_fn
+        self._heavy = heavy
+        self.recompute_layers = 0
+        self.subpipe = None  # a tensor_parallel.SubPipelined when Merak T3 is on
+
+    def set_recompute_fraction(self, c: float) -> None:
+        """Checkpoint round(c * heavy layers) of this stage's heavy layers."""
+        self.recompute_layers = int(round(c * sum(self._heavy)))
+
+    def forward(self, x: torch.Tensor, use_checkpoint: bool = True) -> torch.Tensor:
+        """Apply the layers; the first ``recompute_layers`` heavy ones checkpointed."""
+        if self.subpipe is not None:
+            return self.subpipe.run(lambda t: self._run_layers(t, use_checkpoint), x)
+        return self._run_layers(x, use_checkpoint)
+
+    def _run_layers(self, x: torch.Tensor, use_checkpoint: bool) -> torch.Tensor:
+        left = self.recompute_layers if (use_checkpoint and torch.is_grad_enabled()) else 0
+        for layer, heavy in zip(self.layers, self._heavy):
+            if heavy and left > 0:
+                left -= 1
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
+        return x
+
+
+def build_stage(chain: LayerChain, ranges: list[range], model_stage: int,
+                rank_of_stage: Callable[[int], int]) -> StageModule:
+    """The :class:`StageModule` for ``model_stage``; tied parameters whose partner lives
+    on another pipeline rank (``rank_of_stage(g)``) become private copies with equal
+    values (the runtime sums their gradients).
+    """
+    r = ranges[model_stage]
+    layers = [chain.layers[i] for i in r]
+    heavy_set = set(chain.heavy) if chain.heavy else set(range(len(chain.layers)))
+    my_rank = rank_of_stage(model_stage)
+    for (i, ni), (j, nj) in chain.tied:
+        si = next(s for s, rr in enumerate(ranges) if i in rr)
+        sj = next(s for s, rr in enumerate(ranges) if j in rr)
+        if rank_of_stage(si) == rank_of_stage(sj):
+            continue
+        if sj == model_stage and my_rank != rank_of_stage(si):
+            # Untie: the later holder gets its own Parameter with equal values.
+            mod_path, _, pname = nj.rpartition(".")
+            owner = chain.layers[j].get_submodule(mod_path) if mod_path else chain.layers[j]
+            setattr(owner, pname, nn.Parameter(getattr(owner, pname).detach().clone()))
+    return StageModule(layers, model_stage, len(ranges), chain.loss_fn,
+                       [i in heavy_set for i in r])

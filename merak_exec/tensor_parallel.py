@@ -1,0 +1,220 @@
+"""Tensor parallelism (Megatron style) applied by module name.
+
+A column-parallel linear keeps rows ``[r*out/tp, (r+1)*out/tp)`` of the weight (and
+bias): its input is replicated, so its backward all-reduces the input gradient over
+the tp group. A row-parallel linear keeps the matching input columns: its output is
+a partial sum, all-reduced in the forward; its bias is added once, after the sum.
+(Shoeybi et al., "Megatron-LM", 2019, section 3.)
+
+A per-family *mapping* names which modules become column- or row-parallel and which
+attributes hold per-rank head counts to divide by tp (Merak's "feature dict",
+shared/reference/merak.md, system item 2). Users pass their own mapping for other
+models.
+
+Sub-pipelined TP (Merak T3) is implemented by :class:`SubPipelined`: a stage's
+micro-batch is split into k parts along the batch dimension and every part runs in
+its own thread with its own tp process group, so one part's all-reduce (which
+releases the GIL while it waits) overlaps the next part's compute. Each part's
+collectives are issued in program order on its own group, so ranks never disagree on
+collective order; the result is the concatenation of the parts, numerically the same
+as plain TP.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from merak_exec.mesh import ExecError
+
+__all__ = ["TPMapping", "FAMILY_MAPPINGS", "ColumnParallelLinear", "RowParallelLinear",
+           "apply_tensor_parallel", "SubPipelined", "current_tp_group"]
+
+_local = threading.local()
+
+
+def current_tp_group(default):
+    """The tp group of the calling thread's part (sub-pipelined TP), else ``default``."""
+    return getattr(_local, "group", None) or default
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Identity forward; all-reduce of the gradient over tp in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous()
+        dist.all_reduce(g, group=ctx.group)
+        return g, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """All-reduce forward over tp; identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class ColumnParallelLinear(nn.Module):
+    """Linear whose output features are split across the tp group."""
+
+    def __init__(self, linear: nn.Linear, group, tp: int, rank: int) -> None:
+        super().__init__()
+        out = linear.out_features
+        if out % tp:
+            raise ExecError(f"column-parallel linear with {out} outputs is not divisible by "
+                            f"tp={tp}")
+        n = out // tp
+        self.group = group
+        self.weight = nn.Parameter(linear.weight.detach()[rank * n:(rank + 1) * n].clone())
+        self.bias = (nn.Parameter(linear.bias.detach()[rank * n:(rank + 1) * n].clone())
+                     if linear.bias is not None else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Replicated input -> this rank's slice of the output features."""
+        x = _CopyToTP.apply(x, current_tp_group(self.group))
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """Linear whose input features are split across the tp group; output all-reduced."""
+
+    def __init__(self, linear: nn.Linear, group, tp: int, rank: int) -> None:
+        super().__init__()
+        inp = linear.in_features
+        if inp % tp:
+            raise ExecError(f"row-parallel linear with {inp} inputs is not divisible by tp={tp}")
+        n = inp // tp
+        self.group = group
+        self.weight = nn.Parameter(linear.weight.detach()[:, rank * n:(rank + 1) * n].clone())
+        self.bias = (nn.Parameter(linear.bias.detach().clone())
+                     if linear.bias is not None else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the input features -> full output (summed over tp)."""
+        y = _ReduceFromTP.apply(F.linear(x, self.weight), current_tp_group(self.group))
+        return y + self.bias if self.bias is not None else y
+
+
+@dataclass(frozen=True)
+class TPMapping:
+    """Which modules to shard and which attributes to divide, by name suffix.
+
+    Attributes:
+        column: module-name suffixes made column-parallel (e.g. "attn.q_proj").
+        row: suffixes made row-parallel.
+        divide: attribute names (on any module) holding per-rank counts to divide by tp,
+            e.g. "n_head"; each must be divisible.
+    """
+
+    column: tuple[str, ...]
+    row: tuple[str, ...]
+    divide: tuple[str, ...] = field(default_factory=tuple)
+
+
+FAMILY_MAPPINGS: dict[str, TPMapping] = {
+    # the built-in GPT (merak_exec.models.gpt)
+    "gpt": TPMapping(column=("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.fc_in"),
+                     row=("attn.o_proj", "mlp.fc_out"), divide=("n_head",)),
+    # HuggingFace LlamaForCausalLM (heads are inferred from tensor shapes there)
+    "llama": TPMapping(column=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                               "mlp.gate_proj", "mlp.up_proj"),
+                       row=("self_attn.o_proj", "mlp.down_proj"), divide=()),
+    # HuggingFace BERT
+    "bert": TPMapping(column=("attention.self.query", "attention.self.key",
+                              "attention.self.value", "intermediate.dense"),
+                      row=("attention.output.dense", "output.dense"),
+                      divide=("num_attention_heads", "all_head_size")),
+}
+
+
+def apply_tensor_parallel(module: nn.Module, mapping: TPMapping, group, tp: int,
+                          rank: int) -> int:
+    """Replace mapped ``nn.Linear`` submodules of ``module`` in place; divide the named
+    attributes. Returns how many linears were replaced (0 means the mapping matched
+    nothing, which callers treat as an error)."""
+    if tp == 1:
+        return 0
+    count = 0
+    for name, sub in list(module.named_modules()):
+        for attr in mapping.divide:
+            if hasattr(sub, attr) and isinstance(getattr(sub, attr), int):
+                v = getattr(sub, attr)
+                if v % tp:
+                    raise ExecError(f"{attr}={v} of {name or 'model'} is not divisible by "
+                                    f"tp={tp}; choose tp dividing it")
+                setattr(sub, attr, v // tp)
+        if not isinstance(sub, nn.Linear):
+            continue
+        kind = None
+        if any(name == s or name.endswith("." + s) for s in mapping.column):
+            kind = ColumnParallelLinear
+        elif any(name == s or name.endswith("." + s) for s in mapping.row):
+            kind = RowParallelLinear
+        if kind is None:
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        setattr(parent, child, kind(sub, group, tp, rank))
+        count += 1
+    return count
+
+
+class SubPipelined(nn.Module):
+    """Run a stage's layers on k batch parts in k threads, one tp group per part.
+
+    Args:
+        inner: callable applying the stage's layers to a tensor.
+        groups: k tp process groups (same members, distinct communicators).
+    """
+
+    def __init__(self, groups: list) -> None:
+        super().__init__()
+        self.groups = groups
+
+    def run(self, fn, x: torch.Tensor) -> torch.Tensor:
+        """``fn`` applied to each of k batch parts concurrently; outputs concatenated."""
+        k = len(self.groups)
+        if x.shape[0] % k:
+            raise ExecError(f"sub-pipelined TP splits the micro-batch into {k} parts: batch "
+                            f"{x.shape[0]} is not divisible")
+        parts = x.chunk(k, dim=0)
+        outs: list = [None] * k
+        errs: list = []
+        grad = torch.is_grad_enabled()
+
+        def work(i: int) -> None:
+            _local.group = self.groups[i]
+            try:
+                with torch.set_grad_enabled(grad):
+                    outs[i] = fn(parts[i])
+            except BaseException as e:  # surfaced in the caller's thread below
+                errs.append(e)
+            finally:
+                _local.group = None
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(k)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errs:
+            raise errs[0]
+        return torch.cat(outs, dim=0)

@@ -1,0 +1,186 @@
+"""Helpers for multi-process equivalence tests (gloo on loopback, CPU).
+
+:func:`launch` spawns ``world`` processes with torch.multiprocessing; each runs
+:func:`run_cases`, which trains the built-in GPT under every given configuration and
+compares losses, final gradients and parameters with a single-process run of the same
+model and data. Each rank writes its comparison to ``out_dir/rank<r>.json`` *before*
+tearing down, so the caller judges reported results, not exit signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import traceback
+
+import torch
+
+__all__ = ["free_port", "launch", "run_cases", "tiny_gpt_config", "reference_run"]
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_gpt_config(n_layer: int = 4):
+    """A GPT small enough for 2-4 CPU processes."""
+    from merak_exec.models import GPTConfig
+
+    return GPTConfig(vocab_size=64, n_positions=8, n_embd=16, n_layer=n_layer, n_head=4,
+                     dropout=0.0)
+
+
+def data(cfg_model, global_batch: int, seq: int, steps: int, seed: int = 1):
+    """Deterministic token batches ``[(ids, labels)] * steps``."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        ids = torch.randint(0, cfg_model.vocab_size, (global_batch, seq + 1), generator=g)
+        out.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
+    return out
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that keeps a copy of the gradients it last applied (for comparisons)."""
+
+    def step(self, closure=None):  # noqa: D102 - documented by the class
+        self.last_grads = [None if p.grad is None else p.grad.detach().clone()
+                           for g in self.param_groups for p in g["params"]]
+        return super().step(closure)
+
+
+def reference_run(mcfg, batches, pc, lr: float = 0.1):
+    """Single-process training with the same model, data and loss scaling:
+    returns (losses, grads of the last step by name, final params by name)."""
+    from merak_exec.models import GPT, lm_loss
+
+    torch.manual_seed(0)
+    model = GPT(mcfg)
+    opt = RecordingSGD(model.parameters(), lr=lr)
+    n_mb = pc.global_batch_size // pc.micro_batch_size
+    losses = []
+    for ids, labels in batches:
+        total = 0.0
+        for x, y in zip(ids.split(pc.micro_batch_size), labels.split(pc.micro_batch_size)):
+            loss = lm_loss(model(x), y)
+            (loss / n_mb).backward()
+            total += loss.item() / n_mb
+        losses.append(total)
+        opt.step()
+        opt.zero_grad()
+    names = [n for n, _ in model.named_parameters()]
+    grads = dict(zip(names, opt.last_grads))
+    return losses, grads, model
+
+
+def _ref_name(model, L: int, li: int, name: str) -> str:
+    if li == 0:
+        return "embed." + name
+    if li == L + 1:
+        return "embed.wte.weight" if name == "lm_head.weight" else "head." + name
+    return f"blocks.{li - 1}.{name}"
+
+
+def _shard_like(ref: torch.Tensor, local: torch.Tensor, owner, pname: str, tp_rank: int):
+    from merak_exec.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    if ref.shape == local.shape:
+        return ref
+    if isinstance(owner, ColumnParallelLinear):
+        n = local.shape[0]
+        return ref[tp_rank * n:(tp_rank + 1) * n]
+    if isinstance(owner, RowParallelLinear) and pname == "weight":
+        n = local.shape[1]
+        return ref[:, tp_rank * n:(tp_rank + 1) * n]
+    raise AssertionError(f"cannot match shapes {tuple(ref.shape)} vs {tuple(local.shape)}")
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    # Relative to the tensor's largest entry, floored at 1e-3: the attention key bias
+    # has an exactly-zero true gradient (softmax ignores a per-query constant), so its
+    # computed gradient is rounding noise whose plain relative error means nothing.
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-3))
+
+
+def run_case(case: dict, steps: int = 3) -> dict:
+    """Train under one configuration; return max relative errors vs the reference."""
+    from merak_exec.models import GPT
+    from merak_exec.parallel import parallelize
+    from merak_sim.config import ParallelConfig
+
+    pc = ParallelConfig(**case["config"])
+    mcfg = tiny_gpt_config(case.get("n_layer", 4))
+    seq = mcfg.n_positions
+    batches = data(mcfg, pc.global_batch_size, seq, steps)
+    torch.manual_seed(0)
+    model = GPT(mcfg)
+    pm = parallelize(model, pc, seq_len=seq, optimizer_fn=lambda ps: RecordingSGD(ps, lr=0.1))
+    losses = [pm.train_step(x, y).loss for x, y in batches]
+    ref_losses, ref_grads, ref_model = reference_run(mcfg, batches, pc)
+    ref_params = dict(ref_model.named_parameters())
+    opt = pm.runtime.optimizer
+    grads = dict(zip([id(p) for p in pm.parameters()], opt.last_grads))
+    err_g = err_p = 0.0
+    L = mcfg.n_layer
+    for c in pm.chunks:
+        for li, layer in zip(pm.ranges[c.index], c.layers):
+            for n, p in layer.named_parameters():
+                rn = _ref_name(ref_model, L, li, n)
+                owner = layer.get_submodule(n.rpartition(".")[0]) if "." in n else layer
+                pname = n.rpartition(".")[2]
+                rp = _shard_like(ref_params[rn].detach(), p, owner, pname, pm.mesh.tp_rank)
+                rg = _shard_like(ref_grads[rn], p, owner, pname, pm.mesh.tp_rank)
+                if os.environ.get("MERAK_DEBUG"):
+                    print(pm.mesh.rank, rn, _rel(p.detach(), rp), _rel(grads[id(p)], rg))
+                err_p = max(err_p, _rel(p.detach(), rp))
+                err_g = max(err_g, _rel(grads[id(p)], rg))
+    err_l = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+    return {"name": case["name"], "loss": err_l, "grad": err_g, "param": err_p,
+            "losses": losses, "ref_losses": ref_losses,
+            "events": len(pm.history[-1].events)}
+
+
+def run_cases(rank: int, world: int, port: int, cases: list[dict], out_dir: str) -> None:
+    """Process entry point: initialise gloo, run every case, write results."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+    os.environ.setdefault("MERAK_TIMEOUT_S", "60")
+    torch.set_num_threads(1)
+    from merak_exec.mesh import init_distributed
+
+    results = []
+    try:
+        init_distributed(backend="gloo")
+        for case in cases:
+            results.append(run_case(case))
+    except Exception:
+        results.append({"error": traceback.format_exc()})
+    from merak_sim.io import atomic_write_text
+
+    atomic_write_text(os.path.join(out_dir, f"rank{rank}.json"), json.dumps(results))
+    os._exit(0)  # skip teardown (known gloo/DTensor exit-time aborts); results are written
+
+
+def launch(world: int, cases: list[dict], out_dir: str, timeout_s: float = 600) -> list:
+    """Spawn ``world`` ranks running ``cases``; return every rank's result list."""
+    import torch.multiprocessing as mp
+
+    port = free_port()
+    ctx = mp.spawn(run_cases, args=(world, port, cases, out_dir), nprocs=world, join=False)
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"multi-process test did not finish within {timeout_s} s")
+    out = []
+    for r in range(world):
+        with open(os.path.join(out_dir, f"rank{r}.json")) as f:
+            out.append(json.load(f))
+    return out
