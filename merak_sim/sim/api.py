@@ -1,0 +1,255 @@
+"""``simulate(...) -> SimResult``: the one entry point of the simulator.
+
+It resolves names (model, cluster), validates the degrees against the cluster,
+prices the configuration with a cost model (the calibrated analytic one by
+default), builds the schedule, compiles both into flat programs and runs either the
+SimPy engine or the exact fast evaluator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from merak_sim.config import ParallelConfig
+from merak_sim.costs.base import CostTable
+from merak_sim.schedule.ir import Schedule
+
+from .engine import EngineOptions, Trace, run_engine
+from .entities import HBM, Placement, Topology, topology_from_cluster
+from .evaluator import evaluate, plan
+from .program import Compiled, compile_program
+from .result import SimResult, build_result
+
+__all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config"]
+
+
+class SimulationError(ValueError):
+    """Bad simulator input (message names the problem and the fix)."""
+
+
+def resolve_config(config: ParallelConfig | dict | None, **kwargs: Any) -> ParallelConfig:
+    """A ParallelConfig from an instance, a dict (:meth:`ParallelConfig.to_dict` form)
+    or keyword arguments."""
+    if isinstance(config, ParallelConfig):
+        if kwargs:
+            raise SimulationError("give either a ParallelConfig or keyword degrees, not both")
+        return config
+    d = dict(config or {})
+    d.update(kwargs)
+    if not d:
+        raise SimulationError("no parallel configuration given (dp, tp, pp, batch sizes...)")
+    try:
+        return ParallelConfig.from_dict(d)
+    except TypeError as e:
+        raise SimulationError(f"bad parallel configuration: {e}") from None
+
+
+def _load_schedule(schedule: Schedule | str | Path) -> Schedule:
+    if isinstance(schedule, Schedule):
+        return schedule
+    p = Path(schedule)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SimulationError(f"cannot read schedule file {p}: {e.strerror}") from None
+    from merak_sim.schedule import lower
+
+    sched = Schedule.from_json(text) if text.lstrip().startswith("{") else \
+        Schedule.from_csv(text)
+    return lower(sched)
+
+
+def evaluator_trace(prog: Compiled, placement: Placement, capacity: float, *,
+                    overlap_dp: bool = False, buckets: int = 1, zero: int = 0,
+                    pl=None, record_memory: bool = True) -> Trace:
+    """Run the fast evaluator and package its times as a :class:`Trace` (memory is
+    replayed per rank in program order, which is time order on each rank)."""
+    ev = evaluate(prog, pl or plan(prog), overlap_dp=overlap_dp, buckets=buckets, zero=zero)
+    S = prog.num_ranks
+    acts = [[] for _ in range(S)]
+    mems = []
+    for r in range(S):
+        hbm = HBM(capacity, prog.state_bytes[r], record_memory)
+        for code, x, _y in prog.ops[r]:
+            if code == 1:  # OP_POST
+                continue
+            st, en = ev.start[x], ev.end[x]
+            hbm.alloc(st, prog.mem_alloc[x], x)
+            hbm.free(en, prog.mem_free[x])
+            acts[r].append((x, st, en))
+        mems.append(hbm)
+    return Trace(prog=prog, placement=placement, mode="representative",
+                 ranks=[placement.rank(s) for s in range(S)], stage_of=list(range(S)),
+                 copy_of=[0] * S, acts=acts, xfers=[(ev.xfer_start, ev.xfer_end)],
+                 buckets=list(ev.buckets), memory=mems, makespan=ev.makespan)
+
+
+def simulate(
+    model: Any = None,
+    cluster: Any = None,
+    config: ParallelConfig | dict | None = None,
+    *,
+    nodes: int | None = None,
+    cost_model: Any = None,
+    cost_table: CostTable | None = None,
+    custom_schedule: Schedule | str | Path | None = None,
+    mode: str = "representative",
+    engine: str = "simpy",
+    contention: bool | None = None,
+    overlap_dp: bool = False,
+    buckets: int = 4,
+    topology: Topology | None = None,
+    sub_cluster: bool = False,
+    slowdown: dict[int, float] | None = None,
+    degraded_links: dict[str, float] | None = None,
+    gpu_types: dict[int, Any] | None = None,
+    keep_trace: bool = True,
+    **config_kwargs: Any,
+) -> SimResult:
+    """Simulate one training iteration.
+
+    Args:
+        model: a model preset name, JSON file/dict or ModelSpec (not needed when
+            ``cost_table`` is given).
+        cluster: a cluster preset name, JSON file/dict or Cluster; ``nodes`` resizes it.
+        config: a ParallelConfig, its dict form, or None with keyword degrees
+            (``dp=2, tp=4, pp=8, micro_batch_size=1, global_batch_size=128, ...``).
+        cost_model: anything with ``cost_table(model, cluster, config)``; default the
+            analytic model with its calibrated A100 efficiency parameters.
+        cost_table: use these costs directly instead of a cost model.
+        custom_schedule: a Schedule or a schedule JSON/CSV file to run instead of the
+            configuration's generator (``config.schedule``).
+        mode: "representative" (one pipeline, replicas folded by symmetry) or "full"
+            (every GPU its own entity).
+        engine: "simpy" (discrete events, contention) or "evaluator" (exact
+            contention-free critical path, representative mode only).
+        contention: share link bandwidth between concurrent transfers; default on when
+            the engine is simpy and the cluster's links are known.
+        overlap_dp: bucketed data-parallel gradient reduction overlapped with the last
+            backwards (default off: AR after the backward, as Megatron without
+            ``--overlap-grad-reduce``).
+        buckets: gradient buckets per model chunk when overlapping.
+        sub_cluster: allow dp * tp * pp below the cluster's GPU count.
+        slowdown / degraded_links / gpu_types: full-mode what-ifs: compute-time
+            multiplier per global rank; capacity factor per link name (``gpu3.out``,
+            ``node1.nic.in``); GPU type (preset name or GPU) per global rank, priced by
+            the ratio of peak FLOP/s and with its own memory capacity.
+        keep_trace: keep the timeline (events, Chrome trace, plots) in the result.
+    """
+    cfg = resolve_config(config, **config_kwargs)
+    if mode not in ("representative", "full"):
+        raise SimulationError(f"unknown mode {mode!r}; choose representative or full")
+    if engine not in ("simpy", "evaluator"):
+        raise SimulationError(f"unknown engine {engine!r}; choose simpy or evaluator")
+    spec = clus = None
+    if model is not None:
+        from merak_sim.model import ModelSpec, get_model
+
+        spec = model if isinstance(model, ModelSpec) else get_model(model)
+    if cluster is not None:
+        from merak_sim.hardware import Cluster, get_cluster
+
+        clus = cluster if isinstance(cluster, Cluster) else get_cluster(cluster, nodes=nodes)
+        if isinstance(cluster, Cluster) and nodes is not None:
+            clus = clus.with_nodes(nodes)
+        world = clus.world_size
+        if cfg.world_size > world:
+            raise SimulationError(
+                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
+                f"{clus.name} has only {world}; lower the degrees or use --nodes")
+        if cfg.world_size < world and not sub_cluster:
+            raise SimulationError(
+                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
+                f"{clus.name} has {world}; match the degrees to the cluster, set --nodes, or "
+                "ask for a sub-cluster")
+    if spec is not None:
+        if hasattr(spec, "check_tp"):
+            spec.check_tp(cfg.tp)
+        if hasattr(spec, "check_pp"):
+            spec.check_pp(cfg.pp, cfg.virtual_stages)
+    sched = (cfg.build_schedule() if custom_schedule is None
+             else _load_schedule(custom_schedule))
+    if (sched.num_stages, sched.num_microbatches, sched.virtual_stages) != (
+            cfg.pp, cfg.num_microbatches, cfg.virtual_stages):
+        raise SimulationError(
+            f"schedule has pp={sched.num_stages}, microbatches={sched.num_microbatches}, "
+            f"virtual stages={sched.virtual_stages} but the configuration needs "
+            f"{cfg.pp}, {cfg.num_microbatches}, {cfg.virtual_stages}")
+    if cost_table is None:
+        if spec is None or clus is None:
+            raise SimulationError("give a model and a cluster (or a cost_table)")
+        if cost_model is None:
+            from merak_sim.costs.analytic import AnalyticCostModel
+
+            cost_model = _default_cost_model(AnalyticCostModel)
+        cost_table = cost_model.cost_table(spec, clus, cfg)
+    prog = compile_program(sched, cost_table, cfg.recompute_per_stage(sched))
+    placement = Placement(cfg.dp, cfg.tp, cfg.pp)
+    capacity = float(cost_table.memory_capacity_bytes)
+    what_if = bool(slowdown or degraded_links or gpu_types)
+    if engine == "evaluator":
+        if mode != "representative" or contention or what_if:
+            raise SimulationError("the fast evaluator runs representative mode without "
+                                  "contention or what-ifs; use engine='simpy'")
+        tr = evaluator_trace(prog, placement, capacity, overlap_dp=overlap_dp,
+                             buckets=buckets, zero=cfg.zero)
+        eng = "evaluator"
+    else:
+        topo = topology
+        if topo is None and clus is not None:
+            topo = topology_from_cluster(clus)
+        if degraded_links:
+            if topo is None:
+                raise SimulationError("degrading a link needs a cluster or a topology")
+            topo = topo.with_degraded(degraded_links)
+        use_cont = (topo is not None) if contention is None else bool(contention)
+        slow = {int(k): float(v) for k, v in (slowdown or {}).items()}
+        for r, v in slow.items():
+            if not v > 0:
+                raise SimulationError(f"slowdown of GPU {r} must be > 0, got {v}")
+        if gpu_types:
+            if clus is None:
+                raise SimulationError("gpu_types needs a cluster (the base GPU type)")
+            from merak_sim.hardware import GPU, get_gpu
+
+            base = clus.gpu.peak(cfg.dtype)
+            for r, g in gpu_types.items():
+                gpu = g if isinstance(g, GPU) else get_gpu(g)
+                slow[int(r)] = slow.get(int(r), 1.0) * base / gpu.peak(cfg.dtype)
+        if what_if and mode != "full":
+            raise SimulationError("what-ifs (slowdown, degraded links, gpu types) need "
+                                  "mode='full'")
+        opts = EngineOptions(mode=mode, contention=use_cont, topology=topo,
+                             overlap_dp=overlap_dp, buckets=buckets, zero=cfg.zero,
+                             slowdown=slow, record_memory=keep_trace)
+        caps = None
+        if gpu_types and clus is not None:
+            frac = capacity / clus.gpu.memory_bytes
+            from merak_sim.hardware import GPU, get_gpu
+
+            caps = {int(r): frac * (g if isinstance(g, GPU) else get_gpu(g)).memory_bytes
+                    for r, g in gpu_types.items()}
+        tr = run_engine(prog, placement, capacity, opts, capacities=caps)
+        eng = "simpy"
+    notes = list(cost_table.notes)
+    if clus is not None:
+        notes.extend(getattr(clus, "notes", ()))
+    return build_result(
+        tr, capacity=capacity, peak_flops=float(cost_table.peak_flops), engine=eng,
+        global_batch=cfg.global_batch_size,
+        seq_len=getattr(spec, "seq_len", None) if spec is not None else None,
+        config=cfg, notes=tuple(dict.fromkeys(notes)), meta=dict(cost_table.meta),
+        keep_trace=keep_trace)
+
+
+def _default_cost_model(cls):
+    """The analytic cost model with the calibrated efficiency parameters when the
+    calibration file exists (benchmarks/vtrain_validation.py writes it)."""
+    from .calibration import calibrated_cost_model
+
+    try:
+        return calibrated_cost_model(cls)
+    except (ImportError, FileNotFoundError, ValueError):
+        return cls()
+

@@ -1,0 +1,342 @@
+"""Simulation entities: rank placement, memory (HBM), links with bandwidth sharing,
+and the synchronisation groups of tensor- and data-parallel peers.
+
+Everything here is deterministic: no global counters, ties broken by insertion
+order, which SimPy preserves for events scheduled at the same time.
+
+Link model ("proportional slowdown"): every transfer or collective is a *flow* with
+an isolated duration (from the cost table: what it takes alone on the cluster) and
+a bandwidth demand ``bytes / isolated duration`` on each directed link of its route.
+When the demands on a link exceed its capacity, every flow on it progresses at
+``capacity / total demand`` of its isolated speed; a flow's speed is the minimum over
+its links (never above 1). A lone flow therefore takes exactly its cost-table time,
+so switching contention on changes a result only where flows really overlap.
+Representative mode weights each flow by the number of symmetric copies (data- and
+tensor-parallel peers) that cross the same link, which makes it agree with full
+mode on symmetric configurations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Placement",
+    "Topology",
+    "HBM",
+    "Fabric",
+    "SyncGroup",
+    "topology_from_cluster",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where each (pipeline, data, tensor) index lives: Megatron's default order, tensor
+    parallel fastest, then data parallel, pipeline outermost (so a tensor-parallel
+    group shares a node whenever tp divides the GPUs per node)."""
+
+    dp: int
+    tp: int
+    pp: int
+
+    def rank(self, pp_idx: int, dp_idx: int = 0, tp_idx: int = 0) -> int:
+        """Global GPU rank of the given indices."""
+        return (pp_idx * self.dp + dp_idx) * self.tp + tp_idx
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp_idx, dp_idx, tp_idx) of a global rank."""
+        tp_idx = rank % self.tp
+        dp_idx = (rank // self.tp) % self.dp
+        return rank // (self.tp * self.dp), dp_idx, tp_idx
+
+    @property
+    def world_size(self) -> int:
+        """dp * tp * pp."""
+        return self.dp * self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Directed links of a cluster as seen by point-to-point and collective traffic.
+
+    Links: ``gpu{r}.out`` / ``gpu{r}.in`` (a GPU's intra-node port, NVLink or PCIe, one
+    direction) and ``node{n}.nic.out`` / ``node{n}.nic.in`` (all network adapters of a
+    node together, one direction). Traffic between GPUs of one node uses the two GPU
+    ports; traffic between nodes uses the two nodes' adapters.
+
+    Attributes:
+        gpus_per_node: GPUs per node.
+        intra_Bps: bytes/s of one GPU's intra-node port, one direction.
+        inter_Bps: bytes/s of one node's network adapters together, one direction.
+        link_scale: capacity multipliers for degraded links, by link name.
+    """
+
+    gpus_per_node: int
+    intra_Bps: float
+    inter_Bps: float
+    link_scale: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1 or self.intra_Bps <= 0 or self.inter_Bps <= 0:
+            raise ValueError(
+                "topology needs gpus_per_node >= 1 and positive link bandwidths, got "
+                f"{self.gpus_per_node}, {self.intra_Bps}, {self.inter_Bps}"
+            )
+        for name, f in self.link_scale.items():
+            if not f > 0:
+                raise ValueError(f"link {name!r}: capacity factor must be > 0, got {f}")
+
+    def node(self, rank: int) -> int:
+        """Node index of a global rank."""
+        return rank // self.gpus_per_node
+
+    def route(self, src: int, dst: int) -> tuple[str, ...]:
+        """Directed links a transfer from ``src`` to ``dst`` crosses."""
+        ns, nd = self.node(src), self.node(dst)
+        if ns == nd:
+            return (f"gpu{src}.out", f"gpu{dst}.in")
+        return (f"node{ns}.nic.out", f"node{nd}.nic.in")
+
+    def capacity(self, link: str) -> float:
+        """Bytes/s of a directed link, after any degradation."""
+        base = self.inter_Bps if link.startswith("node") else self.intra_Bps
+        return base * self.link_scale.get(link, 1.0)
+
+    def with_degraded(self, links: dict[str, float]) -> Topology:
+        """A copy with the named links' capacity multiplied by the given factors."""
+        scale = dict(self.link_scale)
+        for name, f in links.items():
+            if not (name.startswith("gpu") or name.startswith("node")) or not (
+                name.endswith(".out") or name.endswith(".in")
+            ):
+                raise ValueError(
+                    f"unknown link name {name!r}: use gpu<R>.out, gpu<R>.in, "
+                    "node<N>.nic.out or node<N>.nic.in"
+                )
+            scale[name] = scale.get(name, 1.0) * float(f)
+        return Topology(self.gpus_per_node, self.intra_Bps, self.inter_Bps, scale)
+
+
+def _get(obj: Any, *names: str) -> Any:
+    for n in names:
+        cur = obj
+        ok = True
+        for part in n.split("."):
+            if isinstance(cur, dict) and part in cur:
+                cur = cur[part]
+            elif hasattr(cur, part):
+                cur = getattr(cur, part)
+            else:
+                ok = False
+                break
+        if ok and cur is not None:
+            return cur
+    return None
+
+
+def topology_from_cluster(cluster: Any) -> Topology:
+    """Link topology of a :class:`merak_sim.hardware.Cluster`: ``intra`` is one GPU's
+    port into the node fabric and ``inter`` a whole node's adapters, per direction
+    (read by attribute name, so any object of that shape works)."""
+    gpn = _get(cluster, "gpus_per_node")
+    intra = _get(cluster, "intra.bandwidth_Bps")
+    inter = _get(cluster, "inter.bandwidth_Bps")
+    if gpn is None or intra is None or inter is None:
+        raise ValueError(
+            f"cannot read gpus_per_node, intra.bandwidth_Bps and inter.bandwidth_Bps from "
+            f"cluster {cluster!r}; pass an explicit merak_sim.sim.Topology"
+        )
+    return Topology(int(gpn), float(intra), float(inter))
+
+
+class HBM:
+    """Memory of one GPU: allocations and frees as actions run, peak and timeline.
+
+    Exceeding ``capacity`` is recorded (first time, action, worst overflow), never
+    raised: an out-of-memory configuration is a result.
+    """
+
+    __slots__ = ("capacity", "used", "peak", "timeline", "oom_time", "oom_action",
+                 "overflow", "_record")
+
+    def __init__(self, capacity: float, resident: float, record: bool = True):
+        self.capacity = float(capacity)
+        self.used = float(resident)
+        self.peak = self.used
+        self._record = record
+        self.timeline: list[tuple[float, float]] = [(0.0, self.used)] if record else []
+        self.oom_time: float | None = None
+        self.oom_action: int | None = None
+        self.overflow = 0.0
+        if self.used > self.capacity:
+            self.oom_time, self.oom_action = 0.0, -1
+            self.overflow = self.used - self.capacity
+
+    def alloc(self, t: float, nbytes: float, action: int) -> None:
+        """Allocate ``nbytes`` at time ``t`` on behalf of ``action``."""
+        if not nbytes:
+            return
+        self.used += nbytes
+        if self._record:
+            self.timeline.append((t, self.used))
+        if self.used > self.peak:
+            self.peak = self.used
+            over = self.used - self.capacity
+            if over > 0:
+                if self.oom_time is None:
+                    self.oom_time, self.oom_action = t, action
+                self.overflow = max(self.overflow, over)
+
+    def free(self, t: float, nbytes: float) -> None:
+        """Free ``nbytes`` at time ``t``."""
+        if not nbytes:
+            return
+        self.used -= nbytes
+        if self._record:
+            self.timeline.append((t, self.used))
+
+
+class SyncGroup:
+    """Peers that start an operation together (tensor-parallel lockstep compute, a
+    data-parallel collective): the operation starts when the last member arrives and
+    lasts the longest member's duration (or as long as the fabric needs)."""
+
+    __slots__ = ("env", "size", "_pending")
+
+    def __init__(self, env: Any, size: int):
+        self.env = env
+        self.size = size
+        self._pending: dict[Any, list] = {}
+
+    def arrive(self, key: Any, duration: float, start_fn=None, on_start=None):
+        """Join operation ``key``; returns an event that fires when it ends. Its value
+        is the operation's start time. ``start_fn(duration)``, if given, is called by
+        the last arrival and must return the event marking the end (a fabric flow);
+        otherwise the end is a plain timeout of the longest duration. ``on_start(t0,
+        duration)``, if given, is called for this member when the operation starts."""
+        p = self._pending.get(key)
+        if p is None:
+            p = self._pending[key] = [0, 0.0, self.env.event(), []]
+        p[0] += 1
+        if duration > p[1]:
+            p[1] = duration
+        if on_start is not None:
+            p[3].append(on_start)
+        ev = p[2]
+        if p[0] == self.size:
+            del self._pending[key]
+            t0 = self.env.now
+            for cb in p[3]:
+                cb(t0, p[1])
+            end = start_fn(p[1]) if start_fn is not None else self.env.timeout(p[1])
+            end.callbacks.append(lambda _e, ev=ev, t0=t0: ev.succeed(t0))
+        return ev
+
+
+class _Flow:
+    __slots__ = ("links", "demand", "remaining", "speed", "updated", "done", "gen", "fid")
+
+    def __init__(self, fid, links, demand, work, now, done):
+        self.fid = fid
+        self.links = links  # tuple of (link, weight)
+        self.demand = demand
+        self.remaining = work
+        self.speed = 1.0
+        self.updated = now
+        self.done = done
+        self.gen = 0
+
+
+class Fabric:
+    """Directed links shared by flows under the proportional-slowdown model (module
+    docstring). ``start(links, work_s, demand_Bps)`` returns an event that fires when
+    the flow's isolated ``work_s`` seconds of progress are done."""
+
+    def __init__(self, env: Any, topology: Topology):
+        self.env = env
+        self.topology = topology
+        self._cap: dict[str, float] = {}
+        self._load: dict[str, float] = {}
+        self._on: dict[str, dict[int, _Flow]] = {}
+        self._next_id = 0
+        self.flows_started = 0
+
+    def capacity(self, link: str) -> float:
+        """Cached capacity of a link."""
+        c = self._cap.get(link)
+        if c is None:
+            c = self._cap[link] = self.topology.capacity(link)
+        return c
+
+    def start(self, links: Iterable[tuple[str, float]], work_s: float, demand_Bps: float):
+        """Start a flow over weighted ``links``; returns its completion event."""
+        env = self.env
+        done = env.event()
+        links = tuple(links)
+        if work_s <= 0 or not links or demand_Bps <= 0:
+            t = env.timeout(max(work_s, 0.0))
+            t.callbacks.append(lambda _e: done.succeed())
+            return done
+        fid = self._next_id
+        self._next_id += 1
+        self.flows_started += 1
+        f = _Flow(fid, links, demand_Bps, work_s, env.now, done)
+        affected = self._touching(links)
+        self._advance(affected)
+        for link, w in links:
+            self._load[link] = self._load.get(link, 0.0) + w * demand_Bps
+            self._on.setdefault(link, {})[fid] = f
+        affected[fid] = f
+        self._respeed(affected)
+        return done
+
+    def _touching(self, links) -> dict[int, _Flow]:
+        out: dict[int, _Flow] = {}
+        for link, _w in links:
+            for fid, f in self._on.get(link, {}).items():
+                out[fid] = f
+        return dict(sorted(out.items()))
+
+    def _advance(self, flows: dict[int, _Flow]) -> None:
+        now = self.env.now
+        for f in flows.values():
+            f.remaining -= (now - f.updated) * f.speed
+            f.updated = now
+
+    def _respeed(self, flows: dict[int, _Flow]) -> None:
+        env = self.env
+        for f in flows.values():
+            sp = 1.0
+            for link, _w in f.links:
+                load = self._load[link]
+                cap = self.capacity(link)
+                if load > cap:
+                    s = cap / load
+                    if s < sp:
+                        sp = s
+            if sp == f.speed and f.gen:
+                continue
+            f.speed = sp
+            f.gen += 1
+            rem = f.remaining if f.remaining > 0 else 0.0
+            t = env.timeout(rem / sp)
+            t.callbacks.append(lambda _e, f=f, g=f.gen: self._finish(f, g))
+
+    def _finish(self, f: _Flow, gen: int) -> None:
+        if gen != f.gen:
+            return  # superseded by a later speed change
+        affected = self._touching(f.links)
+        self._advance(affected)
+        for link, w in f.links:
+            del self._on[link][f.fid]
+            if self._on[link]:
+                self._load[link] -= w * f.demand
+            else:
+                self._load[link] = 0.0
+        affected.pop(f.fid, None)
+        f.remaining = 0.0
+        self._respeed(affected)
+        f.done.succeed()

@@ -1,0 +1,238 @@
+"""The exact fast evaluator: contention-free critical path over the schedule's
+dependency graph.
+
+Under the IR's semantics (merak_sim/schedule/ir.py) with fixed durations and
+contention-free transfers, every time is a longest path: a compute action starts at
+``max(end of the previous compute action on its rank, end of the transfer it
+consumes)`` and a transfer starts when both its send and its receive are posted, i.e.
+at the later of the ends of the compute actions preceding the two postings. The
+processing order that makes every dependency available is a property of the schedule
+alone, so :func:`plan` computes it once (integer arrays) and :func:`evaluate` is a
+single pass of additions and maxima, which the planner can call for many cost tables
+of the same schedule. It is the same arithmetic the SimPy engine performs event by
+event with contention off, which is why the two agree to rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from merak_sim.schedule.execute import execute
+from merak_sim.schedule.ir import Kind, ScheduleError
+
+from .program import OP_AR, OP_POST, Compiled
+
+__all__ = ["Plan", "Evaluation", "plan", "evaluate", "ar_buckets"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Dependency structure of a compiled schedule, in a valid processing order.
+
+    Attributes:
+        nodes: ``(action_id, previous action id on the rank or -1, consumed transfer
+            or -1, action id before the send's posting or -1, action id before the
+            receive's posting or -1)`` for every compute action except AR and OPT,
+            in an order where every referenced action comes first.
+        tails: per rank, (AR action id or -1, OPT action id or -1, action id before
+            AR or -1).
+        post_prev: per transfer, (action id before the send's posting, action id
+            before the receive's posting), -1 for none.
+    """
+
+    nodes: tuple[tuple[int, int, int, int, int], ...]
+    tails: tuple[tuple[int, int, int], ...]
+    post_prev: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Times of one contention-free evaluation.
+
+    Attributes:
+        makespan: end of the last action or transfer.
+        start, end: per action id (AR: its collective interval on the collective
+            stream when overlapped).
+        xfer_start, xfer_end: per transfer id.
+        buckets: per rank, (chunk, start, end) of each gradient bucket (overlapped AR,
+            and the ZeRO-1 all-gather after OPT as chunk -1), else empty.
+    """
+
+    makespan: float
+    start: list[float]
+    end: list[float]
+    xfer_start: list[float]
+    xfer_end: list[float]
+    buckets: tuple[tuple[tuple[int, float, float], ...], ...]
+
+
+def plan(prog: Compiled) -> Plan:
+    """Order the compute actions so that every dependency comes first (a rank runs
+    until it needs a transfer whose send is not posted yet)."""
+    S = prog.num_ranks
+    nx = len(prog.transfers)
+    send_prev = [None] * nx
+    recv_prev = [-1] * nx
+    pcs = [0] * S
+    last = [-1] * S
+    nodes = []
+    tails = [[-1, -1, -1] for _ in range(S)]
+    waiting: dict[int, list[int]] = {}
+    ready = list(range(S))[::-1]
+    actions = prog.actions
+
+    while ready:
+        r = ready.pop()
+        ops = prog.ops[r]
+        pc = pcs[r]
+        while pc < len(ops):
+            code, x, y = ops[pc]
+            if code == OP_POST:
+                if y:
+                    send_prev[x] = last[r]
+                    for w in waiting.pop(x, ()):
+                        ready.append(w)
+                else:
+                    recv_prev[x] = last[r]
+                pc += 1
+                continue
+            if code == OP_AR:
+                tails[r][0] = x
+                tails[r][2] = last[r]
+                last[r] = x
+                pc += 1
+                continue
+            if actions[x].kind is Kind.OPTIMIZER:
+                tails[r][1] = x
+                if tails[r][0] < 0:
+                    tails[r][2] = last[r]
+                last[r] = x
+                pc += 1
+                continue
+            if y >= 0 and send_prev[y] is None:
+                waiting.setdefault(y, []).append(r)
+                break
+            nodes.append((x, last[r], y,
+                          send_prev[y] if y >= 0 else -1, recv_prev[y] if y >= 0 else -1))
+            last[r] = x
+            pc += 1
+        pcs[r] = pc
+    if any(pcs[r] < len(prog.ops[r]) for r in range(S)):
+        # Let the reference interpreter produce its rank x step grid.
+        execute(prog.schedule, lambda a: 1.0)
+        raise ScheduleError(f"schedule {prog.schedule.name!r} deadlocks")
+    for t, sp in enumerate(send_prev):
+        if sp is None:
+            raise ScheduleError(f"transfer {prog.transfers[t].key} is never sent")
+    return Plan(tuple(nodes), tuple(tuple(t) for t in tails),
+                tuple(zip(send_prev, recv_prev, strict=False)))
+
+
+def ar_buckets(
+    prog: Compiled,
+    rank: int,
+    start: list[float],
+    end: list[float],
+    buckets: int,
+    zero: int,
+) -> list[tuple[int, float, float]]:
+    """(chunk, ready time, duration) of each gradient bucket of ``rank`` when the
+    data-parallel reduction overlaps the last backwards.
+
+    Each chunk's gradients are split into ``buckets`` equal buckets that become ready
+    evenly through that chunk's last backward (layers finish one after another, as in
+    PyTorch DDP and Megatron's bucketed overlap). Under ZeRO-1 only the reduce-scatter
+    half overlaps; the all-gather half runs after the optimizer step.
+    """
+    out = []
+    share = 0.5 if zero == 1 else 1.0
+    for (chunk, ar_s), aid in zip(prog.ar_chunks[rank], prog.last_backward[rank], strict=False):
+        s, e = start[aid], end[aid]
+        d = e - s
+        for j in range(buckets):
+            out.append((chunk, s + d * (j + 1) / buckets, ar_s * share / buckets))
+    return out
+
+
+def evaluate(
+    prog: Compiled,
+    pl: Plan | None = None,
+    *,
+    overlap_dp: bool = False,
+    buckets: int = 1,
+    zero: int = 0,
+) -> Evaluation:
+    """Exact contention-free times of every action and transfer of ``prog``.
+
+    Args:
+        pl: the precomputed :func:`plan` (computed here if None).
+        overlap_dp: overlap the data-parallel gradient reduction with the last
+            backwards (bucketed, see :func:`ar_buckets`); otherwise AR runs on the
+            compute stream after the last backward.
+        buckets: gradient buckets per chunk when overlapping.
+        zero: ZeRO stage (1: only the reduce-scatter half overlaps).
+    """
+    if pl is None:
+        pl = plan(prog)
+    n = len(prog.actions)
+    dur = prog.duration_s
+    xdur = [t.duration_s for t in prog.transfers]
+    nx = len(xdur)
+    # Index -1 reads the extra last slot, which stays 0.0: "no predecessor".
+    start = [0.0] * (n + 1)
+    end = [0.0] * (n + 1)
+    xs = [0.0] * nx
+    xe = [0.0] * nx
+    for i, prev, dep, sp, rp in pl.nodes:
+        t = end[prev]
+        if dep >= 0:
+            a = end[sp]
+            b = end[rp]
+            if b > a:
+                a = b
+            xs[dep] = a
+            a += xdur[dep]
+            xe[dep] = a
+            if a > t:
+                t = a
+        start[i] = t
+        end[i] = t + dur[i]
+    all_buckets = []
+    for r, (ar, opt, before) in enumerate(pl.tails):
+        clock = end[before]
+        rb: list[tuple[int, float, float]] = []
+        if ar >= 0:
+            if overlap_dp and prog.ar_chunks[r]:
+                cs = 0.0
+                first = None
+                for ch, ready, d in ar_buckets(prog, r, start, end, buckets, zero):
+                    s0 = ready if ready > cs else cs
+                    cs = s0 + d
+                    rb.append((ch, s0, cs))
+                    if first is None:
+                        first = s0
+                start[ar] = first if first is not None else clock
+                end[ar] = cs
+                if cs > clock:
+                    clock = cs
+            else:
+                start[ar] = clock
+                clock += dur[ar]
+                end[ar] = clock
+        if opt >= 0:
+            start[opt] = clock
+            clock += dur[opt]
+            end[opt] = clock
+            if ar >= 0 and overlap_dp and zero == 1 and rb:
+                ag = dur[ar] * 0.5
+                rb.append((-1, clock, clock + ag))
+                clock += ag
+        all_buckets.append(tuple(rb))
+    start.pop()
+    end.pop()
+    makespan = max(max(end, default=0.0), max(xe, default=0.0))
+    for rb in all_buckets:
+        for _c, _s, e in rb:
+            if e > makespan:
+                makespan = e
+    return Evaluation(makespan, start, end, xs, xe, tuple(all_buckets))

@@ -1,0 +1,269 @@
+"""Compile a lowered Schedule plus a CostTable into flat per-rank programs.
+
+Both simulation back ends (the SimPy engine and the fast evaluator) consume the same
+:class:`Compiled` object, so they read identical durations, transfer times and memory
+deltas and can only differ in how they advance time. Compiling is done once per
+(schedule, cost table); evaluating is the hot loop.
+
+Durations (see :mod:`merak_sim.costs.base` for the fields): F and F* cost
+``forward_s``; R costs ``forward_s``; B costs ``backward_s + c_s * recompute_s`` and I
+``backward_input_s + c_s * recompute_s`` (c_s the rank's checkpointed fraction, 0 if
+an explicit R ran for that micro-batch); W costs ``backward_weight_s``; AR sums
+``grad_allreduce_s`` and OPT ``optimizer_s`` over the rank's chunks. A transfer across
+the boundary between model stages g and g+1 (activation forward or gradient back)
+takes ``stages[g].send_activation_s`` and carries ``stages[g].p2p_bytes``.
+
+Memory (bytes per GPU): model state of every chunk is resident from the start; F
+allocates ``kept_bytes(c_s)`` when it starts, F* allocates ``input_bytes``, R grows the
+micro-batch to ``activation_bytes``; B (or W after I) frees what the micro-batch held
+when it ends. Transient buffers inside one action are not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from merak_sim.costs.base import CostTable
+from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, ScheduleError, iter_actions
+from merak_sim.schedule.lowering import comm_key, consumed_key
+
+__all__ = ["Compiled", "Transfer", "compile_program", "OP_COMPUTE", "OP_POST", "OP_AR"]
+
+#: Op codes of a compiled program step.
+OP_COMPUTE, OP_POST, OP_AR = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One point-to-point transfer (a send matched with its receive).
+
+    Attributes:
+        key: the IR's comm key (tensor "A"/"G", source model stage, micro-batch).
+        src, dst: pipeline ranks that send and receive.
+        send, recv: the IR actions.
+        duration_s: contention-free transfer time.
+        nbytes: bytes moved per GPU.
+    """
+
+    key: tuple[str, int, int]
+    src: int
+    dst: int
+    send: Action
+    recv: Action
+    duration_s: float
+    nbytes: float
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """Flat, integer-indexed form of a schedule with its costs.
+
+    Attributes:
+        schedule: the lowered schedule.
+        ops: per rank, a tuple of ops: ``(OP_COMPUTE, action_id, consumed_transfer or
+            -1)``, ``(OP_POST, transfer_id, is_send)`` or ``(OP_AR, action_id, -1)``.
+        actions: every compute action (AR and OPT included), indexed by action id.
+        rank_of_action: pipeline rank of each action id.
+        duration_s: contention-free duration of each action id.
+        recompute_s: the part of each action's duration that is recomputation.
+        mem_alloc / mem_free: bytes allocated at the action's start / freed at its end.
+        transfers: every transfer, indexed by transfer id.
+        state_bytes: per rank, resident model-state bytes (weights, grads, optimizer).
+        grad_bytes: per rank, gradient bytes (the data-parallel reduction's payload).
+        ar_chunks: per rank, (chunk, all-reduce seconds) in the order the chunks' last
+            backward finishes (for bucketed overlap).
+        last_backward: per rank, action id of each chunk's last backward (B or W).
+        flops: per rank, model FLOPs of one iteration (no recompute).
+        recompute_flops: per rank, extra FLOPs of recomputation in one iteration.
+        recompute_fraction: per rank, the checkpointed fraction c_s used.
+        num_actions: total IR actions (fused parts counted, every send and receive).
+    """
+
+    schedule: Schedule
+    ops: tuple[tuple[tuple[int, int, int], ...], ...]
+    actions: tuple[Action, ...]
+    rank_of_action: tuple[int, ...]
+    duration_s: tuple[float, ...]
+    recompute_s: tuple[float, ...]
+    mem_alloc: tuple[float, ...]
+    mem_free: tuple[float, ...]
+    transfers: tuple[Transfer, ...]
+    state_bytes: tuple[float, ...]
+    grad_bytes: tuple[float, ...]
+    ar_chunks: tuple[tuple[tuple[int, float], ...], ...]
+    last_backward: tuple[tuple[int, ...], ...]
+    flops: tuple[float, ...]
+    recompute_flops: tuple[float, ...]
+    recompute_fraction: tuple[float, ...]
+    num_actions: int
+
+    @property
+    def num_ranks(self) -> int:
+        """Pipeline ranks."""
+        return self.schedule.num_stages
+
+
+def compile_program(
+    sched: Schedule,
+    table: CostTable,
+    recompute: tuple[float, ...] | None = None,
+) -> Compiled:
+    """Compile ``sched`` with the durations of ``table``.
+
+    Args:
+        recompute: checkpointed fraction c_s per pipeline rank (``config.
+            recompute_per_stage(schedule)``); None means 0 everywhere. Ranks the
+            schedule marks as never recomputing use 0 whatever is given.
+    """
+    if not sched.lowered:
+        raise ScheduleError("the simulator needs a lowered schedule; call lower() first")
+    S = sched.num_stages
+    if len(table.stages) != sched.num_model_stages:
+        raise ValueError(
+            f"cost table has {len(table.stages)} stages but the schedule has "
+            f"{sched.num_model_stages} model stages (pp * virtual stages); build the table "
+            "for the same configuration"
+        )
+    c = list(recompute) if recompute is not None else [0.0] * S
+    if len(c) != S:
+        raise ValueError(f"recompute has {len(c)} fractions for pp={S}")
+    c = [0.0 if s in sched.no_recompute_stages else float(x) for s, x in enumerate(c)]
+    st = table.stages
+    explicit_r = {
+        (a.stage, a.chunk, a.microbatch)
+        for p in sched.programs
+        for a in iter_actions(p)
+        if a.kind is Kind.RECOMPUTE
+    }
+
+    # Transfers, keyed by the IR's comm key.
+    tid: dict = {}
+    sends: dict = {}
+    recvs: dict = {}
+    for p in sched.programs:
+        for a in iter_actions(p):
+            if a.kind.is_comm:
+                key = comm_key(sched, a)
+                (sends if a.kind.is_send else recvs)[key] = a
+                tid.setdefault(key, len(tid))
+    transfers = []
+    for key, _i in sorted(tid.items(), key=lambda kv: kv[1]):
+        s, r = sends.get(key), recvs.get(key)
+        if s is None or r is None:
+            a = s or r
+            raise ScheduleError(f"{a} on rank {a.stage} has no matching "
+                                f"{'receive' if a.kind.is_send else 'send'}")
+        boundary = key[1] if key[0] == "A" else key[1] - 1
+        transfers.append(Transfer(key, s.stage, r.stage, s, r,
+                                  float(st[boundary].send_activation_s),
+                                  float(st[boundary].p2p_bytes)))
+
+    actions: list[Action] = []
+    rank_of: list[int] = []
+    dur: list[float] = []
+    rec: list[float] = []
+    alloc: list[float] = []
+    free: list[float] = []
+    ops_all = []
+    ar_chunks = []
+    last_bwd = []
+    flops, rflops = [], []
+    n_actions = 0
+    for rank, prog in enumerate(sched.programs):
+        ops = []
+        held: dict = {}  # (chunk, mb) -> bytes held
+        chunks = sorted({a.chunk for a in iter_actions(prog) if a.kind.per_microbatch})
+        last_b: dict[int, int] = {}
+        rank_flops = rank_rflops = 0.0
+        for step in prog:
+            n_actions += len(step.parts)
+            if isinstance(step, Fused) or step.kind.is_comm:
+                for p in step.parts:
+                    ops.append((OP_POST, tid[comm_key(sched, p)], int(p.kind.is_send)))
+                continue
+            a = step
+            k = a.kind
+            aid = len(actions)
+            actions.append(a)
+            rank_of.append(rank)
+            d = r_s = al = fr = 0.0
+            if k.per_microbatch:
+                sc = st[sched.model_stage(a)]
+                key = (a.chunk, a.microbatch)
+                cs = 0.0 if (rank, a.chunk, a.microbatch) in explicit_r else c[rank]
+                fwd_flops = sc.flops / 3.0  # forward ~ 1/3 of forward+backward FLOPs
+                if k is Kind.FORWARD:
+                    d = sc.forward_s
+                    al = sc.kept_bytes(c[rank])
+                    held[key] = al
+                    rank_flops += sc.flops
+                elif k is Kind.FORWARD_NOGRAD:
+                    d = sc.forward_s
+                    al = sc.input_bytes
+                    held[key] = al
+                    rank_flops += sc.flops
+                elif k is Kind.RECOMPUTE:
+                    d = r_s = sc.forward_s
+                    al = max(0.0, sc.activation_bytes - held.get(key, 0.0))
+                    held[key] = held.get(key, 0.0) + al
+                    rank_rflops += fwd_flops
+                elif k is Kind.BACKWARD:
+                    r_s = cs * sc.recompute_s
+                    d = sc.backward_s + r_s
+                    fr = held.pop(key, 0.0)
+                    last_b[a.chunk] = aid
+                    rank_rflops += cs * fwd_flops
+                elif k is Kind.BACKWARD_INPUT:
+                    r_s = cs * sc.recompute_s
+                    d = sc.backward_input_s + r_s
+                    rank_rflops += cs * fwd_flops
+                elif k is Kind.BACKWARD_WEIGHT:
+                    d = sc.backward_weight_s
+                    fr = held.pop(key, 0.0)
+                    last_b[a.chunk] = aid
+            elif k is Kind.ALL_REDUCE:
+                d = sum(st[ch * S + rank].grad_allreduce_s for ch in chunks)
+            elif k is Kind.OPTIMIZER:
+                d = sum(st[ch * S + rank].optimizer_s for ch in chunks)
+            dur.append(float(d))
+            rec.append(float(r_s))
+            alloc.append(float(al))
+            free.append(float(fr))
+            if k is Kind.ALL_REDUCE:
+                ops.append((OP_AR, aid, -1))
+            else:
+                ck = consumed_key(sched, a)
+                ops.append((OP_COMPUTE, aid, tid[ck] if ck is not None else -1))
+        ops_all.append(tuple(ops))
+        order = sorted(last_b, key=lambda ch: last_b[ch])
+        ar_chunks.append(tuple((ch, float(st[ch * S + rank].grad_allreduce_s)) for ch in order))
+        last_bwd.append(tuple(last_b[ch] for ch in order))
+        flops.append(rank_flops)
+        rflops.append(rank_rflops)
+    state = tuple(
+        float(sum(st[ch * S + r].state_bytes for ch in range(sched.virtual_stages)))
+        for r in range(S)
+    )
+    grads = tuple(
+        float(sum(st[ch * S + r].grad_bytes for ch in range(sched.virtual_stages)))
+        for r in range(S)
+    )
+    return Compiled(
+        schedule=sched,
+        ops=tuple(ops_all),
+        actions=tuple(actions),
+        rank_of_action=tuple(rank_of),
+        duration_s=tuple(dur),
+        recompute_s=tuple(rec),
+        mem_alloc=tuple(alloc),
+        mem_free=tuple(free),
+        transfers=tuple(transfers),
+        state_bytes=state,
+        grad_bytes=grads,
+        ar_chunks=tuple(ar_chunks),
+        last_backward=tuple(last_bwd),
+        flops=tuple(flops),
+        recompute_flops=tuple(rflops),
+        recompute_fraction=tuple(c),
+        num_actions=n_actions,
+    )

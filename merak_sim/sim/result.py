@@ -1,0 +1,447 @@
+"""SimResult: what a simulation says, in numbers, tables, traces and pictures.
+
+Breakdown per GPU (seconds, summing to the iteration time):
+- compute: forward, backward and optimizer work, recomputation excluded;
+- recompute: explicit re-forwards (R) and the checkpointed part of backwards;
+- exposed communication: time the compute stream waits while a transfer it needs is
+  in flight (from the later of "wait began" and "transfer began" to the transfer's
+  end), a data-parallel reduction on the compute stream, and the wait for an
+  overlapped reduction before the optimizer step;
+- bubble: everything else (waiting for a peer stage to produce, for tensor-parallel
+  peers, and idling after the rank's last action).
+
+FLOP/s: model FLOP/s per GPU counts each micro-batch's forward + backward once
+(6 * params * tokens style, from the cost table); hardware FLOP/s adds
+recomputation (a re-forward is counted as one third of forward + backward FLOPs).
+MFU = model FLOP/s per GPU / peak FLOP/s of the GPU.
+
+pandas and matplotlib are imported lazily by the methods that need them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from merak_sim.io import atomic_write_text
+from merak_sim.schedule.ir import Kind
+
+from .engine import Trace
+from .program import OP_COMPUTE
+
+__all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "EVENT_COLUMNS", "build_result"]
+
+#: Column order of the events table shared by simulated and measured timelines.
+EVENT_COLUMNS = ("rank", "stage", "chunk", "stream", "kind", "action", "microbatch",
+                 "start_s", "end_s", "bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class RankBreakdown:
+    """Where one GPU's iteration time goes (seconds) and what it holds (bytes)."""
+
+    rank: int
+    stage: int
+    dp_index: int
+    tp_index: int
+    compute_s: float
+    recompute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    peak_memory_bytes: float
+
+    def to_dict(self) -> dict:
+        """Plain-JSON form."""
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfMemory:
+    """The first GPU to run out of memory: when, during which action, by how much."""
+
+    rank: int
+    stage: int
+    time_s: float
+    action: str
+    overflow_bytes: float
+    capacity_bytes: float
+
+    def to_dict(self) -> dict:
+        """Plain-JSON form."""
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __str__(self) -> str:
+        return (f"GPU {self.rank} (stage {self.stage}) runs out of memory at "
+                f"{self.time_s * 1e3:.2f} ms during {self.action}: needs "
+                f"{self.overflow_bytes / 2**30:.2f} GiB more than its "
+                f"{self.capacity_bytes / 2**30:.2f} GiB")
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One simulated training iteration.
+
+    Attributes:
+        iteration_time_s: makespan of the iteration.
+        ranks: per simulated GPU, its :class:`RankBreakdown` (representative mode: one
+            GPU per pipeline stage).
+        peak_memory_bytes: per pipeline stage, the peak over its simulated GPUs.
+        fits_in_memory: no GPU exceeded the capacity.
+        oom: the first out-of-memory GPU, or None.
+        model_flops_per_gpu: model FLOP/s per GPU (mean over all GPUs).
+        hardware_flops_per_gpu: FLOP/s per GPU including recomputation.
+        mfu: model FLOP/s per GPU over the peak.
+        throughput_samples_per_s / throughput_tokens_per_s: global batch rate.
+        bubble_fraction: mean bubble over simulated GPUs / iteration time.
+        mode, engine: "representative"/"full"; "simpy" or "evaluator".
+        config: the ParallelConfig (or None), cost-table notes and meta.
+        trace: the raw :class:`~merak_sim.sim.engine.Trace` (timeline source).
+    """
+
+    iteration_time_s: float
+    ranks: tuple[RankBreakdown, ...]
+    peak_memory_bytes: tuple[float, ...]
+    fits_in_memory: bool
+    oom: OutOfMemory | None
+    model_flops_per_gpu: float
+    hardware_flops_per_gpu: float
+    mfu: float
+    throughput_samples_per_s: float
+    throughput_tokens_per_s: float | None
+    bubble_fraction: float
+    mode: str
+    engine: str
+    memory_capacity_bytes: float
+    peak_flops: float
+    config: Any = None
+    notes: tuple[str, ...] = ()
+    meta: dict = field(default_factory=dict)
+    trace: Trace | None = field(default=None, repr=False, compare=False)
+
+    # -- numbers -------------------------------------------------------------------
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Model TFLOP/s per GPU."""
+        return self.model_flops_per_gpu / 1e12
+
+    def to_dict(self) -> dict:
+        """The stable JSON summary used by ``merak-sim simulate --json``."""
+        cfg = self.config.to_dict() if hasattr(self.config, "to_dict") else self.config
+        return {
+            "iteration_time_s": self.iteration_time_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "hardware_tflops_per_gpu": self.hardware_flops_per_gpu / 1e12,
+            "mfu": self.mfu,
+            "bubble_fraction": self.bubble_fraction,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "throughput_tokens_per_s": self.throughput_tokens_per_s,
+            "peak_memory_bytes": list(self.peak_memory_bytes),
+            "memory_capacity_bytes": self.memory_capacity_bytes,
+            "fits_in_memory": self.fits_in_memory,
+            "oom": self.oom.to_dict() if self.oom else None,
+            "mode": self.mode,
+            "engine": self.engine,
+            "breakdown": [r.to_dict() for r in self.ranks],
+            "config": cfg,
+            "notes": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        """A readable summary table (plain text)."""
+        lines = [
+            f"iteration time      {self.iteration_time_s * 1e3:12.3f} ms",
+            f"model TFLOP/s/GPU   {self.tflops_per_gpu:12.2f}   (MFU {self.mfu * 100:.1f} %, "
+            f"hardware {self.hardware_flops_per_gpu / 1e12:.2f})",
+            f"throughput          {self.throughput_samples_per_s:12.2f} samples/s"
+            + (f"   {self.throughput_tokens_per_s:,.0f} tokens/s"
+               if self.throughput_tokens_per_s else ""),
+            f"bubble fraction     {self.bubble_fraction:12.3f}",
+            f"fits in memory      {'yes' if self.fits_in_memory else 'NO'}"
+            f"   (capacity {self.memory_capacity_bytes / 2**30:.1f} GiB)",
+        ]
+        if self.oom:
+            lines.append(f"out of memory       {self.oom}")
+        lines.append("")
+        lines.append(f"{'rank':>5} {'stage':>5} {'compute ms':>11} {'recomp ms':>10} "
+                     f"{'comm ms':>9} {'bubble ms':>10} {'peak GiB':>9}")
+        rows = self.ranks if len(self.ranks) <= 64 else self.ranks[:64]
+        for r in rows:
+            lines.append(f"{r.rank:5d} {r.stage:5d} {r.compute_s * 1e3:11.3f} "
+                         f"{r.recompute_s * 1e3:10.3f} {r.exposed_comm_s * 1e3:9.3f} "
+                         f"{r.bubble_s * 1e3:10.3f} {r.peak_memory_bytes / 2**30:9.2f}")
+        if len(self.ranks) > 64:
+            lines.append(f"... {len(self.ranks) - 64} more GPUs")
+        for n in self.notes:
+            lines.append(f"note: {n}")
+        return "\n".join(lines)
+
+    # -- timelines -----------------------------------------------------------------
+    def _event_rows(self):
+        tr = self.trace
+        if tr is None:
+            raise ValueError("this result carries no trace (simulate with keep_trace=True)")
+        prog = tr.prog
+        sched = prog.schedule
+        acts = prog.actions
+        ent_of = {}
+        for e, (s, ci) in enumerate(zip(tr.stage_of, tr.copy_of, strict=False)):
+            ent_of[(s, ci)] = e
+        for e, rows in enumerate(tr.acts):
+            rank, s = tr.ranks[e], tr.stage_of[e]
+            rb = tr.buckets[e]
+            for aid, st, en in rows:
+                a = acts[aid]
+                if a.kind is Kind.ALL_REDUCE and rb:
+                    for ch, bs, be in rb:
+                        yield (rank, s, max(ch, 0), "collective", a.kind.name, str(a), -1,
+                               bs, be, prog.grad_bytes[s])
+                    continue
+                stream = "collective" if a.kind is Kind.ALL_REDUCE else "compute"
+                nbytes = prog.grad_bytes[s] if a.kind is Kind.ALL_REDUCE else 0.0
+                yield (rank, s, a.chunk, stream, a.kind.name, str(a), a.microbatch, st, en,
+                       nbytes)
+        ncopies = max(tr.copy_of) + 1 if tr.copy_of else 1
+        for ci in range(ncopies):
+            xs, xe = tr.xfers[ci]
+            for tid, t in enumerate(prog.transfers):
+                for act, s in ((t.send, t.src), (t.recv, t.dst)):
+                    e = ent_of.get((s, ci))
+                    if e is None:
+                        continue
+                    yield (tr.ranks[e], s, act.chunk, "p2p", act.kind.name, str(act),
+                           act.microbatch, xs[tid], xe[tid], t.nbytes)
+        del sched
+
+    def events(self):
+        """The events table (pandas DataFrame, columns :data:`EVENT_COLUMNS`, sorted by
+        rank, start)."""
+        import pandas as pd
+
+        rows = list(self._event_rows())
+        df = pd.DataFrame.from_records(rows, columns=list(EVENT_COLUMNS))
+        return df.sort_values(["rank", "start_s", "stream"], kind="stable").reset_index(
+            drop=True)
+
+    def chrome_trace(self) -> dict:
+        """Chrome trace-event JSON (opens in Perfetto / chrome://tracing): one complete
+        ("X") event per action, one process per GPU, one thread per stream."""
+        tids = {"compute": 0, "p2p": 1, "collective": 2}
+        out = []
+        seen = set()
+        for row in self._event_rows():
+            rank, s, ch, stream, kind, action, mb, st, en, nbytes = row
+            if rank not in seen:
+                seen.add(rank)
+                out.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                            "args": {"name": f"GPU {rank} (stage {s})"}})
+                for name, t in tids.items():
+                    out.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": t,
+                                "args": {"name": name}})
+            out.append({"name": action, "cat": kind, "ph": "X", "pid": rank,
+                        "tid": tids[stream], "ts": st * 1e6, "dur": (en - st) * 1e6,
+                        "args": {"stage": s, "chunk": ch, "microbatch": mb,
+                                 "bytes": nbytes}})
+        return {"traceEvents": out, "displayTimeUnit": "ms",
+                "otherData": {"iteration_time_s": self.iteration_time_s,
+                              "mode": self.mode, "engine": self.engine}}
+
+    def write_chrome_trace(self, path: str | Path) -> None:
+        """Write :meth:`chrome_trace` atomically."""
+        atomic_write_text(path, json.dumps(self.chrome_trace()))
+
+    def memory_timeline(self, rank: int | None = None):
+        """Memory over time as a DataFrame (rank, time_s, bytes); one GPU if given."""
+        import pandas as pd
+
+        tr = self.trace
+        if tr is None:
+            raise ValueError("this result carries no trace")
+        rows = []
+        for e, hbm in enumerate(tr.memory):
+            if rank is not None and tr.ranks[e] != rank:
+                continue
+            rows.extend((tr.ranks[e], t, b) for t, b in hbm.timeline)
+        return pd.DataFrame.from_records(rows, columns=["rank", "time_s", "bytes"])
+
+    def plot_gantt(self, path: str | Path | None = None, max_ranks: int = 32):
+        """Gantt chart of the compute stream (and collectives) per GPU; saves to
+        ``path`` if given and returns the matplotlib figure."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        from merak_sim.schedule.render import KIND_COLORS
+
+        df = self.events()
+        df = df[df["stream"] != "p2p"]
+        ranks = sorted(df["rank"].unique())[:max_ranks]
+        fig, ax = plt.subplots(figsize=(12, 0.45 * len(ranks) + 1.5))
+        colors = {k.name: c for k, c in KIND_COLORS.items()}
+        for i, r in enumerate(ranks):
+            sub = df[df["rank"] == r]
+            for kind, g in sub.groupby("kind"):
+                bars = list(zip(g["start_s"] * 1e3, (g["end_s"] - g["start_s"]) * 1e3,
+                                strict=True))
+                y = i - 0.4 if kind != "ALL_REDUCE" else i + 0.05
+                h = 0.8 if kind != "ALL_REDUCE" else 0.35
+                ax.broken_barh(bars, (y, h), facecolors=colors.get(kind, "grey"),
+                               edgecolor="white", linewidth=0.3, label=kind)
+        handles, labels = ax.get_legend_handles_labels()
+        uniq = dict(zip(labels, handles, strict=False))
+        ax.legend(uniq.values(), uniq.keys(), loc="upper left", bbox_to_anchor=(1.005, 1),
+                  fontsize=7)
+        ax.set_yticks(range(len(ranks)), [f"GPU {r}" for r in ranks])
+        ax.invert_yaxis()
+        ax.set_xlabel("time (ms)")
+        ax.set_title(f"iteration {self.iteration_time_s * 1e3:.2f} ms ({self.mode})")
+        fig.tight_layout()
+        if path is not None:
+            _save(fig, path)
+        return fig
+
+    def plot_memory(self, path: str | Path | None = None, max_ranks: int = 16):
+        """Memory over time per GPU (step plot) with the capacity line."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        tr = self.trace
+        fig, ax = plt.subplots(figsize=(10, 4))
+        for e, hbm in enumerate(tr.memory[:max_ranks]):
+            if not hbm.timeline:
+                continue
+            ts = [t * 1e3 for t, _ in hbm.timeline] + [self.iteration_time_s * 1e3]
+            bs = [b / 2**30 for _, b in hbm.timeline]
+            bs.append(bs[-1])
+            ax.step(ts, bs, where="post", label=f"GPU {tr.ranks[e]}")
+        ax.axhline(self.memory_capacity_bytes / 2**30, color="red", linestyle="--",
+                   label="capacity")
+        ax.set_xlabel("time (ms)")
+        ax.set_ylabel("memory (GiB)")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1))
+        fig.tight_layout()
+        if path is not None:
+            _save(fig, path)
+        return fig
+
+
+def _save(fig, path: str | Path) -> None:
+    import io
+
+    from merak_sim.io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fmt = Path(path).suffix.lstrip(".") or "png"
+    fig.savefig(buf, format=fmt, dpi=120)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _breakdown(tr: Trace, e: int) -> tuple[float, float, float]:
+    """(compute, recompute, exposed comm) seconds of entity ``e``."""
+    prog = tr.prog
+    s = tr.stage_of[e]
+    ci = tr.copy_of[e]
+    xs, xe = tr.xfers[ci]
+    dur = prog.duration_s
+    rec = prog.recompute_s
+    acts = prog.actions
+    consumed = {}
+    for code, x, y in prog.ops[s]:
+        if code == OP_COMPUTE and y >= 0:
+            consumed[x] = y
+    comp = recomp = comm = 0.0
+    prev_end = 0.0
+    for aid, st, en in tr.acts[e]:
+        a = acts[aid]
+        wait = st - prev_end
+        if a.kind is Kind.ALL_REDUCE:
+            if tr.buckets[e]:
+                pass  # overlapped: its exposed part is the optimizer's wait below
+            else:
+                comm += en - st
+            prev_end = max(prev_end, en) if not tr.buckets[e] else prev_end
+            continue
+        if wait > 0:
+            y = consumed.get(aid)
+            if y is not None:
+                lo = max(prev_end, xs[y])
+                comm += min(wait, max(0.0, min(xe[y], st) - lo))
+            elif a.kind is Kind.OPTIMIZER and tr.buckets[e]:
+                comm += wait
+        d = en - st
+        if dur[aid] > 0 and rec[aid] > 0:
+            r = d * rec[aid] / dur[aid]
+            recomp += r
+            comp += d - r
+        else:
+            comp += d
+        prev_end = en
+    # ZeRO-1 all-gather after the optimizer (overlap mode) is exposed.
+    for ch, bs, be in tr.buckets[e]:
+        if ch == -1:
+            comm += be - bs
+    return comp, recomp, comm
+
+
+def build_result(tr: Trace, *, capacity: float, peak_flops: float, engine: str,
+                 global_batch: int, seq_len: int | None, config: Any = None,
+                 notes: tuple[str, ...] = (), meta: dict | None = None,
+                 keep_trace: bool = True) -> SimResult:
+    """Turn a :class:`Trace` into a :class:`SimResult`."""
+    prog = tr.prog
+    T = tr.makespan
+    pl = tr.placement
+    ranks = []
+    oom = None
+    S = prog.num_ranks
+    peak_stage = [0.0] * S
+    for e, grank in enumerate(tr.ranks):
+        s = tr.stage_of[e]
+        comp, recomp, comm = _breakdown(tr, e)
+        bubble = max(0.0, T - comp - recomp - comm)
+        hbm = tr.memory[e]
+        _p, d_idx, t_idx = pl.coords(grank)
+        ranks.append(RankBreakdown(grank, s, d_idx, t_idx, comp, recomp, comm, bubble,
+                                   hbm.peak))
+        peak_stage[s] = max(peak_stage[s], hbm.peak)
+        if hbm.oom_time is not None:
+            cand = OutOfMemory(
+                grank, s, hbm.oom_time,
+                str(prog.actions[hbm.oom_action]) if hbm.oom_action is not None
+                and hbm.oom_action >= 0 else "model state",
+                hbm.overflow, capacity)
+            if oom is None or (cand.time_s, cand.rank) < (oom.time_s, oom.rank):
+                oom = cand
+    # FLOPs: every stage of the pipeline, replicated over dp * tp GPUs.
+    total_model = sum(prog.flops) * pl.dp * pl.tp
+    total_hw = (sum(prog.flops) + sum(prog.recompute_flops)) * pl.dp * pl.tp
+    world = pl.world_size
+    mf = total_model / T / world if T > 0 else 0.0
+    hf = total_hw / T / world if T > 0 else 0.0
+    bubble_frac = (sum(r.bubble_s for r in ranks) / len(ranks) / T) if T > 0 and ranks else 0.0
+    samples = global_batch / T if T > 0 else 0.0
+    return SimResult(
+        iteration_time_s=T,
+        ranks=tuple(ranks),
+        peak_memory_bytes=tuple(peak_stage),
+        fits_in_memory=oom is None,
+        oom=oom,
+        model_flops_per_gpu=mf,
+        hardware_flops_per_gpu=hf,
+        mfu=mf / peak_flops if peak_flops else 0.0,
+        throughput_samples_per_s=samples,
+        throughput_tokens_per_s=samples * seq_len if seq_len else None,
+        bubble_fraction=bubble_frac,
+        mode=tr.mode,
+        engine=engine,
+        memory_capacity_bytes=capacity,
+        peak_flops=peak_flops,
+        config=config,
+        notes=tuple(notes),
+        meta=dict(meta or {}),
+        trace=tr if keep_trace else None,
+    )
