@@ -1,5 +1,13 @@
-"""Cost models: what each action costs in time and memory (see :mod:`.base`)."""
+"""Cost models: what each action costs in time and memory (see :mod:`.base`).
 
+:class:`AnalyticCostModel` (roofline with a named efficiency curve) and
+:class:`TraceCostModel` (profiled ``merak-trace/1`` files, analytic fallback) both
+implement the :class:`CostModel` protocol.
+"""
+
+from .analytic import AnalyticCostModel
 from .base import CostModel, CostTable, StageCost
+from .efficiency import DEFAULT_EFFICIENCY, Efficiency, default_efficiency
 
-__all__ = ["CostModel", "CostTable", "StageCost"]
+__all__ = ["AnalyticCostModel", "CostModel", "CostTable", "DEFAULT_EFFICIENCY", "Efficiency",
+           "StageCost", "default_efficiency"]

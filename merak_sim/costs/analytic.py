@@ -1,0 +1,435 @@
+"""AnalyticCostModel: per-layer, per-action costs from FLOPs, bytes and link models.
+
+Compute (one layer, one micro-batch of b sequences, on one GPU of a TP group of t)
+---------------------------------------------------------------------------------
+- GEMMs, each charged with :meth:`Efficiency.gemm_time` (shape-dependent fraction of
+  peak, one kernel overhead): QKV (bs x h -> (h + 2kv)/t), output projection
+  (bs x h/t -> h), fc1 (bs x h -> f/t, doubled for SwiGLU's gate), fc2 (bs x f/t -> h);
+  attention cores as batched GEMMs (b*a/t of s x s x d, scaled by ``attn_factor``).
+- Memory-bound kernels (norms, softmax, dropout, GELU/SwiGLU, bias + residual) from
+  the bytes they read and write, at ``mem_bw_eff`` of HBM bandwidth, one overhead each.
+  With sequence parallelism the norm/dropout/residual bytes are divided by t.
+- Backward: every GEMM becomes two of the same size (input gradient ``I``, weight
+  gradient ``W``); the attention-core GEMMs and all memory-bound backward kernels
+  (about twice the forward bytes) are input-gradient work. ``backward_s = I + W``.
+- Recompute = forward of the layers (communication included: the re-forward repeats
+  its TP all-reduces). Selective recompute (Korthikanti et al. 2022) adds the
+  attention core's forward to every backward instead.
+- Sub-pipelined TP (Merak T3, ``tp_overlap="sub-pipelined"``, k parts): every GEMM
+  and kernel runs k times on b/k of the batch (smaller, less efficient GEMMs, k times
+  the kernel overheads); of the 2k all-reduces per layer pass only the last one (1/k of
+  the bytes) stays exposed, plus whatever the others cannot hide behind the compute
+  of the pass (shared/reference/merak.md, T3).
+
+Communication (alpha-beta, :meth:`AnalyticCostModel.comm_time`)
+----------------------------------------------------------------
+Ring algorithms inside a node: all-reduce 2(p-1) steps moving 2(p-1)/p of the bytes,
+reduce-scatter and all-gather (p-1) steps moving (p-1)/p. Across nodes the better of a
+flat ring and the hierarchical algorithm (intra-node reduce-scatter, inter-node
+all-reduce of 1/l of the data among the nodes, intra-node all-gather), with each GPU
+getting 1/gpus_per_node of its node's network bandwidth (every data-parallel group
+communicates at once in training). Ranks are placed Megatron-style: tp fastest, then
+dp, then pp (``rank = (pp_rank * dp + dp_rank) * tp + tp_rank``), so TP groups stay in
+a node when tp <= gpus_per_node.
+
+Tensor parallelism adds 2 all-reduces of b*s*h activations per layer in forward and 2
+in backward (sequence parallel: an all-gather and a reduce-scatter in place of each,
+same bytes); the embedding adds one in forward, the LM head one in backward.
+Data-parallel gradient all-reduce of the stage's 16-bit gradients (ZeRO-1: reduce-
+scatter of gradients + all-gather of updated weights) goes to ``grad_allreduce_s``.
+Optimizer: Adam reads and writes fp32 master weights, m and v (24 bytes) and reads the
+16-bit gradient and writes the 16-bit weight (4 bytes) per (sharded) parameter, memory
+bound.
+
+Speed: layer costs are cached per (model, GPU, efficiency, dtype, micro-batch, tp,
+sequence parallel, overlap) and communication per (cluster, group shape), so a
+cost table for a new (pp, partition) costs O(stages).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from merak_sim.costs.base import CostTable, StageCost
+from merak_sim.costs.efficiency import Efficiency, default_efficiency
+from merak_sim.hardware import Cluster
+from merak_sim.memory import (
+    CPU_EAGER,
+    DTYPE_BYTES,
+    KORTHIKANTI,
+    ActivationProfile,
+    first_stage_extra_bytes,
+    last_stage_extra_bytes,
+    layer_activation_bytes,
+    layer_checkpoint_bytes,
+    model_state_bytes,
+    stage_input_bytes,
+    stage_params,
+)
+from merak_sim.model import ModelSpec
+from merak_sim.partition import as_ranges, uniform
+
+__all__ = ["AnalyticCostModel", "LayerCost", "CostModelError", "COLLECTIVES",
+           "group_ranks"]
+
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "p2p")
+
+
+class CostModelError(ValueError):
+    """Bad input to a cost model (message names field and value)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """Compute seconds of one layer pass (or the embedding / head) for one micro-batch.
+
+    Attributes:
+        forward_s: forward compute (no TP communication).
+        backward_input_s / backward_weight_s: backward halves (no communication).
+        attn_core_s: forward of the attention core (what selective recompute redoes).
+        tp_fwd_bytes / tp_bwd_bytes: bytes per TP all-reduce and how many, as
+            (bytes, count) pairs; exposure is applied by the cost model.
+        flops: model FLOPs of forward + backward on this GPU.
+        kernels_fwd: kernel launches of the forward (for reporting).
+    """
+
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    attn_core_s: float
+    tp_fwd: tuple[float, int]
+    tp_bwd: tuple[float, int]
+    flops: float
+    kernels_fwd: int
+
+
+def group_ranks(kind: str, config: Any, pp_rank: int = 0, dp_rank: int = 0,
+                tp_rank: int = 0) -> tuple[int, ...]:
+    """Global ranks of the ``kind`` ("tp", "dp") group containing the given coordinates
+    (Megatron placement: tp fastest, then dp, then pp)."""
+    dp, tp = config.dp, config.tp
+    if kind == "tp":
+        return tuple((pp_rank * dp + dp_rank) * tp + t for t in range(tp))
+    if kind == "dp":
+        return tuple((pp_rank * dp + d) * tp + tp_rank for d in range(dp))
+    raise CostModelError(f"unknown group kind {kind!r}; choose tp or dp")
+
+
+# ---------------------------------------------------------------- layer compute
+@lru_cache(maxsize=4096)
+def _layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e: int,
+                mbs: int, tp: int, sp: bool, parts: int) -> LayerCost:
+    h, f, kv, a, s = model.hidden, model.ffn_hidden, model.kv_dim, model.heads, model.seq_len
+    d = model.head_dim
+    b = mbs / parts
+    m = b * s
+    fc1_n = f * (2 if model.gated_mlp else 1) / tp
+    gemms = [(m, (h + 2 * kv) / tp, h), (m, h, h / tp), (m, fc1_n, h), (m, h, f / tp)]
+    g_fwd = sum(eff.gemm_time(mm, n, k, peak) for mm, n, k in gemms)
+    bh = b * a / tp
+    attn = 2 * eff.gemm_time(s, s, d, peak, batch=bh, attention=True)
+    rep = tp if sp else 1
+    p = model.dropout > 0
+    # Bytes moved by the forward's memory-bound kernels (read + write), per part.
+    norm = 2 * (2 * m * h * e / rep)                       # two norms
+    resid = 2 * (m * h * e * 3 + (m * h if p else 0)) / rep  # bias+dropout+residual x2
+    sc = bh * s * s
+    softmax = sc * e * 2 + (sc * (2 * e + 1) if p else 0)
+    act_elems = m * f / tp
+    act = act_elems * e * (3 if model.gated_mlp else 2)
+    rope = 2 * m * (h + kv) / tp * e if model.family == "llama" else 0.0
+    mem_bytes = norm + resid + softmax + act + rope
+    n_mem = 2 + 2 + (2 if p else 1) + 1 + (1 if rope else 0)
+    mem_fwd = eff.mem_time(mem_bytes, mem_bw, n_mem)
+    softmax_t = eff.mem_time(softmax, mem_bw, 2 if p else 1)
+    fwd = parts * (g_fwd + attn + mem_fwd)
+    bwd_in = parts * (g_fwd + 2 * attn + eff.mem_time(2 * mem_bytes, mem_bw, n_mem + 2))
+    bwd_w = parts * g_fwd
+    core = parts * (attn + softmax_t)
+    flops = 3.0 * model.layer_forward_flops(mbs) / tp
+    ar_bytes = mbs * s * h * e / parts
+    n_ar = 2 * parts
+    return LayerCost(fwd, bwd_in, bwd_w, core, (ar_bytes, n_ar), (ar_bytes, n_ar), flops,
+                     parts * (4 + 2 + n_mem))
+
+
+@lru_cache(maxsize=4096)
+def _edge_costs(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e: int,
+                mbs: int, tp: int, sp: bool) -> tuple[LayerCost, LayerCost]:
+    """(embedding, head) compute costs. The head is final norm + LM-head GEMM + fp32
+    cross entropy; the embedding a gather plus position add and dropout."""
+    h, V, s = model.hidden, model.vocab, model.seq_len
+    m = mbs * s
+    rep = tp if sp else 1
+    emb_bytes = m * h * e * 3 / rep + m * 8
+    emb_f = eff.mem_time(emb_bytes, mem_bw, 3)
+    # Backward: scatter-add into the (sharded) embedding gradient, zeroing it first.
+    emb_b = eff.mem_time(2 * emb_bytes + V * h * e / tp, mem_bw, 3)
+    emb = LayerCost(emb_f, 0.0, emb_b, 0.0, (m * h * e, 1), (0.0, 0), 0.0, 3)
+    g = eff.gemm_time(m, V / tp, h, peak)
+    ce_bytes = m * V / tp * 4 * 3  # fp32 logits: cast, softmax, loss
+    head_f = g + eff.mem_time(ce_bytes + 2 * m * h * e / rep, mem_bw, 4)
+    head_bi = g + eff.mem_time(2 * ce_bytes + 4 * m * h * e / rep, mem_bw, 4)
+    head = LayerCost(head_f, head_bi, g, 0.0, (0.0, 0), (m * h * e, 1),
+                     3.0 * model.logits_forward_flops(mbs) / tp, 5)
+    return emb, head
+
+
+# ---------------------------------------------------------------- communication
+def _ring(kind: str, nbytes: float, p: int, bw: float, lat: float) -> float:
+    if p <= 1 or nbytes <= 0:
+        return 0.0
+    if kind == "all-reduce":
+        return 2 * (p - 1) * lat + 2 * (p - 1) / p * nbytes / bw
+    return (p - 1) * lat + (p - 1) / p * nbytes / bw
+
+
+def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Cluster) -> float:
+    """Alpha-beta time of a collective among global ``ranks`` on ``cluster`` (module
+    docstring)."""
+    if kind not in COLLECTIVES:
+        raise CostModelError(f"unknown collective {kind!r}; choose one of: "
+                             f"{', '.join(COLLECTIVES)}")
+    if nbytes < 0:
+        raise CostModelError(f"collective bytes must be >= 0, got {nbytes}")
+    if kind == "p2p":
+        if len(ranks) != 2:
+            raise CostModelError(f"p2p needs exactly 2 ranks, got {len(ranks)}")
+        a, b = ranks
+        if a == b or nbytes == 0:
+            return 0.0
+        if cluster.same_node(a, b):
+            return cluster.intra.time(nbytes)
+        return cluster.inter.latency_s + nbytes / cluster.inter_bandwidth_per_gpu_Bps
+    return _collective_cached(kind, float(nbytes), _shape(ranks, cluster), cluster)
+
+
+def _shape(ranks: tuple[int, ...], cluster: Cluster) -> tuple[int, int]:
+    per_node: dict[int, int] = {}
+    for r in ranks:
+        n = cluster.node_of(r)
+        per_node[n] = per_node.get(n, 0) + 1
+    return len(per_node), max(per_node.values())
+
+
+@lru_cache(maxsize=65536)
+def _collective_cached(kind: str, nbytes: float, shape: tuple[int, int],
+                       cluster: Cluster) -> float:
+    n_nodes, local = shape
+    intra, inter = cluster.intra, cluster.inter
+    p = n_nodes * local
+    if n_nodes == 1:
+        return _ring(kind, nbytes, local, intra.bandwidth_Bps, intra.latency_s)
+    bw_g = cluster.inter_bandwidth_per_gpu_Bps
+    # Flat ring over all p ranks: the node-crossing edges are the bottleneck; NCCL's
+    # parallel rings let the group's l GPUs per node use l shares of the network.
+    flat = _ring(kind, nbytes, p, min(intra.bandwidth_Bps, bw_g * local),
+                 max(intra.latency_s, inter.latency_s))
+    half = "reduce-scatter" if kind in ("all-reduce", "reduce-scatter") else "all-gather"
+    hier = _ring(kind, nbytes / local, n_nodes, bw_g, inter.latency_s)
+    if kind == "all-reduce":
+        hier += 2 * _ring(half, nbytes, local, intra.bandwidth_Bps, intra.latency_s)
+    else:
+        hier += _ring(half, nbytes, local, intra.bandwidth_Bps, intra.latency_s)
+    return min(flat, hier)
+
+
+# ---------------------------------------------------------------- the model
+class AnalyticCostModel:
+    """Roofline-with-efficiency cost model (module docstring).
+
+    Args:
+        efficiency: the curve; None = the GPU type's default
+            (:data:`merak_sim.costs.efficiency.DEFAULT_EFFICIENCY`).
+        profile: activation storage profile (Korthikanti on GPUs, ``cpu-eager`` on
+            the CPU cluster when None).
+        partition_method: default partitioner when ``cost_table`` gets none:
+            "uniform" (Megatron's default) or "time".
+    """
+
+    def __init__(self, efficiency: Efficiency | None = None,
+                 profile: ActivationProfile | None = None,
+                 partition_method: str = "uniform") -> None:
+        if partition_method not in ("uniform", "time", "parameters"):
+            raise CostModelError(f"unknown partition method {partition_method!r}; choose "
+                                 "uniform, parameters or time")
+        self.efficiency = efficiency
+        self.profile = profile
+        self.partition_method = partition_method
+
+    # -- helpers shared with TraceCostModel
+    def efficiency_for(self, cluster: Cluster) -> Efficiency:
+        """The efficiency curve used on ``cluster``."""
+        return self.efficiency or default_efficiency(cluster.gpu.name)
+
+    def profile_for(self, cluster: Cluster) -> ActivationProfile:
+        """The activation profile used on ``cluster``."""
+        if self.profile is not None:
+            return self.profile
+        return CPU_EAGER if cluster.gpu.name.startswith("CPU") else KORTHIKANTI
+
+    def layer_costs(self, model: ModelSpec, cluster: Cluster, config: Any
+                    ) -> tuple[LayerCost, LayerCost, LayerCost]:
+        """(transformer layer, embedding, head) compute costs for ``config``."""
+        eff = self.efficiency_for(cluster)
+        e = DTYPE_BYTES[config.dtype]
+        peak = cluster.gpu.peak(config.dtype)
+        bw = cluster.gpu.mem_bandwidth_Bps
+        parts = config.tp_overlap_parts if (config.tp_overlap == "sub-pipelined"
+                                            and config.tp > 1) else 1
+        lay = _layer_cost(model, peak, bw, eff, e, config.micro_batch_size, config.tp,
+                          config.sequence_parallel, parts)
+        emb, head = _edge_costs(model, peak, bw, eff, e, config.micro_batch_size,
+                                config.tp, config.sequence_parallel)
+        return lay, emb, head
+
+    def comm_time(self, collective: str, nbytes: float, ranks: tuple[int, ...],
+                  cluster: Cluster) -> float:
+        """Seconds for ``collective`` of ``nbytes`` among global ``ranks``."""
+        return collective_time(collective, nbytes, tuple(ranks), cluster)
+
+    def _tp_exposed(self, lay: LayerCost, which: str, cluster: Cluster, config: Any,
+                    pp_rank: int, compute_s: float) -> float:
+        if config.tp == 1:
+            return 0.0
+        nbytes, count = lay.tp_fwd if which == "fwd" else lay.tp_bwd
+        if count == 0:
+            return 0.0
+        ranks = group_ranks("tp", config, pp_rank)
+        if config.sequence_parallel:
+            one = (collective_time("all-gather", nbytes, ranks, cluster)
+                   + collective_time("reduce-scatter", nbytes, ranks, cluster))
+        else:
+            one = collective_time("all-reduce", nbytes, ranks, cluster)
+        parts = config.tp_overlap_parts if config.tp_overlap == "sub-pipelined" else 1
+        if parts == 1 or count < 2:
+            return count * one
+        # Sub-pipelined: the last all-reduce of the pass is exposed; the others hide
+        # behind the pass's compute (all but the first part's first sub-layer).
+        hidden_room = compute_s * (1 - 1 / count)
+        return one + max(0.0, (count - 1) * one - hidden_room)
+
+    def check(self, model: ModelSpec, cluster: Cluster, config: Any) -> None:
+        """Raise a one-line ValueError if ``config`` cannot run ``model`` on ``cluster``."""
+        model.check_tp(config.tp)
+        model.check_pp(config.pp, config.virtual_stages)
+        if config.world_size > cluster.world_size:
+            raise CostModelError(
+                f"config needs dp*tp*pp = {config.world_size} GPUs but cluster "
+                f"{cluster.name} has {cluster.world_size} (raise --nodes)")
+
+    def default_partition(self, model: ModelSpec, cluster: Cluster, config: Any):
+        """The partition used when ``cost_table`` gets none."""
+        n = config.pp * config.virtual_stages
+        if self.partition_method == "uniform":
+            return uniform(model.layers, n)
+        if self.partition_method == "parameters":
+            from merak_sim.partition import parameter_balanced
+            return parameter_balanced(model, n, config.tp)
+        from merak_sim.partition import time_balanced
+        lay, emb, head = self.layer_costs(model, cluster, config)
+        t = lay.forward_s + lay.backward_input_s + lay.backward_weight_s
+        return time_balanced([t] * model.layers, n,
+                             emb.forward_s + emb.backward_weight_s,
+                             head.forward_s + head.backward_input_s + head.backward_weight_s)
+
+    def cost_table(self, model: ModelSpec, cluster: Cluster, config: Any,
+                   partition: Any | None = None) -> CostTable:
+        """Per-model-stage costs (see :class:`~merak_sim.costs.base.StageCost`)."""
+        self.check(model, cluster, config)
+        n_st = config.pp * config.virtual_stages
+        if partition is None:
+            partition = self.default_partition(model, cluster, config)
+        ranges = as_ranges(partition, model.layers, n_st)
+        lay, emb, head = self.layer_costs(model, cluster, config)
+        stages = tuple(self._stage(model, cluster, config, g, e - s, lay, emb, head)
+                       for g, (s, e) in enumerate(ranges))
+        eff = self.efficiency_for(cluster)
+        notes = tuple(cluster.notes) + ((f"model: {model.source}",) if model.source else ())
+        return CostTable(
+            stages=stages,
+            memory_capacity_bytes=cluster.gpu.memory_bytes,
+            peak_flops=cluster.gpu.peak(config.dtype),
+            notes=notes,
+            meta={"source": "analytic", "efficiency": eff.to_dict(),
+                  "profile": self.profile_for(cluster).name, "ranges": ranges,
+                  "cluster": cluster.name, "model": model.name},
+        )
+
+    # Stage assembly is cheap arithmetic over the cached layer costs.
+    def _stage(self, model: ModelSpec, cluster: Cluster, config: Any, g: int, n: int,
+               lay: LayerCost, emb: LayerCost, head: LayerCost) -> StageCost:
+        n_st = config.pp * config.virtual_stages
+        pp_rank = g % config.pp
+        first, last = g == 0, g == n_st - 1
+        tp, dp, mbs, sp = config.tp, config.dp, config.micro_batch_size, config.sequence_parallel
+        lay_f_comm = self._tp_exposed(lay, "fwd", cluster, config, pp_rank, lay.forward_s)
+        lay_b_comm = self._tp_exposed(lay, "bwd", cluster, config, pp_rank,
+                                      lay.backward_input_s + lay.backward_weight_s)
+        fwd_layer = lay.forward_s + lay_f_comm
+        fwd = n * fwd_layer
+        bin_ = n * (lay.backward_input_s + lay_b_comm)
+        bw = n * lay.backward_weight_s
+        flops = n * lay.flops
+        if first:
+            fwd += emb.forward_s + self._tp_exposed(emb, "fwd", cluster, config, pp_rank, 0.0)
+            bw += emb.backward_weight_s
+        if last:
+            fwd += head.forward_s
+            bin_ += head.backward_input_s + self._tp_exposed(head, "bwd", cluster, config,
+                                                             pp_rank, 0.0)
+            bw += head.backward_weight_s
+            flops += head.flops
+        back = bin_ + bw
+        if config.recompute == "selective":
+            back += n * lay.attn_core_s
+            bin_ += n * lay.attn_core_s
+        # Memory (bytes per GPU).
+        prof = self.profile_for(cluster)
+        rc = "selective" if config.recompute == "selective" else "none"
+        act = n * layer_activation_bytes(model, mbs, tp, sp, rc, prof, config.dtype)
+        ckpt = n * layer_checkpoint_bytes(model, mbs, tp, sp, prof, config.dtype)
+        extra = 0.0
+        if first:
+            extra += first_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype)
+        if last:
+            extra += last_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype)
+        # F* keeps the stage input: token ids on the first stage, else the residual
+        # stream received from the previous stage (sharded with sp, as it is sent).
+        inp = (mbs * model.seq_len * 8.0 if first else
+               stage_input_bytes(model, mbs, tp, sp, prof, config.dtype))
+        p2p = 0.0 if last else stage_input_bytes(model, mbs, tp, sp, prof, config.dtype)
+        params = stage_params(model, n, first, last, tp)
+        state = model_state_bytes(params, config.dtype, dp, config.zero)
+        # Communication off the compute stream.
+        if last:
+            send = 0.0
+        else:
+            nxt = (g + 1) % config.pp
+            a = group_ranks("tp", config, pp_rank)[0]
+            b = group_ranks("tp", config, nxt)[0]
+            send = collective_time("p2p", p2p, (a, b), cluster) if a != b else 0.0
+        grad_ar = 0.0
+        if dp > 1:
+            ranks = group_ranks("dp", config, pp_rank)
+            gbytes = state.grad_bytes
+            if config.zero >= 1:
+                grad_ar = (collective_time("reduce-scatter", gbytes, ranks, cluster)
+                           + collective_time("all-gather", state.weight_bytes, ranks,
+                                             cluster))
+            else:
+                grad_ar = collective_time("all-reduce", gbytes, ranks, cluster)
+        eff = self.efficiency_for(cluster)
+        opt_params = params / (dp if config.zero >= 1 else 1)
+        per_param = 28 if config.dtype != "fp32" else 36
+        optimizer = eff.mem_time(opt_params * per_param, cluster.gpu.mem_bandwidth_Bps, 4)
+        return StageCost(
+            forward_s=fwd, backward_s=back, backward_input_s=bin_, backward_weight_s=bw,
+            recompute_s=n * fwd_layer, send_activation_s=send, grad_allreduce_s=grad_ar,
+            optimizer_s=optimizer, activation_bytes=act + extra, checkpoint_bytes=ckpt + extra,
+            input_bytes=inp, weight_bytes=state.weight_bytes,
+            grad_bytes=state.grad_bytes, optimizer_bytes=state.optimizer_bytes,
+            p2p_bytes=p2p, flops=flops, layers=n,
+        )

@@ -1,0 +1,122 @@
+"""Achieved-efficiency curves: what fraction of peak a kernel of a given shape reaches.
+
+The curve is a frozen set of named parameters (:class:`Efficiency`) so a fit (the
+simulator issue fits it to the vTrain A100 single-node runs) can set them and a table
+can print them. Shapes enter through three factors:
+
+    gemm_efficiency(m, n, k) = gemm_max * g(m) * g(n) * g(k) * W / (W + gemm_flops_half)
+    g(d) = d / (d + gemm_dim_half),   W = 2 m n k (the GEMM's FLOPs)
+
+``g`` charges thin matrices (a dimension of ``gemm_dim_half`` halves that factor: tile
+quantisation and low arithmetic intensity); the W term charges GEMMs too small to fill
+the device (wave quantisation / occupancy). Batched attention GEMMs (QK^T and
+attention x V, with a head-dim side of 64-128) are further scaled by ``attn_factor``.
+Memory-bound kernels move bytes at ``mem_bw_eff`` of the device bandwidth. Every kernel
+costs ``kernel_overhead_s`` on top (launch and tail, not hidden when kernels are small).
+
+Default values (per GPU type, :data:`DEFAULT_EFFICIENCY`) come from published GEMM
+efficiency figures, not from a fit:
+- A100: cuBLAS bf16 GEMMs of 4k-8k sizes reach about 250-270 of 312 TFLOP/s (NVIDIA
+  "Matrix Multiplication Background" user guide, Deep Learning Performance docs;
+  Megatron-LM reports 138-163 TFLOP/s *per GPU end to end* on A100, Narayanan et al.
+  SC'21 Table 1) -> gemm_max 0.82; 1k x 1k x 1k reaches about half of peak -> dim and
+  FLOP half-points 64 and 0.5 GFLOP.
+- H100/H200: large bf16 GEMMs 700-800 of 989 TFLOP/s (this workplace measured
+  769-798 on the H200, shared/reference/hardware.md) -> gemm_max 0.78.
+- V100: about 100 of 125 TFLOP/s fp16 -> 0.78. RTX 3090: consumer tensor cores run
+  close to their fp32-accumulate rate -> 0.85.
+- Elementwise kernels: 70-80 % of HBM bandwidth (STREAM-like copy figures).
+- CPU (this machine): from its own measurement; per-op dispatch overhead of eager
+  PyTorch (~10-20 us) dominates small kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "default_efficiency"]
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """Named parameters of the achieved-efficiency curve (module docstring).
+
+    Attributes:
+        gemm_max: asymptotic fraction of peak for large GEMMs.
+        gemm_dim_half: a GEMM dimension of this size halves its shape factor.
+        gemm_flops_half: a GEMM of this many FLOPs gets half from the occupancy factor.
+        attn_factor: extra factor for the batched attention GEMMs.
+        mem_bw_eff: fraction of memory bandwidth reached by memory-bound kernels.
+        kernel_overhead_s: fixed seconds per kernel (launch + tail).
+    """
+
+    gemm_max: float = 0.82
+    gemm_dim_half: float = 64.0
+    gemm_flops_half: float = 0.5e9
+    attn_factor: float = 0.7
+    mem_bw_eff: float = 0.75
+    kernel_overhead_s: float = 4e-6
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, (int, float)) or v < 0 or (v == 0 and f.name in (
+                    "gemm_max", "attn_factor", "mem_bw_eff")):
+                raise ValueError(f"efficiency parameter {f.name} must be positive, got {v!r}")
+        if self.gemm_max > 1 or self.mem_bw_eff > 1:
+            raise ValueError("efficiency parameters gemm_max and mem_bw_eff must be <= 1, "
+                             f"got {self.gemm_max} and {self.mem_bw_eff}")
+
+    def gemm(self, m: float, n: float, k: float) -> float:
+        """Achieved fraction of peak for an (m x k) @ (k x n) GEMM."""
+        dh = self.gemm_dim_half
+        w = 2.0 * m * n * k
+        return (self.gemm_max * (m / (m + dh)) * (n / (n + dh)) * (k / (k + dh))
+                * (w / (w + self.gemm_flops_half)))
+
+    def gemm_time(self, m: float, n: float, k: float, peak_flops: float,
+                  batch: float = 1.0, attention: bool = False) -> float:
+        """Seconds for ``batch`` GEMMs of (m x k) @ (k x n) at ``peak_flops``, plus one
+        kernel overhead (a batched GEMM is one kernel)."""
+        w = 2.0 * m * n * k * batch
+        if w <= 0:
+            return 0.0
+        # Occupancy depends on the whole batched launch, so use the total work.
+        dh = self.gemm_dim_half
+        eff = (self.gemm_max * (m / (m + dh)) * (n / (n + dh)) * (k / (k + dh))
+               * (w / (w + self.gemm_flops_half)))
+        if attention:
+            eff *= self.attn_factor
+        return w / (peak_flops * eff) + self.kernel_overhead_s
+
+    def mem_time(self, nbytes: float, bandwidth_Bps: float, kernels: int = 1) -> float:
+        """Seconds for memory-bound kernels moving ``nbytes`` in total."""
+        return nbytes / (bandwidth_Bps * self.mem_bw_eff) + kernels * self.kernel_overhead_s
+
+    def to_dict(self) -> dict:
+        """Parameter name -> value."""
+        return asdict(self)
+
+    def with_(self, **changes: float) -> Efficiency:
+        """A copy with some parameters changed (validated)."""
+        return replace(self, **changes)
+
+
+#: Defaults per GPU preset name (module docstring gives the sources).
+DEFAULT_EFFICIENCY: dict[str, Efficiency] = {
+    "A100-40GB": Efficiency(),
+    "A100-80GB": Efficiency(),
+    "H100-80GB": Efficiency(gemm_max=0.78, gemm_dim_half=96.0, gemm_flops_half=1.5e9),
+    "H200-141GB": Efficiency(gemm_max=0.78, gemm_dim_half=96.0, gemm_flops_half=1.5e9),
+    "V100-32GB": Efficiency(gemm_max=0.78, gemm_dim_half=48.0, gemm_flops_half=0.2e9,
+                            kernel_overhead_s=5e-6),
+    "RTX3090": Efficiency(gemm_max=0.85, gemm_dim_half=48.0, gemm_flops_half=0.15e9,
+                          kernel_overhead_s=5e-6),
+    "CPU-2core": Efficiency(gemm_max=0.8, gemm_dim_half=16.0, gemm_flops_half=2e6,
+                            attn_factor=0.6, mem_bw_eff=0.5, kernel_overhead_s=15e-6),
+}
+
+
+def default_efficiency(gpu_name: str) -> Efficiency:
+    """The default curve for a GPU preset (A100's for unknown GPUs)."""
+    return DEFAULT_EFFICIENCY.get(gpu_name, Efficiency())

@@ -1,0 +1,347 @@
+"""Memory model: model state and activations per pipeline stage.
+
+Model state (per GPU, after tensor-parallel sharding)
+----------------------------------------------------
+- Mixed precision (bf16/fp16) Adam: 16 bytes/param = 2 (16-bit weights) + 2 (16-bit
+  gradients) + 12 (fp32 master weights, Adam m and v) (Rajbhandari et al., ZeRO, SC'20,
+  Sec. 3.1: "2 + 2 + K" with K = 12).
+- fp32 Adam: also 16 bytes/param but split 4 (weights) + 4 (gradients) + 8 (m, v).
+- ZeRO-1 shards the optimizer part over dp.
+
+Activations per transformer layer (bytes one micro-batch keeps for backward)
+---------------------------------------------------------------------------
+Built from the tensors each sub-layer saves (:func:`layer_activation_breakdown`), per
+token, with e = bytes per activation element, m = bytes per dropout-mask element,
+h hidden, f ffn, kv the K/V width, a heads, s sequence, t tensor parallel degree:
+
+- residual stream (replicated under TP, divided by t with sequence parallelism):
+  LN1 input, LN1 output (QKV input), LN2 input, LN2 output (fc1 input): 4eh, and the
+  two dropout masks after attention and MLP: 2mh (if dropout).
+- sharded by TP: Q, K (e(h + kv)), V (e kv), projection input (eh), the MLP's saved
+  f-sized tensors (GELU: input and output = 2ef; fused SwiGLU: 3ef).
+- attention core (sharded): softmax output e*a*s, plus its dropout mask m*a*s and the
+  dropped output e*a*s if dropout; a flash-style kernel instead saves only the log-sum-
+  exp (4a bytes) and no s x s tensor.
+
+With e = 2 and m = 1 (16-bit activations, byte masks, GPT, ffn 4h) this is exactly
+Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
+(MLSys 2023), Table 2, per layer:
+  no parallelism          sbh(34 + 5as/h)
+  tensor parallel         sbh(10 + 24/t + 5as/(ht))
+  tensor + sequence par.  sbh/t (34 + 5as/h)
+  selective recompute     sbh/t * 34  (with sp; without sp: sbh(10 + 24/t))
+  full recompute          2sbh         (the layer input only; divided by t with sp,
+                                        since Megatron keeps the sharded input)
+:func:`korthikanti_layer_bytes` gives those closed forms, and the tests check the
+breakdown reproduces them.
+
+A second profile, ``cpu-eager`` (:data:`CPU_EAGER`), is what eager PyTorch on CPU
+really saves (measured with ``torch.autograd.graph.saved_tensors_hooks``, tests in
+tests/test_memory_measured.py): fp32 activations, dropout masks stored as 4-byte floats,
+LayerNorm mean and rstd (2 x 4 bytes per token each), scaled-dot-product attention
+taking the flash path (q, k, v, output, log-sum-exp) without dropout and the math path
+(softmax, float mask, dropped probabilities, a separate projection input) with it, and
+HuggingFace GPT-2's ``gelu_new`` written in Python saving five f-sized tensors instead
+of two.
+
+Stage extras: the first stage keeps the embedding-dropout mask, the last stage the
+final-norm input, the LM-head input and the fp32 logits (4V/t bytes per token) that the
+cross entropy keeps (Korthikanti et al., Sec. 4.3). Merak's F* keeps only the stage
+input (e*h per token; /t with sp). The number of micro-batches alive per rank comes from
+the schedule (:func:`peak_memory`), never from a formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from merak_sim.model import ModelSpec
+
+__all__ = [
+    "ActivationProfile", "KORTHIKANTI", "FLASH", "CPU_EAGER", "CPU_EAGER_HF_GPT2",
+    "MemoryError_", "ModelState", "model_state_bytes", "layer_activation_breakdown",
+    "layer_activation_bytes", "layer_checkpoint_bytes", "korthikanti_layer_bytes",
+    "stage_input_bytes", "first_stage_extra_bytes", "last_stage_extra_bytes",
+    "peak_memory", "StageMemory", "DTYPE_BYTES",
+]
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+class MemoryError_(ValueError):
+    """Bad input to the memory model (named so it does not shadow the builtin)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationProfile:
+    """How a framework stores a layer's activations (module docstring).
+
+    Attributes:
+        name: label.
+        act_bytes: bytes per activation element (0 = from the training dtype).
+        mask_bytes: bytes per dropout-mask element (1: GPU byte mask; 4: CPU float).
+        attention: "unfused" (softmax kept), "flash" (log-sum-exp only) or "sdpa-cpu"
+            (flash without dropout, unfused with it: PyTorch's CPU dispatch).
+        mlp_saved_f: f-sized tensors the MLP keeps (0 = family default: 2 for GELU,
+            3 for fused SwiGLU).
+        norm_stats_bytes: bytes per token per norm for saved statistics (0 for
+            Korthikanti, who neglects them; 8 for CPU LayerNorm's fp32 mean and rstd).
+    """
+
+    name: str
+    act_bytes: int = 0
+    mask_bytes: int = 1
+    attention: str = "unfused"
+    mlp_saved_f: int = 0
+    norm_stats_bytes: int = 0
+
+
+KORTHIKANTI = ActivationProfile("korthikanti")
+FLASH = ActivationProfile("flash", attention="flash")
+CPU_EAGER = ActivationProfile("cpu-eager", act_bytes=4, mask_bytes=4, attention="sdpa-cpu",
+                              norm_stats_bytes=8)
+CPU_EAGER_HF_GPT2 = ActivationProfile("cpu-eager-hf-gpt2", act_bytes=4, mask_bytes=4,
+                                      attention="sdpa-cpu", mlp_saved_f=5,
+                                      norm_stats_bytes=8)
+PROFILES = {p.name: p for p in (KORTHIKANTI, FLASH, CPU_EAGER, CPU_EAGER_HF_GPT2)}
+
+
+def _e(model: ModelSpec, profile: ActivationProfile, dtype: str | None) -> int:
+    return profile.act_bytes or DTYPE_BYTES[dtype or model.dtype]
+
+
+def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
+                               sp: bool = False, profile: ActivationProfile = KORTHIKANTI,
+                               dtype: str | None = None) -> dict[str, float]:
+    """Bytes one layer keeps per micro-batch, by component (module docstring).
+
+    Keys: "residual" (norm inputs/outputs, replicated unless sp), "masks" (residual
+    dropout masks), "norm_stats", "qkv", "proj_in", "mlp", "scores" (the s x s part
+    or flash statistics).
+    """
+    if micro_batch < 1:
+        raise MemoryError_(f"micro_batch must be a positive integer, got {micro_batch}")
+    model.check_tp(tp)
+    h, f, kv, a, s = model.hidden, model.ffn_hidden, model.kv_dim, model.heads, model.seq_len
+    e, m = _e(model, profile, dtype), profile.mask_bytes
+    tok = micro_batch * s
+    rep = tp if sp else 1  # divisor of the residual-stream part
+    p = model.dropout > 0
+    mlp_f = profile.mlp_saved_f or (3 if model.gated_mlp else 2)
+    attn = profile.attention
+    if attn == "sdpa-cpu":
+        attn = "unfused" if p else "flash"
+    if attn == "unfused":
+        scores = (e + ((m + e) if p else 0)) * a * s
+    elif attn == "flash":
+        scores = 4 * a
+    else:
+        raise MemoryError_(f"unknown attention storage {profile.attention!r}")
+    return {
+        "residual": tok * 4 * e * h / rep,
+        "masks": tok * (2 * m * h if p else 0) / rep,
+        "norm_stats": tok * 2 * profile.norm_stats_bytes / rep,
+        "qkv": tok * e * (h + 2 * kv) / tp,
+        "proj_in": tok * e * h / tp,
+        "mlp": tok * mlp_f * e * f / tp,
+        "scores": tok * scores / tp,
+    }
+
+
+def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
+                           recompute: str = "none",
+                           profile: ActivationProfile = KORTHIKANTI,
+                           dtype: str | None = None) -> float:
+    """Bytes one layer keeps per micro-batch under ``recompute`` ("none",
+    "selective": the attention core is recomputed so its s x s part is not kept,
+    "full": only the layer input)."""
+    if recompute == "full":
+        return layer_checkpoint_bytes(model, micro_batch, tp, sp, profile, dtype)
+    d = layer_activation_breakdown(model, micro_batch, tp, sp, profile, dtype)
+    if recompute == "selective":
+        d = dict(d, scores=0.0)
+    elif recompute != "none":
+        raise MemoryError_(f"unknown recompute setting {recompute!r}; choose none, "
+                           "selective or full")
+    return float(sum(d.values()))
+
+
+def layer_checkpoint_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
+                           profile: ActivationProfile = KORTHIKANTI,
+                           dtype: str | None = None) -> float:
+    """Bytes a fully checkpointed layer keeps: its input, e*s*b*h (/t with sp)."""
+    return stage_input_bytes(model, micro_batch, tp, sp, profile, dtype)
+
+
+def stage_input_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
+                      profile: ActivationProfile = KORTHIKANTI,
+                      dtype: str | None = None) -> float:
+    """The residual-stream tensor crossing a stage boundary (what F* keeps)."""
+    e = _e(model, profile, dtype)
+    return float(micro_batch * model.seq_len * model.hidden * e / (tp if sp else 1))
+
+
+def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1,
+                            setting: str = "none") -> float:
+    """Korthikanti et al. (MLSys 2023) Table 2 closed forms, bytes per layer.
+
+    setting: "none" (no parallelism; t ignored), "tp", "tp+sp", "selective" (with
+    tp+sp), "full" (2sbh)."""
+    if setting == "none":
+        return s * b * h * (34 + 5 * a * s / h)
+    if setting == "tp":
+        return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    if setting == "tp+sp":
+        return s * b * h / t * (34 + 5 * a * s / h)
+    if setting == "selective":
+        return s * b * h / t * 34
+    if setting == "full":
+        return 2 * s * b * h
+    raise MemoryError_(f"unknown Korthikanti setting {setting!r}")
+
+
+def first_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
+                            profile: ActivationProfile = KORTHIKANTI,
+                            dtype: str | None = None) -> float:
+    """Embedding activations on the first stage: the dropout mask (if dropout) and the
+    token ids (8 bytes each)."""
+    tok = micro_batch * model.seq_len
+    mask = profile.mask_bytes * model.hidden / (tp if sp else 1) if model.dropout > 0 else 0
+    return float(tok * (mask + 8))
+
+
+def last_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
+                           profile: ActivationProfile = KORTHIKANTI,
+                           dtype: str | None = None) -> float:
+    """LM head activations on the last stage: final-norm input and output (2eh, /t
+    with sp) and fp32 logits kept by the cross entropy (4V/t), per token."""
+    e = _e(model, profile, dtype)
+    tok = micro_batch * model.seq_len
+    return float(tok * (2 * e * model.hidden / (tp if sp else 1) + 4 * model.vocab / tp))
+
+
+# ------------------------------------------------------------------------- state
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """Bytes of weights, gradients and optimizer state on one GPU."""
+
+    params: float
+    weight_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of the three."""
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+def stage_params(model: ModelSpec, n_layers: int, first: bool, last: bool, tp: int = 1,
+                 pp: int = 1) -> float:
+    """Parameters one GPU of a stage holds: its layers (sharded part / tp plus the
+    replicated norms and biases), the vocab-parallel embedding on the first stage, the
+    final norm and LM head on the last (a tied head is a second copy of the embedding
+    when first and last stages differ, as in Megatron)."""
+    p = n_layers * (model.layer_params_sharded() / tp + model.layer_params_replicated())
+    h, V = model.hidden, model.vocab
+    if first:
+        p += V * h / tp + model.max_positions * h
+        if model.family == "bert":
+            p += 4 * h
+    if last:
+        if model.family == "gpt":
+            p += 2 * h + (V * h / tp if not first else 0)
+        elif model.family == "llama":
+            p += h + V * h / tp
+        else:
+            p += (h * h + h) + (V * h / tp if not first else 0)
+    return float(p)
+
+
+def model_state_bytes(params: float, dtype: str = "bf16", dp: int = 1,
+                      zero: int = 0) -> ModelState:
+    """Weights/grads/optimizer bytes for ``params`` parameters on one GPU (module
+    docstring: 2+2+12 mixed precision, 4+4+8 fp32; ZeRO-1 divides the optimizer part
+    by dp)."""
+    if dtype not in DTYPE_BYTES:
+        raise MemoryError_(f"unknown dtype {dtype!r}; choose bf16, fp16 or fp32")
+    if dp < 1:
+        raise MemoryError_(f"dp must be a positive integer, got {dp}")
+    if dtype == "fp32":
+        w, g, o = 4, 4, 8
+    else:
+        w, g, o = 2, 2, 12
+    opt = params * o / (dp if zero >= 1 else 1)
+    return ModelState(params, params * w, params * g, opt)
+
+
+# ------------------------------------------------------------------------- peaks
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """Peak memory of one pipeline rank.
+
+    Attributes:
+        state_bytes: weights + gradients + optimizer state (all its chunks).
+        activation_peak_bytes: the largest sum of kept activations of alive
+            micro-batches over the schedule.
+        buffer_bytes: pipeline send/receive buffers (activation and gradient of one
+            micro-batch each way) plus the working set of one layer's recompute.
+        peak_in_flight: most micro-batches alive at once (from the schedule).
+    """
+
+    state_bytes: float
+    activation_peak_bytes: float
+    buffer_bytes: float
+    peak_in_flight: int
+
+    @property
+    def total_bytes(self) -> float:
+        """Peak bytes on the rank."""
+        return self.state_bytes + self.activation_peak_bytes + self.buffer_bytes
+
+
+def peak_memory(table: Any, config: Any, schedule: Any | None = None) -> tuple[StageMemory, ...]:
+    """Peak memory per pipeline rank for a :class:`~merak_sim.costs.base.CostTable` and
+    a ParallelConfig, walking the schedule's actions: F keeps ``kept_bytes(c_s)``, F*
+    keeps ``input_bytes``, R turns an F* into the full ``activation_bytes``, B / W free
+    (as :func:`merak_sim.schedule.validate.live_profile` does, but per chunk in bytes)."""
+    from merak_sim.schedule import Kind, iter_actions
+
+    sched = schedule if schedule is not None else config.build_schedule()
+    fracs = config.recompute_per_stage(sched)
+    pp = sched.num_stages
+    out = []
+    for rank in range(pp):
+        chunks = [table.stages[c * pp + rank] for c in range(sched.virtual_stages)]
+        c_s = fracs[rank]
+        alive: dict[tuple[int, int], float] = {}
+        cur = peak = 0.0
+        peak_n = 0
+        for a in iter_actions(sched.programs[rank]):
+            key = (a.chunk, a.microbatch)
+            st = chunks[a.chunk]
+            k = a.kind
+            if k is Kind.FORWARD:
+                new = st.kept_bytes(c_s)
+            elif k is Kind.FORWARD_NOGRAD:
+                new = st.input_bytes
+            elif k is Kind.RECOMPUTE:
+                new = st.activation_bytes
+            elif k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT):
+                cur -= alive.pop(key, 0.0)
+                continue
+            else:
+                continue
+            cur += new - alive.get(key, 0.0)
+            alive[key] = new
+            peak = max(peak, cur)
+            peak_n = max(peak_n, len(alive))
+        state = sum(s.state_bytes for s in chunks)
+        per_layer = max((s.activation_bytes - s.checkpoint_bytes) / max(s.layers, 1)
+                        for s in chunks)
+        # A checkpointed layer's activations are rebuilt one layer at a time in backward.
+        work = per_layer if c_s > 0 else 0.0
+        buf = 2 * max(s.p2p_bytes for s in chunks) + work
+        out.append(StageMemory(state, peak, buf, peak_n))
+    return tuple(out)
