@@ -72,20 +72,41 @@ class _ReduceFromTP(torch.autograd.Function):
         return g, None
 
 
-class ColumnParallelLinear(nn.Module):
-    """Linear whose output features are split across the tp group."""
+def _weight_bias(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight [out, in], bias) of an nn.Linear or a HuggingFace Conv1D ([in, out])."""
+    w = mod.weight.detach()
+    if type(mod).__name__ == "Conv1D":
+        w = w.t()
+    b = mod.bias.detach() if getattr(mod, "bias", None) is not None else None
+    return w, b
 
-    def __init__(self, linear: nn.Linear, group, tp: int, rank: int) -> None:
+
+def _is_linear(mod: nn.Module) -> bool:
+    return isinstance(mod, nn.Linear) or type(mod).__name__ == "Conv1D"
+
+
+class ColumnParallelLinear(nn.Module):
+    """Linear whose output features are split across the tp group.
+
+    ``fused`` > 1 treats the output as that many concatenated projections (GPT-2's
+    fused q/k/v) and keeps this rank's slice of each, so the local output is again
+    ``fused`` concatenated (narrower) projections.
+    """
+
+    def __init__(self, linear: nn.Module, group, tp: int, rank: int, fused: int = 1) -> None:
         super().__init__()
-        out = linear.out_features
-        if out % tp:
+        w, b = _weight_bias(linear)
+        out = w.shape[0]
+        if out % (tp * fused):
             raise ExecError(f"column-parallel linear with {out} outputs is not divisible by "
-                            f"tp={tp}")
-        n = out // tp
+                            f"tp={tp}" + (f" x {fused} fused parts" if fused > 1 else ""))
+        n = out // (tp * fused)
+        rows = torch.cat([torch.arange(f * out // fused + rank * n, f * out // fused +
+                                       (rank + 1) * n) for f in range(fused)])
         self.group = group
-        self.weight = nn.Parameter(linear.weight.detach()[rank * n:(rank + 1) * n].clone())
-        self.bias = (nn.Parameter(linear.bias.detach()[rank * n:(rank + 1) * n].clone())
-                     if linear.bias is not None else None)
+        self.fused = fused
+        self.weight = nn.Parameter(w[rows].clone())
+        self.bias = nn.Parameter(b[rows].clone()) if b is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Replicated input -> this rank's slice of the output features."""
@@ -96,16 +117,16 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """Linear whose input features are split across the tp group; output all-reduced."""
 
-    def __init__(self, linear: nn.Linear, group, tp: int, rank: int) -> None:
+    def __init__(self, linear: nn.Module, group, tp: int, rank: int) -> None:
         super().__init__()
-        inp = linear.in_features
+        w, b = _weight_bias(linear)
+        inp = w.shape[1]
         if inp % tp:
             raise ExecError(f"row-parallel linear with {inp} inputs is not divisible by tp={tp}")
         n = inp // tp
         self.group = group
-        self.weight = nn.Parameter(linear.weight.detach()[:, rank * n:(rank + 1) * n].clone())
-        self.bias = (nn.Parameter(linear.bias.detach().clone())
-                     if linear.bias is not None else None)
+        self.weight = nn.Parameter(w[:, rank * n:(rank + 1) * n].clone())
+        self.bias = nn.Parameter(b.clone()) if b is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the input features -> full output (summed over tp)."""
@@ -118,7 +139,8 @@ class TPMapping:
     """Which modules to shard and which attributes to divide, by name suffix.
 
     Attributes:
-        column: module-name suffixes made column-parallel (e.g. "attn.q_proj").
+        column: module-name suffixes made column-parallel (e.g. "attn.q_proj"); a
+            suffix ``name:k`` marks a fused projection of k parts (GPT-2's c_attn:3).
         row: suffixes made row-parallel.
         divide: attribute names (on any module) holding per-rank counts to divide by tp,
             e.g. "n_head"; each must be divisible.
@@ -133,6 +155,9 @@ FAMILY_MAPPINGS: dict[str, TPMapping] = {
     # the built-in GPT (merak_exec.models.gpt)
     "gpt": TPMapping(column=("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.fc_in"),
                      row=("attn.o_proj", "mlp.fc_out"), divide=("n_head",)),
+    # HuggingFace GPT2LMHeadModel (Conv1D layers, fused q/k/v; heads inferred via -1)
+    "gpt2": TPMapping(column=("attn.c_attn:3", "mlp.c_fc"), row=("attn.c_proj", "mlp.c_proj"),
+                      divide=("split_size", "num_heads")),
     # HuggingFace LlamaForCausalLM (heads are inferred from tensor shapes there)
     "llama": TPMapping(column=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                "mlp.gate_proj", "mlp.up_proj"),
@@ -161,18 +186,20 @@ def apply_tensor_parallel(module: nn.Module, mapping: TPMapping, group, tp: int,
                     raise ExecError(f"{attr}={v} of {name or 'model'} is not divisible by "
                                     f"tp={tp}; choose tp dividing it")
                 setattr(sub, attr, v // tp)
-        if not isinstance(sub, nn.Linear):
+        if not _is_linear(sub):
             continue
-        kind = None
-        if any(name == s or name.endswith("." + s) for s in mapping.column):
-            kind = ColumnParallelLinear
-        elif any(name == s or name.endswith("." + s) for s in mapping.row):
-            kind = RowParallelLinear
-        if kind is None:
+        new = None
+        for spec in mapping.column:
+            suffix, _, k = spec.partition(":")
+            if name == suffix or name.endswith("." + suffix):
+                new = ColumnParallelLinear(sub, group, tp, rank, fused=int(k or 1))
+        if new is None and any(name == s or name.endswith("." + s) for s in mapping.row):
+            new = RowParallelLinear(sub, group, tp, rank)
+        if new is None:
             continue
         parent_name, _, child = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, child, kind(sub, group, tp, rank))
+        setattr(parent, child, new)
         count += 1
     return count
 

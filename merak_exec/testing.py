@@ -9,6 +9,7 @@ tearing down, so the caller judges reported results, not exit signals.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -53,50 +54,58 @@ class RecordingSGD(torch.optim.SGD):
         return super().step(closure)
 
 
-def reference_run(mcfg, batches, pc, lr: float = 0.1):
-    """Single-process training with the same model, data and loss scaling:
-    returns (losses, grads of the last step by name, final params by name)."""
-    from merak_exec.models import GPT, lm_loss
-
+def build_model(kind: str, n_layer: int = 4):
+    """A tiny model of the given family ("gpt", "gpt2", "llama"), seeded identically."""
     torch.manual_seed(0)
-    model = GPT(mcfg)
+    if kind == "gpt":
+        from merak_exec.models import GPT
+
+        return GPT(tiny_gpt_config(n_layer))
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    if kind == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=8, n_embd=16,
+                                          n_layer=n_layer, n_head=4, resid_pdrop=0.0,
+                                          embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                          eos_token_id=0))
+    if kind == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16,
+                                            intermediate_size=32, num_hidden_layers=n_layer,
+                                            num_attention_heads=4, num_key_value_heads=2,
+                                            max_position_embeddings=8, bos_token_id=0,
+                                            eos_token_id=0, pad_token_id=0))
+    raise ValueError(f"unknown test model {kind!r}")
+
+
+def reference_run(kind: str, n_layer: int, batches, pc, lr: float = 0.1):
+    """Single-process training with the same model, data and loss scaling: returns
+    (losses, chain, grads of the last step keyed by parameter id)."""
+    from merak_exec.capture import to_chain
+
+    model = build_model(kind, n_layer)
+    seq = batches[0][0].shape[1]
+    chain, _ = to_chain(model, seq)
     opt = RecordingSGD(model.parameters(), lr=lr)
     n_mb = pc.global_batch_size // pc.micro_batch_size
     losses = []
     for ids, labels in batches:
         total = 0.0
         for x, y in zip(ids.split(pc.micro_batch_size), labels.split(pc.micro_batch_size)):
-            loss = lm_loss(model(x), y)
+            for layer in chain.layers:
+                x = layer(x)
+            loss = chain.loss_fn(x, y)
             (loss / n_mb).backward()
             total += loss.item() / n_mb
         losses.append(total)
         opt.step()
         opt.zero_grad()
-    names = [n for n, _ in model.named_parameters()]
-    grads = dict(zip(names, opt.last_grads))
-    return losses, grads, model
-
-
-def _ref_name(model, L: int, li: int, name: str) -> str:
-    if li == 0:
-        return "embed." + name
-    if li == L + 1:
-        return "embed.wte.weight" if name == "lm_head.weight" else "head." + name
-    return f"blocks.{li - 1}.{name}"
-
-
-def _shard_like(ref: torch.Tensor, local: torch.Tensor, owner, pname: str, tp_rank: int):
-    from merak_exec.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-
-    if ref.shape == local.shape:
-        return ref
-    if isinstance(owner, ColumnParallelLinear):
-        n = local.shape[0]
-        return ref[tp_rank * n:(tp_rank + 1) * n]
-    if isinstance(owner, RowParallelLinear) and pname == "weight":
-        n = local.shape[1]
-        return ref[:, tp_rank * n:(tp_rank + 1) * n]
-    raise AssertionError(f"cannot match shapes {tuple(ref.shape)} vs {tuple(local.shape)}")
+    grads = {id(p): g for p, g in zip(model.parameters(), opt.last_grads)}
+    return losses, chain, grads
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -108,36 +117,47 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def run_case(case: dict, steps: int = 3) -> dict:
     """Train under one configuration; return max relative errors vs the reference."""
-    from merak_exec.models import GPT
     from merak_exec.parallel import parallelize
+    from merak_exec.tensor_parallel import ColumnParallelLinear, RowParallelLinear
     from merak_sim.config import ParallelConfig
 
     pc = ParallelConfig(**case["config"])
-    mcfg = tiny_gpt_config(case.get("n_layer", 4))
+    kind, n_layer = case.get("model", "gpt"), case.get("n_layer", 4)
+    mcfg = tiny_gpt_config(n_layer)
     seq = mcfg.n_positions
     batches = data(mcfg, pc.global_batch_size, seq, steps)
-    torch.manual_seed(0)
-    model = GPT(mcfg)
+    model = build_model(kind, n_layer)
     pm = parallelize(model, pc, seq_len=seq, optimizer_fn=lambda ps: RecordingSGD(ps, lr=0.1))
     losses = [pm.train_step(x, y).loss for x, y in batches]
-    ref_losses, ref_grads, ref_model = reference_run(mcfg, batches, pc)
-    ref_params = dict(ref_model.named_parameters())
-    opt = pm.runtime.optimizer
-    grads = dict(zip([id(p) for p in pm.parameters()], opt.last_grads))
+    ref_losses, ref_chain, ref_grads = reference_run(kind, n_layer, batches, pc)
+    grads = dict(zip([id(p) for p in pm.parameters()], pm.runtime.optimizer.last_grads))
     err_g = err_p = 0.0
-    L = mcfg.n_layer
+    tp, tr = pc.tp, pm.mesh.tp_rank
     for c in pm.chunks:
         for li, layer in zip(pm.ranges[c.index], c.layers):
             for n, p in layer.named_parameters():
-                rn = _ref_name(ref_model, L, li, n)
-                owner = layer.get_submodule(n.rpartition(".")[0]) if "." in n else layer
-                pname = n.rpartition(".")[2]
-                rp = _shard_like(ref_params[rn].detach(), p, owner, pname, pm.mesh.tp_rank)
-                rg = _shard_like(ref_grads[rn], p, owner, pname, pm.mesh.tp_rank)
+                mod_path, _, pname = n.rpartition(".")
+                owner = layer.get_submodule(mod_path) if mod_path else layer
+                ref_owner = ref_chain.layers[li].get_submodule(mod_path) if mod_path else \
+                    ref_chain.layers[li]
+                rp_full = ref_owner.get_parameter(pname)
+                rg_full = ref_grads[id(rp_full)]
+                if isinstance(owner, (ColumnParallelLinear, RowParallelLinear)):
+                    # Shard the reference the same way (same class, same slicing code).
+                    kw = ({"fused": owner.fused}
+                          if isinstance(owner, ColumnParallelLinear) else {})
+                    shard_p = type(owner)(ref_owner, None, tp, tr, **kw)
+                    g_owner = copy.deepcopy(ref_owner)
+                    getattr(g_owner, pname).data.copy_(rg_full)
+                    shard_g = type(owner)(g_owner, None, tp, tr, **kw)
+                    rp, rg = getattr(shard_p, pname), getattr(shard_g, pname)
+                else:
+                    rp, rg = rp_full, rg_full
                 if os.environ.get("MERAK_DEBUG"):
-                    print(pm.mesh.rank, rn, _rel(p.detach(), rp), _rel(grads[id(p)], rg))
-                err_p = max(err_p, _rel(p.detach(), rp))
-                err_g = max(err_g, _rel(grads[id(p)], rg))
+                    print(pm.mesh.rank, li, n, _rel(p.detach(), rp.detach()),
+                          _rel(grads[id(p)], rg.detach()))
+                err_p = max(err_p, _rel(p.detach(), rp.detach()))
+                err_g = max(err_g, _rel(grads[id(p)], rg.detach()))
     err_l = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
     return {"name": case["name"], "loss": err_l, "grad": err_g, "param": err_p,
             "losses": losses, "ref_losses": ref_losses,

@@ -1,7 +1,7 @@
 """Multi-process equivalence: every layout / schedule / recompute / TP-overlap value,
 and every pair of dimensions, trains exactly like a single process (gloo, CPU).
 
-Pairwise design (not the full product): each row below is one case; cases of the
+Models: the built-in GPT, HuggingFace GPT-2 and LLaMA. Pairwise design (not the full product): each row below is one case; cases of the
 same world size share one process launch. Every case compares losses of 3 steps,
 the last step's gradients and the final parameters against a single-process run of
 the same model and data: relative error <= 1e-5 (fp32).
@@ -12,11 +12,11 @@ import pytest
 from merak_exec.testing import launch
 
 
-def C(name, **kw):
+def C(name, model="gpt", **kw):
     kw.setdefault("dtype", "fp32")
     kw.setdefault("micro_batch_size", 1)
     kw.setdefault("global_batch_size", 4 * kw.get("dp", 1) * kw["micro_batch_size"])
-    return {"name": name, "config": kw}
+    return {"name": name, "model": model, "config": kw}
 
 
 SUB = dict(tp_overlap="sub-pipelined", micro_batch_size=2)
@@ -33,6 +33,13 @@ TWO = [
     C("tp2 plain none", tp=2),
     C("tp2 sub-pipelined full", tp=2, recompute="full", **SUB),
     C("dp2 stage-aware", dp=2, recompute="stage-aware"),
+    # HuggingFace models built from a config (no downloads)
+    C("hf-gpt2 pp2 shifted full", "gpt2", pp=2, schedule="shifted-critical-path",
+      recompute="full"),
+    C("hf-gpt2 tp2 sub none", "gpt2", tp=2, **SUB),
+    C("hf-llama pp2 interleaved none", "llama", pp=2, schedule="interleaved-1f1b",
+      virtual_stages=2),
+    C("hf-llama tp2 plain stage-aware", "llama", tp=2, recompute="stage-aware"),
 ]
 FOUR = [
     C("pp2xtp2 1f1b sub stage-aware", pp=2, tp=2, recompute="stage-aware", **SUB),
@@ -54,6 +61,9 @@ FOUR = [
     C("pp4 interleaved none", pp=4, schedule="interleaved-1f1b", virtual_stages=2,
       n_layer=8),
     C("pp4 zb-h1 stage-aware", pp=4, schedule="zb-h1", recompute="stage-aware"),
+    C("hf-gpt2 pp2xtp2 zb-h1 plain", "gpt2", pp=2, tp=2, schedule="zb-h1"),
+    C("hf-llama pp2xdp2 1f1b full", "llama", pp=2, dp=2, recompute="full"),
+    C("hf-llama tp2xdp2 sub none", "llama", tp=2, dp=2, **SUB),
 ]
 for c in FOUR:
     if "n_layer" in c["config"]:

@@ -1,0 +1,264 @@
+"""Profiler mode: per-layer forward / backward / recompute times and activation bytes.
+
+For each *kind* of layer in a model's chain (the embedding, one transformer block,
+the head with its loss) at a given micro-batch size and sequence length, the
+profiler measures on the current device (median of ``repeats`` after ``warmup``):
+
+- ``forward_s``: forward with grad (activations kept);
+- ``backward_s``: full backward of that forward;
+- ``backward_input_s`` / ``backward_weight_s``: the zero-bubble halves (gradient of
+  the input only, then of the weights only);
+- ``recompute_s``: a checkpointed forward (no-grad) plus its re-forward during
+  backward minus the plain backward, i.e. what checkpointing adds;
+- ``activation_bytes``: bytes of the tensors autograd saves for backward (parameters
+  excluded, shared storages counted once), via ``saved_tensors_hooks``;
+- ``checkpoint_bytes``: the layer input (what a checkpointed layer keeps);
+- ``param_bytes`` and ``flops`` (2 * multiply-accumulates, counted by
+  ``torch.utils.flop_counter``).
+
+Timing: ``time.perf_counter`` around the operation on CPU; CUDA events (with a
+synchronise) on GPU. The trace is written atomically as JSON (:func:`write_trace`)
+with a schema version and provenance; when :mod:`merak_sim.trace` is available, the
+profile is converted through it so the cost model reads it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from merak_sim.io import atomic_write_text
+
+__all__ = ["LayerProfile", "Profile", "profile_chain", "write_trace", "TRACE_FORMAT"]
+
+TRACE_FORMAT = "merak-exec-profile/1"
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """Measured costs of one layer kind for one micro-batch (see module docstring)."""
+
+    name: str
+    count: int
+    forward_s: float
+    backward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    recompute_s: float
+    activation_bytes: int
+    checkpoint_bytes: int
+    output_bytes: int
+    param_bytes: int
+    flops: int
+
+
+@dataclass
+class Profile:
+    """A profile: the layers plus how and where they were measured."""
+
+    layers: list[LayerProfile]
+    model: dict
+    micro_batch_size: int
+    seq_len: int
+    dtype: str
+    device: str
+    meta: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """Plain JSON form."""
+        return {"format": TRACE_FORMAT, "model": self.model,
+                "micro_batch_size": self.micro_batch_size, "seq_len": self.seq_len,
+                "dtype": self.dtype, "device": self.device, "meta": self.meta,
+                "layers": [asdict(lp) for lp in self.layers]}
+
+
+class _Timer:
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            return a.elapsed_time(b) / 1e3
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+
+def _saved_bytes(fn, params: set[int]) -> tuple[object, int]:
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return t
+        if ptr not in params and ptr not in seen:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
+
+
+def _flops(fn) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        fn()
+    return int(fc.get_total_flops())
+
+
+def _profile_layer(name: str, count: int, layer: nn.Module, make_input, loss_fn, labels,
+                   device, warmup: int, repeats: int) -> LayerProfile:
+    timer = _Timer(device)
+    params = [p for p in layer.parameters() if p.requires_grad]
+    pptrs = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+
+    def run(x, ckpt=False):
+        y = checkpoint(layer, x, use_reentrant=False) if ckpt else layer(x)
+        return loss_fn(y, labels) if loss_fn is not None else y
+
+    def seed_grad(y):
+        return None if y.dim() == 0 else torch.ones_like(y)
+
+    samples: dict[str, list[float]] = {k: [] for k in ("f", "b", "bi", "bw", "r")}
+    act_bytes = out_bytes = 0
+    for i in range(warmup + repeats):
+        x = make_input()
+        box = {}
+        tf = timer(lambda: box.__setitem__("y", run(x)))
+        y = box["y"]
+        g = seed_grad(y)
+        tb = timer(lambda: torch.autograd.backward(y, g))
+        x = make_input()
+        y = run(x)
+        g = seed_grad(y)
+        inputs = [x] if x.requires_grad else []
+
+        def bi():
+            if inputs:
+                torch.autograd.grad(y, inputs, g, retain_graph=True)
+
+        tbi = timer(bi)
+        tbw = timer(lambda: torch.autograd.backward(y, g, inputs=params)) if params else 0.0
+        x = make_input()
+        tr = timer(lambda: torch.autograd.backward(run(x, ckpt=True), g))
+        for p in params:
+            p.grad = None
+        if i >= warmup:
+            samples["f"].append(tf)
+            samples["b"].append(tb)
+            samples["bi"].append(tbi)
+            samples["bw"].append(tbw)
+            samples["r"].append(tr)
+    x = make_input()
+    y, act_bytes = _saved_bytes(lambda: layer(x), pptrs)
+    out_bytes = y.numel() * y.element_size()
+    x = make_input()
+
+    def fb():
+        y = run(x)
+        torch.autograd.backward(y, seed_grad(y))
+
+    flops = _flops(fb)
+    for p in params:
+        p.grad = None
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return LayerProfile(
+        name=name, count=count, forward_s=med["f"], backward_s=med["b"],
+        backward_input_s=med["bi"], backward_weight_s=med["bw"],
+        # what checkpointing adds to forward + backward (the re-forward, measured)
+        recompute_s=max(0.0, med["r"] - med["f"] - med["b"]),
+        activation_bytes=act_bytes,
+        checkpoint_bytes=x.numel() * x.element_size(), output_bytes=out_bytes,
+        param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
+        flops=flops,
+    )
+
+
+def profile_chain(model, micro_batch_size: int, seq_len: int, *,
+                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                  warmup: int = 2, repeats: int = 5, meta: dict | None = None) -> Profile:
+    """Profile the embedding, one block and the head (+ loss) of ``model``'s chain.
+
+    ``model`` is anything :func:`merak_exec.capture.to_chain` accepts. Blocks are
+    assumed identical (the first heavy layer is measured and counted ``L`` times).
+    """
+    from merak_exec.capture import to_chain
+
+    device = torch.device(device)
+    chain, family = to_chain(model, seq_len=seq_len)
+    heavy = chain.heavy or list(range(1, len(chain.layers) - 1))
+    first, block, last = chain.layers[0], chain.layers[heavy[0]], chain.layers[-1]
+    vocab = None
+    for mod in first.modules():
+        if isinstance(mod, nn.Embedding):
+            vocab = mod.num_embeddings
+            break
+    if vocab is None:
+        raise ValueError("profiler: the chain's first layer has no nn.Embedding to size ids")
+    for layer in (first, block, last):
+        layer.to(device=device, dtype=dtype)
+    h = chain.hidden_size
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, vocab, (micro_batch_size, seq_len), generator=gen).to(device)
+    labels = torch.randint(0, vocab, (micro_batch_size, seq_len), generator=gen).to(device)
+
+    def hidden():
+        return torch.randn(micro_batch_size, seq_len, h, device=device,
+                           dtype=dtype).requires_grad_()
+
+    rows = [
+        _profile_layer("embedding", 1, first, lambda: ids, None, None, device, warmup,
+                       repeats),
+        _profile_layer("block", len(heavy), block, hidden, None, None, device, warmup,
+                       repeats),
+        _profile_layer("head", 1, last, hidden, chain.loss_fn, labels, device, warmup,
+                       repeats),
+    ]
+    info = {"family": family, "hidden": h, "layers": len(heavy), "vocab": vocab}
+    if hasattr(model, "config") and hasattr(model.config, "to_dict"):
+        info["config"] = {k: v for k, v in model.config.to_dict().items()
+                          if isinstance(v, (int, float, str, bool))}
+    elif hasattr(model, "config"):
+        info["config"] = asdict(model.config)
+    m = {"torch": torch.__version__, "host": platform.node(), "python":
+         platform.python_version(), "threads": torch.get_num_threads(),
+         "warmup": warmup, "repeats": repeats, "statistic": "median",
+         "created_unix_s": int(time.time())}
+    if device.type == "cuda":
+        m["gpu"] = torch.cuda.get_device_name(device)
+    m.update(meta or {})
+    return Profile(layers=rows, model=info, micro_batch_size=micro_batch_size,
+                   seq_len=seq_len, dtype=str(dtype).replace("torch.", ""),
+                   device=m.get("gpu", f"cpu ({platform.processor() or platform.machine()})"),
+                   meta=m)
+
+
+def write_trace(profile: Profile, path) -> None:
+    """Write ``profile`` atomically as JSON (through :mod:`merak_sim.trace` when that
+    module provides a converter, else in this module's :data:`TRACE_FORMAT`)."""
+    data = profile.to_dict()
+    try:  # the cost-model issue's trace format, when it exists
+        from merak_sim import trace as sim_trace  # type: ignore[attr-defined]
+
+        conv = getattr(sim_trace, "from_exec_profile", None)
+        if conv is not None:
+            data = conv(data)
+    except ImportError:
+        pass
+    atomic_write_text(path, json.dumps(data, indent=1))
