@@ -248,8 +248,5 @@ def _default_cost_model(cls):
     calibration file exists (benchmarks/vtrain_validation.py writes it)."""
     from .calibration import calibrated_cost_model
 
-    try:
-        return calibrated_cost_model(cls)
-    except (ImportError, FileNotFoundError, ValueError):
-        return cls()
+    return calibrated_cost_model(cls)
 
