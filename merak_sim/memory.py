@@ -87,6 +87,10 @@ class ActivationProfile:
             3 for fused SwiGLU).
         norm_stats_bytes: bytes per token per norm for saved statistics (0 for
             Korthikanti, who neglects them; 8 for CPU LayerNorm's fp32 mean and rstd).
+        math_sdpa_keeps_fused_qkv: PyTorch's CPU math attention (taken with dropout)
+            reshapes V by a view when the batch is 1, which keeps the whole fused QKV
+            projection output alive (HuggingFace GPT-2's ``c_attn``): V then costs
+            h + 2kv instead of kv. Measured; see tests/test_memory_measured.py.
     """
 
     name: str
@@ -95,6 +99,7 @@ class ActivationProfile:
     attention: str = "unfused"
     mlp_saved_f: int = 0
     norm_stats_bytes: int = 0
+    math_sdpa_keeps_fused_qkv: bool = False
 
 
 KORTHIKANTI = ActivationProfile("korthikanti")
@@ -103,7 +108,7 @@ CPU_EAGER = ActivationProfile("cpu-eager", act_bytes=4, mask_bytes=4, attention=
                               norm_stats_bytes=8)
 CPU_EAGER_HF_GPT2 = ActivationProfile("cpu-eager-hf-gpt2", act_bytes=4, mask_bytes=4,
                                       attention="sdpa-cpu", mlp_saved_f=5,
-                                      norm_stats_bytes=8)
+                                      norm_stats_bytes=8, math_sdpa_keeps_fused_qkv=True)
 PROFILES = {p.name: p for p in (KORTHIKANTI, FLASH, CPU_EAGER, CPU_EAGER_HF_GPT2)}
 
 
@@ -130,8 +135,11 @@ def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
     p = model.dropout > 0
     mlp_f = profile.mlp_saved_f or (3 if model.gated_mlp else 2)
     attn = profile.attention
+    qkv = h + 2 * kv
     if attn == "sdpa-cpu":
         attn = "unfused" if p else "flash"
+        if p and micro_batch == 1 and profile.math_sdpa_keeps_fused_qkv:
+            qkv += h + kv
     if attn == "unfused":
         scores = (e + ((m + e) if p else 0)) * a * s
     elif attn == "flash":
@@ -142,7 +150,7 @@ def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
         "residual": tok * 4 * e * h / rep,
         "masks": tok * (2 * m * h if p else 0) / rep,
         "norm_stats": tok * 2 * profile.norm_stats_bytes / rep,
-        "qkv": tok * e * (h + 2 * kv) / tp,
+        "qkv": tok * e * qkv / tp,
         "proj_in": tok * e * h / tp,
         "mlp": tok * mlp_f * e * f / tp,
         "scores": tok * scores / tp,
@@ -204,11 +212,13 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1,
 def first_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
                             profile: ActivationProfile = KORTHIKANTI,
                             dtype: str | None = None) -> float:
-    """Embedding activations on the first stage: the dropout mask (if dropout) and the
-    token ids (8 bytes each)."""
+    """Embedding activations on the first stage: the dropout mask (if dropout), the
+    token ids (8 bytes each) and, with a learned position table, the position ids of
+    one sequence (8 bytes per position)."""
     tok = micro_batch * model.seq_len
     mask = profile.mask_bytes * model.hidden / (tp if sp else 1) if model.dropout > 0 else 0
-    return float(tok * (mask + 8))
+    pos = 8 * model.seq_len if model.max_positions else 0
+    return float(tok * (mask + 8) + pos)
 
 
 def last_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,

@@ -48,6 +48,7 @@ from merak_sim.io import atomic_write_text
 from merak_sim.model import ModelSpec, ModelSpecError
 
 __all__ = ["TRACE_FORMAT", "LAYER_KINDS", "TraceError", "Provenance", "LayerRecord",
+           "from_exec_profile", "merge_traces",
            "CollectiveRecord", "Trace", "read_trace", "write_trace"]
 
 TRACE_FORMAT = "merak-trace/1"
@@ -253,3 +254,107 @@ def write_trace(trace: Trace, path: str | Path) -> None:
     """Validate (by round-tripping) and write atomically."""
     Trace.from_dict(json.loads(trace.to_json()), str(path))
     atomic_write_text(path, trace.to_json())
+
+
+_TORCH_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
+                 "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+
+
+def from_exec_profile(data: dict) -> dict:
+    """Convert merak_exec's profiler output (``merak-exec-profile/1`` dict) into a
+    ``merak-trace/1`` dict (validated); merak_exec.profiler.write_trace calls this.
+
+    Model shape comes from ``data["model"]`` (family, hidden, layers, vocab) and its
+    ``config`` (heads as n_head / num_attention_heads, kv heads, ffn size, dropout,
+    positions); timing fields map one to one. Raises :class:`TraceError` naming the
+    missing field.
+    """
+    where = "exec profile"
+    try:
+        m = data["model"]
+        cfg = m.get("config", {}) or {}
+        mbs, seq = int(data["micro_batch_size"]), int(data["seq_len"])
+        meta = data.get("meta", {}) or {}
+        rows = data["layers"]
+    except (KeyError, TypeError, AttributeError) as e:
+        raise TraceError(f"{where}: missing field {e}") from None
+
+    def pick(*keys, default=None):
+        for k in keys:
+            if cfg.get(k) is not None:
+                return cfg[k]
+        return default
+
+    fam = str(m.get("family", "gpt")).lower()
+    family = "llama" if "llama" in fam else "bert" if "bert" in fam else "gpt"
+    h = int(m["hidden"]) if "hidden" in m else int(pick("n_embd", "hidden_size", default=0))
+    heads = pick("n_head", "num_attention_heads")
+    if heads is None:
+        raise TraceError(f"{where}: model config lacks the head count (n_head or "
+                         "num_attention_heads)")
+    ffn = pick("ffn_hidden", "n_inner", "intermediate_size")
+    if ffn is None and pick("ffn_mult") is not None:
+        ffn = int(pick("ffn_mult")) * h
+    model = {
+        "name": str(m.get("name", cfg.get("model_type", "profiled"))), "family": family,
+        "layers": int(m.get("layers", pick("n_layer", "num_hidden_layers", default=1))),
+        "hidden": h, "heads": int(heads), "seq_len": seq,
+        "vocab": int(m.get("vocab", pick("vocab_size", default=0))),
+        "ffn_hidden": int(ffn or 0), "kv_heads": int(pick("num_key_value_heads", default=0)),
+        "dropout": float(pick("dropout", "resid_pdrop", "hidden_dropout_prob", default=0.0)),
+        "dtype": _TORCH_DTYPES.get(str(data.get("dtype", "float32")), "fp32"),
+    }
+    pos = pick("n_positions", "max_position_embeddings")
+    if family != "llama" and pos is not None:
+        model["max_positions"] = int(pos)
+    date = meta.get("date")
+    if date is None and "created_unix_s" in meta:
+        import datetime as _dt
+        date = _dt.datetime.fromtimestamp(int(meta["created_unix_s"]), _dt.timezone.utc) \
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+    prov = {"device": str(data.get("device", "unknown")), "dtype": model["dtype"],
+            "torch": str(meta.get("torch", "unknown")),
+            "git_commit": str(meta.get("git_commit", "unknown")),
+            "command": str(meta.get("command", "merak_exec.profiler.profile_chain")),
+            "date": str(date or "unknown"),
+            "notes": f"converted from {data.get('format', 'merak-exec-profile')}; "
+                     f"threads={meta.get('threads', '?')}, statistic="
+                     f"{meta.get('statistic', 'median')}"}
+    layers = []
+    for i, r in enumerate(rows):
+        try:
+            layers.append({
+                "kind": r["name"], "micro_batch_size": mbs, "seq_len": seq,
+                "tp": int(meta.get("tp", 1)), "forward_s": r["forward_s"],
+                "backward_s": r["backward_s"], "recompute_s": r["recompute_s"],
+                "backward_input_s": r.get("backward_input_s"),
+                "backward_weight_s": r.get("backward_weight_s"),
+                "activation_bytes": r["activation_bytes"], "param_bytes": r["param_bytes"],
+                "repeats": int(meta.get("repeats", 1)),
+            })
+        except (KeyError, TypeError) as e:
+            raise TraceError(f"{where}: layers[{i}] missing field {e}") from None
+    out = {"format": TRACE_FORMAT, "provenance": prov, "model": model, "layers": layers,
+           "collectives": []}
+    Trace.from_dict(out, where)  # validate now: a bad profile fails here, not at read
+    return out
+
+
+def merge_traces(traces: list[Trace]) -> Trace:
+    """One trace holding the layer records of several traces of the same model shape
+    (e.g. one profile per micro-batch size); provenance of the first, noted."""
+    if not traces:
+        raise TraceError("merge_traces needs at least one trace")
+    first = traces[0]
+    layers: dict = {}
+    colls = []
+    for t in traces:
+        if (t.model.hidden, t.model.heads, t.model.ffn_hidden, t.model.family) != \
+                (first.model.hidden, first.model.heads, first.model.ffn_hidden,
+                 first.model.family):
+            raise TraceError(f"cannot merge traces of different model shapes: "
+                             f"{first.model.name} and {t.model.name}")
+        for r in t.layers:
+            layers[r.key] = r
+        colls.extend(t.collectives)
+    return Trace(first.provenance, first.model, tuple(layers.values()), tuple(colls))

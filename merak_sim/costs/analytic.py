@@ -93,6 +93,10 @@ class LayerCost:
             (bytes, count) pairs; exposure is applied by the cost model.
         flops: model FLOPs of forward + backward on this GPU.
         kernels_fwd: kernel launches of the forward (for reporting).
+        recompute_s: re-forward compute when measured separately (None: forward_s).
+        activation_bytes: bytes kept per micro-batch when measured (None: from the
+            memory model).
+        source: "analytic" or "trace" (for reports).
     """
 
     forward_s: float
@@ -103,6 +107,9 @@ class LayerCost:
     tp_bwd: tuple[float, int]
     flops: float
     kernels_fwd: int
+    recompute_s: float | None = None
+    activation_bytes: float | None = None
+    source: str = "analytic"
 
 
 def group_ranks(kind: str, config: Any, pp_rank: int = 0, dp_rank: int = 0,
@@ -344,10 +351,17 @@ class AnalyticCostModel:
             partition = self.default_partition(model, cluster, config)
         ranges = as_ranges(partition, model.layers, n_st)
         lay, emb, head = self.layer_costs(model, cluster, config)
+        return self._table(model, cluster, config, ranges, lay, emb, head)
+
+    def _table(self, model: ModelSpec, cluster: Cluster, config: Any, ranges: Any,
+               lay: LayerCost, emb: LayerCost, head: LayerCost,
+               extra_notes: tuple[str, ...] = (), extra_meta: dict | None = None
+               ) -> CostTable:
         stages = tuple(self._stage(model, cluster, config, g, e - s, lay, emb, head)
                        for g, (s, e) in enumerate(ranges))
         eff = self.efficiency_for(cluster)
-        notes = tuple(cluster.notes) + ((f"model: {model.source}",) if model.source else ())
+        notes = tuple(cluster.notes) + ((f"model: {model.source}",) if model.source else ()) \
+            + tuple(extra_notes)
         return CostTable(
             stages=stages,
             memory_capacity_bytes=cluster.gpu.memory_bytes,
@@ -355,7 +369,7 @@ class AnalyticCostModel:
             notes=notes,
             meta={"source": "analytic", "efficiency": eff.to_dict(),
                   "profile": self.profile_for(cluster).name, "ranges": ranges,
-                  "cluster": cluster.name, "model": model.name},
+                  "cluster": cluster.name, "model": model.name, **(extra_meta or {})},
         )
 
     # Stage assembly is cheap arithmetic over the cached layer costs.
@@ -369,6 +383,7 @@ class AnalyticCostModel:
         lay_b_comm = self._tp_exposed(lay, "bwd", cluster, config, pp_rank,
                                       lay.backward_input_s + lay.backward_weight_s)
         fwd_layer = lay.forward_s + lay_f_comm
+        rec_layer = (lay.forward_s if lay.recompute_s is None else lay.recompute_s) + lay_f_comm
         fwd = n * fwd_layer
         bin_ = n * (lay.backward_input_s + lay_b_comm)
         bw = n * lay.backward_weight_s
@@ -389,13 +404,16 @@ class AnalyticCostModel:
         # Memory (bytes per GPU).
         prof = self.profile_for(cluster)
         rc = "selective" if config.recompute == "selective" else "none"
-        act = n * layer_activation_bytes(model, mbs, tp, sp, rc, prof, config.dtype)
+        act = n * (layer_activation_bytes(model, mbs, tp, sp, rc, prof, config.dtype)
+                   if lay.activation_bytes is None else lay.activation_bytes)
         ckpt = n * layer_checkpoint_bytes(model, mbs, tp, sp, prof, config.dtype)
         extra = 0.0
         if first:
-            extra += first_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype)
+            extra += (first_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype)
+                      if emb.activation_bytes is None else emb.activation_bytes)
         if last:
-            extra += last_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype)
+            extra += (last_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype)
+                      if head.activation_bytes is None else head.activation_bytes)
         # F* keeps the stage input: token ids on the first stage, else the residual
         # stream received from the previous stage (sharded with sp, as it is sent).
         inp = (mbs * model.seq_len * 8.0 if first else
@@ -427,7 +445,7 @@ class AnalyticCostModel:
         optimizer = eff.mem_time(opt_params * per_param, cluster.gpu.mem_bandwidth_Bps, 4)
         return StageCost(
             forward_s=fwd, backward_s=back, backward_input_s=bin_, backward_weight_s=bw,
-            recompute_s=n * fwd_layer, send_activation_s=send, grad_allreduce_s=grad_ar,
+            recompute_s=n * rec_layer, send_activation_s=send, grad_allreduce_s=grad_ar,
             optimizer_s=optimizer, activation_bytes=act + extra, checkpoint_bytes=ckpt + extra,
             input_bytes=inp, weight_bytes=state.weight_bytes,
             grad_bytes=state.grad_bytes, optimizer_bytes=state.optimizer_bytes,
