@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from merak_exec.mesh import ExecError
 from merak_exec.stages import LayerChain

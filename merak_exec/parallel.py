@@ -10,8 +10,8 @@ runtime interprets the schedule each step with data-parallel gradient averaging.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn
@@ -20,8 +20,12 @@ from merak_exec.capture import to_chain
 from merak_exec.mesh import ExecError, Mesh, build_mesh
 from merak_exec.runtime import PipelineRuntime, StepOutput
 from merak_exec.stages import LayerChain, build_stage, split_from_points, uniform_split
-from merak_exec.tensor_parallel import (FAMILY_MAPPINGS, SubPipelined, TPMapping,
-                                        apply_tensor_parallel)
+from merak_exec.tensor_parallel import (
+    FAMILY_MAPPINGS,
+    SubPipelined,
+    TPMapping,
+    apply_tensor_parallel,
+)
 from merak_sim.config import ParallelConfig
 
 __all__ = ["ParallelModel", "parallelize"]
@@ -58,7 +62,7 @@ class ParallelModel:
         out = []
         for c in self.chunks:
             r = self.ranges[c.index]
-            for li, layer in zip(r, c.layers):
+            for li, layer in zip(r, c.layers, strict=True):
                 for n, p in layer.named_parameters():
                     out.append((f"layers.{li}.{n}", p))
         return out
@@ -182,7 +186,7 @@ def _materialize(module: nn.Module, device: torch.device, dtype: torch.dtype) ->
 def _tied_params(chain: LayerChain, ranges: list[range], chunks, S: int) -> list:
     """Local copies of tied parameters whose partner lives on another pipeline rank."""
     out = []
-    local = {li: layer for c in chunks for li, layer in zip(ranges[c.index], c.layers)}
+    local = {li: layer for c in chunks for li, layer in zip(ranges[c.index], c.layers, strict=True)}
     for (i, ni), (j, nj) in chain.tied:
         si = next(s for s, r in enumerate(ranges) if i in r)
         sj = next(s for s, r in enumerate(ranges) if j in r)

@@ -122,6 +122,31 @@ def _flops(fn) -> int:
     return int(fc.get_total_flops())
 
 
+def _time_once(timer, run, make_input, seed_grad, params) -> tuple[float, ...]:
+    """One sample of (forward, backward, backward-input, backward-weight,
+    checkpointed forward+backward) times."""
+    box: dict = {}
+    x = make_input()
+    tf = timer(lambda: box.__setitem__("y", run(x)))
+    y = box["y"]
+    g = seed_grad(y)
+    tb = timer(lambda: torch.autograd.backward(y, g))
+    x2 = make_input()
+    y2 = run(x2)
+    g2 = seed_grad(y2)
+    inputs = [x2] if x2.requires_grad else []
+
+    def bi():
+        if inputs:
+            torch.autograd.grad(y2, inputs, g2, retain_graph=True)
+
+    tbi = timer(bi)
+    tbw = timer(lambda: torch.autograd.backward(y2, g2, inputs=params)) if params else 0.0
+    x3 = make_input()
+    tr = timer(lambda: torch.autograd.backward(run(x3, ckpt=True), g2))
+    return tf, tb, tbi, tbw, tr
+
+
 def _profile_layer(name: str, count: int, layer: nn.Module, make_input, loss_fn, labels,
                    device, warmup: int, repeats: int) -> LayerProfile:
     timer = _Timer(device)
@@ -136,35 +161,13 @@ def _profile_layer(name: str, count: int, layer: nn.Module, make_input, loss_fn,
         return None if y.dim() == 0 else torch.ones_like(y)
 
     samples: dict[str, list[float]] = {k: [] for k in ("f", "b", "bi", "bw", "r")}
-    act_bytes = out_bytes = 0
     for i in range(warmup + repeats):
-        x = make_input()
-        box = {}
-        tf = timer(lambda: box.__setitem__("y", run(x)))
-        y = box["y"]
-        g = seed_grad(y)
-        tb = timer(lambda: torch.autograd.backward(y, g))
-        x = make_input()
-        y = run(x)
-        g = seed_grad(y)
-        inputs = [x] if x.requires_grad else []
-
-        def bi():
-            if inputs:
-                torch.autograd.grad(y, inputs, g, retain_graph=True)
-
-        tbi = timer(bi)
-        tbw = timer(lambda: torch.autograd.backward(y, g, inputs=params)) if params else 0.0
-        x = make_input()
-        tr = timer(lambda: torch.autograd.backward(run(x, ckpt=True), g))
+        t = _time_once(timer, run, make_input, seed_grad, params)
         for p in params:
             p.grad = None
         if i >= warmup:
-            samples["f"].append(tf)
-            samples["b"].append(tb)
-            samples["bi"].append(tbi)
-            samples["bw"].append(tbw)
-            samples["r"].append(tr)
+            for k, v in zip(("f", "b", "bi", "bw", "r"), t, strict=True):
+                samples[k].append(v)
     x = make_input()
     y, act_bytes = _saved_bytes(lambda: layer(x), pptrs)
     out_bytes = y.numel() * y.element_size()

@@ -118,8 +118,8 @@ class PipelineRuntime:
             ok = work.wait(self.timeout)
         except RuntimeError as e:
             raise RankTimeoutError(
-                f"merak_exec: rank {self.mesh.rank} gave up waiting for {what} after "
-                f"{self.mesh.timeout_s:g} s ({str(e).splitlines()[0][:160]}); "
+                f"merak_exec: rank {self.mesh.rank} failed waiting for {what} (timeout "
+                f"{self.mesh.timeout_s:g} s): {str(e).splitlines()[0][:160]}; "
                 "a peer rank probably died or stalled"
             ) from None
         if ok is False:
@@ -154,7 +154,7 @@ class PipelineRuntime:
             works = dist.batch_isend_irecv(ops)
             if len(works) != len(ops):  # backends that coalesce return one handle
                 works = [works[-1]] * len(ops)
-        for (a, t), w in zip(recs, works):
+        for (a, t), w in zip(recs, works, strict=True):
             ev = self.recorder.comm_posted(a, t.numel() * t.element_size())
             if a.kind.is_send:
                 self._sends.append((a, w, ev))

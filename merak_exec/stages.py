@@ -15,8 +15,8 @@ explicit list of split points overrides it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn
@@ -117,7 +117,7 @@ class StageModule(nn.Module):
 
     def _run_layers(self, x: torch.Tensor, use_checkpoint: bool) -> torch.Tensor:
         left = self.recompute_layers if (use_checkpoint and torch.is_grad_enabled()) else 0
-        for layer, heavy in zip(self.layers, self._heavy):
+        for layer, heavy in zip(self.layers, self._heavy, strict=True):
             if heavy and left > 0:
                 left -= 1
                 x = checkpoint(layer, x, use_reentrant=False)
@@ -136,7 +136,7 @@ def build_stage(chain: LayerChain, ranges: list[range], model_stage: int,
     layers = [chain.layers[i] for i in r]
     heavy_set = set(chain.heavy) if chain.heavy else set(range(len(chain.layers)))
     my_rank = rank_of_stage(model_stage)
-    for (i, ni), (j, nj) in chain.tied:
+    for (i, _ni), (j, nj) in chain.tied:
         si = next(s for s, rr in enumerate(ranges) if i in rr)
         sj = next(s for s, rr in enumerate(ranges) if j in rr)
         if rank_of_stage(si) == rank_of_stage(sj):

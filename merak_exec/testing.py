@@ -95,7 +95,8 @@ def reference_run(kind: str, n_layer: int, batches, pc, lr: float = 0.1):
     losses = []
     for ids, labels in batches:
         total = 0.0
-        for x, y in zip(ids.split(pc.micro_batch_size), labels.split(pc.micro_batch_size)):
+        mbs = pc.micro_batch_size
+        for x, y in zip(ids.split(mbs), labels.split(mbs), strict=True):
             for layer in chain.layers:
                 x = layer(x)
             loss = chain.loss_fn(x, y)
@@ -104,7 +105,7 @@ def reference_run(kind: str, n_layer: int, batches, pc, lr: float = 0.1):
         losses.append(total)
         opt.step()
         opt.zero_grad()
-    grads = {id(p): g for p, g in zip(model.parameters(), opt.last_grads)}
+    grads = {id(p): g for p, g in zip(model.parameters(), opt.last_grads, strict=True)}
     return losses, chain, grads
 
 
@@ -130,11 +131,12 @@ def run_case(case: dict, steps: int = 3) -> dict:
     pm = parallelize(model, pc, seq_len=seq, optimizer_fn=lambda ps: RecordingSGD(ps, lr=0.1))
     losses = [pm.train_step(x, y).loss for x, y in batches]
     ref_losses, ref_chain, ref_grads = reference_run(kind, n_layer, batches, pc)
-    grads = dict(zip([id(p) for p in pm.parameters()], pm.runtime.optimizer.last_grads))
+    grads = dict(zip([id(p) for p in pm.parameters()], pm.runtime.optimizer.last_grads,
+                     strict=True))
     err_g = err_p = 0.0
     tp, tr = pc.tp, pm.mesh.tp_rank
     for c in pm.chunks:
-        for li, layer in zip(pm.ranges[c.index], c.layers):
+        for li, layer in zip(pm.ranges[c.index], c.layers, strict=True):
             for n, p in layer.named_parameters():
                 mod_path, _, pname = n.rpartition(".")
                 owner = layer.get_submodule(mod_path) if mod_path else layer
@@ -158,7 +160,7 @@ def run_case(case: dict, steps: int = 3) -> dict:
                           _rel(grads[id(p)], rg.detach()))
                 err_p = max(err_p, _rel(p.detach(), rp.detach()))
                 err_g = max(err_g, _rel(grads[id(p)], rg.detach()))
-    err_l = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+    err_l = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
     return {"name": case["name"], "loss": err_l, "grad": err_g, "param": err_p,
             "losses": losses, "ref_losses": ref_losses,
             "events": len(pm.history[-1].events)}
@@ -204,3 +206,166 @@ def launch(world: int, cases: list[dict], out_dir: str, timeout_s: float = 600) 
         with open(os.path.join(out_dir, f"rank{r}.json")) as f:
             out.append(json.load(f))
     return out
+
+
+# -- scenario workers (resume, fault, bad input) ------------------------------------
+def _setup(rank: int, world: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+    from merak_exec.mesh import init_distributed
+
+    init_distributed(backend="gloo")
+
+
+def scenario_resume(rank: int, arg: dict) -> dict:
+    """Uninterrupted 4 steps vs 2 steps + checkpoint + resume for 2 more (Trainer API,
+    AdamW, dropout 0.1); also loading a missing and a corrupt checkpoint."""
+    import glob
+
+    from merak_exec.checkpoint import CheckpointError
+    from merak_exec.models import GPT, GPTConfig
+    from merak_exec.trainer import Trainer, TrainingArguments, init
+
+    init(pp=2, schedule="1f1b", recompute="full")
+    mcfg = GPTConfig(vocab_size=64, n_positions=8, n_embd=16, n_layer=4, n_head=4,
+                     dropout=0.1)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 64, (32, 9), generator=g)
+    ds = [{"input_ids": r[:-1], "labels": r[1:]} for r in ids]
+    out = arg["dir"]
+
+    def run(seed, steps, save=0, resume=None):
+        torch.manual_seed(seed)
+        args = TrainingArguments(output_dir=out, per_device_train_batch_size=1,
+                                 gradient_accumulation_steps=4, max_steps=steps,
+                                 learning_rate=1e-2, save_steps=save,
+                                 resume_from_checkpoint=resume, logging_steps=0)
+        return Trainer(model=GPT(mcfg), args=args, train_dataset=ds).train().losses
+
+    full = run(0, 4)
+    first = run(0, 2, save=2)
+    resumed = run(123, 4, resume=f"{out}/checkpoint")
+    errors = {}
+    try:
+        run(0, 4, resume=f"{out}/no-such-checkpoint")
+    except CheckpointError as e:
+        errors["missing"] = str(e)
+    torch.distributed.barrier()
+    if rank == 0:
+        for f in glob.glob(f"{out}/checkpoint/*.distcp"):
+            with open(f, "r+b") as fh:
+                fh.truncate(16)
+    torch.distributed.barrier()
+    try:
+        run(0, 4, resume=f"{out}/checkpoint")
+    except CheckpointError as e:
+        errors["corrupt"] = str(e)
+    return {"full": full, "first": first, "resumed": resumed, "errors": errors}
+
+
+def scenario_kill(rank: int, arg: dict) -> dict:
+    """Rank 1 dies (``arg["mode"] == "die"``) or stalls for 2 timeouts ("stall") in the
+    middle of step 2; the others must fail with a clear error within the timeout."""
+    import time
+
+    from merak_exec.models import GPT
+    from merak_exec.parallel import parallelize
+    from merak_sim.config import ParallelConfig
+
+    pc = ParallelConfig(pp=2, global_batch_size=4, micro_batch_size=1, dtype="fp32")
+    mcfg = tiny_gpt_config()
+    torch.manual_seed(0)
+    pm = parallelize(GPT(mcfg), pc, seq_len=8)
+    (x, y), = data(mcfg, 4, 8, 1)
+    pm.train_step(x, y)
+    if rank == 1:
+        chunk = pm.chunks[0]
+        orig = chunk.forward
+        calls = {"n": 0}
+
+        def dying(*a, **k):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                if arg.get("mode", "die") == "die":
+                    os._exit(3)
+                time.sleep(2 * arg["timeout_s"])
+            return orig(*a, **k)
+
+        chunk.forward = dying
+    t = time.monotonic()
+    try:
+        pm.train_step(x, y)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}", "after_s": time.monotonic() - t,
+                "exit": 1}
+    return {"error": None, "after_s": time.monotonic() - t}
+
+
+def scenario_bad_input(rank: int, arg: dict) -> dict:
+    """Degrees that do not match the world, heads not divisible by tp, an uncapturable
+    model: each must raise a one-line ExecError on every rank."""
+    from merak_exec.mesh import ExecError
+    from merak_exec.models import GPT, GPTConfig
+    from merak_exec.parallel import parallelize
+    from merak_sim.config import ParallelConfig
+
+    msgs = {}
+    tries = {
+        "degrees": lambda: parallelize(GPT(tiny_gpt_config()), ParallelConfig(
+            dp=3, global_batch_size=3, dtype="fp32"), seq_len=8),
+        "heads": lambda: parallelize(GPT(GPTConfig(vocab_size=64, n_positions=8, n_embd=18,
+                                                   n_layer=2, n_head=3)),
+                                     ParallelConfig(tp=2, dtype="fp32"), seq_len=8),
+        "capture": lambda: parallelize(torch.nn.Sequential(torch.nn.Linear(4, 4)),
+                                       ParallelConfig(pp=2, global_batch_size=2,
+                                                      dtype="fp32"), seq_len=8),
+    }
+    for name, fn in tries.items():
+        try:
+            fn()
+            msgs[name] = None
+        except ExecError as e:
+            msgs[name] = str(e)
+    return msgs
+
+
+def _scenario_main(rank: int, world: int, port: int, name: str, arg: dict, out_dir: str):
+    os.environ.update(MERAK_TIMEOUT_S=str(arg.get("timeout_s", 60)))
+    result: dict
+    try:
+        _setup(rank, world, port)
+        result = globals()[name](rank, arg)
+    except Exception:
+        result = {"exception": traceback.format_exc()}
+    from merak_sim.io import atomic_write_text
+
+    atomic_write_text(os.path.join(out_dir, f"{name}-rank{rank}.json"), json.dumps(result))
+    os._exit(int(result.get("exit", 0)) if isinstance(result, dict) else 0)
+
+
+def launch_scenario(world: int, name: str, arg: dict, out_dir: str,
+                    timeout_s: float = 300) -> tuple[list, list]:
+    """Run scenario ``name`` on ``world`` ranks; return (exit codes, results or None)."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_scenario_main, args=(r, world, port, name, arg, out_dir))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    res = []
+    for r in range(world):
+        f = os.path.join(out_dir, f"{name}-rank{r}.json")
+        res.append(json.load(open(f)) if os.path.exists(f) else None)
+    return [p.exitcode for p in procs], res

@@ -1,8 +1,9 @@
 """Multi-process equivalence: every layout / schedule / recompute / TP-overlap value,
 and every pair of dimensions, trains exactly like a single process (gloo, CPU).
 
-Models: the built-in GPT, HuggingFace GPT-2 and LLaMA. Pairwise design (not the full product): each row below is one case; cases of the
-same world size share one process launch. Every case compares losses of 3 steps,
+Models: the built-in GPT, HuggingFace GPT-2 and LLaMA. Pairwise design (not the
+full product): each row below is one case; cases of the same world size share one
+process launch. Every case compares losses of 3 steps,
 the last step's gradients and the final parameters against a single-process run of
 the same model and data: relative error <= 1e-5 (fp32).
 """

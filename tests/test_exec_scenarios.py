@@ -1,0 +1,45 @@
+"""Checkpoint resume, a lost rank, and bad input on 2 gloo processes."""
+
+import pytest
+
+from merak_exec.testing import launch_scenario
+
+
+def test_resume_reproduces_uninterrupted_losses_and_bad_checkpoints_fail(tmp_path):
+    codes, res = launch_scenario(2, "scenario_resume", {"dir": str(tmp_path)}, str(tmp_path))
+    assert codes == [0, 0], res
+    for r in res:
+        assert "exception" not in r, r.get("exception")
+        assert r["first"] == r["full"][:2]
+        # the resumed run starts from a different random init: only the checkpoint
+        # (weights, AdamW state, RNG with dropout 0.1, step) can make these equal
+        assert r["resumed"] == pytest.approx(r["full"][2:], rel=1e-6)
+        assert "no checkpoint at" in r["errors"]["missing"]
+        assert "unreadable" in r["errors"]["corrupt"]
+        assert all("\n" not in m for m in r["errors"].values())
+
+
+@pytest.mark.parametrize("mode", ["die", "stall"])
+def test_lost_rank_gives_clear_error_within_timeout(tmp_path, mode):
+    timeout = 5
+    codes, res = launch_scenario(2, "scenario_kill", {"timeout_s": timeout, "mode": mode},
+                                 str(tmp_path), timeout_s=120)
+    r0 = res[0]
+    assert r0 is not None and "exception" not in r0, r0
+    assert codes[0] != 0
+    assert "RankTimeoutError" in r0["error"] and "rank 1" in r0["error"]
+    assert "died or stalled" in r0["error"]
+    assert r0["after_s"] < timeout + 10
+    if mode == "die":
+        assert codes[1] == 3
+
+
+def test_bad_input_is_a_one_line_error_on_every_rank(tmp_path):
+    codes, res = launch_scenario(2, "scenario_bad_input", {}, str(tmp_path))
+    assert codes == [0, 0]
+    assert res[0] == res[1]
+    msgs = res[0]
+    assert "does not match the world size 2" in msgs["degrees"]
+    assert "n_head=3" in msgs["heads"] and "tp=2" in msgs["heads"]
+    assert msgs["capture"] is not None and "split points" in msgs["capture"]
+    assert all("\n" not in m for m in msgs.values())
