@@ -292,6 +292,53 @@ class AnalyticCostModel:
                                 config.tp, config.sequence_parallel)
         return lay, emb, head
 
+    def layer_breakdown(self, model: ModelSpec, cluster: Cluster, config: Any,
+                        costs: tuple[LayerCost, LayerCost, LayerCost] | None = None
+                        ) -> dict[str, dict[str, Any]]:
+        """Per layer kind ("embedding", "layer", "head") for one micro-batch on one GPU:
+        compute seconds of forward / backward-input / backward-weight / recompute,
+        exposed TP communication in forward and backward, FLOPs, achieved FLOP/s and
+        activation bytes (first pipeline stage's TP group for the communication)."""
+        self.check(model, cluster, config)
+        lay, emb, head = costs or self.layer_costs(model, cluster, config)
+        prof = self.profile_for(cluster)
+        mbs, tp, sp = config.micro_batch_size, config.tp, config.sequence_parallel
+        rc = "selective" if config.recompute == "selective" else "none"
+        acts = {
+            "embedding": first_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype),
+            "layer": layer_activation_bytes(model, mbs, tp, sp, rc, prof, config.dtype),
+            "head": last_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype),
+        }
+        params = {
+            "embedding": stage_params(model, 0, True, False, tp),
+            "layer": model.layer_params_sharded() / tp + model.layer_params_replicated(),
+            "head": stage_params(model, 0, False, True, tp) - (
+                model.vocab * model.hidden / tp if model.tied_embeddings else 0),
+        }
+        rows = {}
+        for kind, c in (("embedding", emb), ("layer", lay), ("head", head)):
+            f_comm = self._tp_exposed(c, "fwd", cluster, config, 0,
+                                      c.forward_s if kind == "layer" else 0.0)
+            b_comm = self._tp_exposed(c, "bwd", cluster, config, 0,
+                                      c.backward_input_s + c.backward_weight_s
+                                      if kind == "layer" else 0.0)
+            rec = c.forward_s if c.recompute_s is None else c.recompute_s
+            total = c.forward_s + c.backward_input_s + c.backward_weight_s
+            act = acts[kind] if c.activation_bytes is None else c.activation_bytes
+            rows[kind] = {
+                "forward_s": c.forward_s, "backward_input_s": c.backward_input_s,
+                "backward_weight_s": c.backward_weight_s, "recompute_s": rec,
+                "selective_recompute_s": c.attn_core_s if kind == "layer" else 0.0,
+                "tp_comm_fwd_s": f_comm, "tp_comm_bwd_s": b_comm, "flops": c.flops,
+                "achieved_flops": c.flops / total if total > 0 else 0.0,
+                "activation_bytes": act,
+                "checkpoint_bytes": (layer_checkpoint_bytes(model, mbs, tp, sp, prof,
+                                                            config.dtype)
+                                     if kind == "layer" else act),
+                "params": params[kind], "source": c.source,
+            }
+        return rows
+
     def comm_time(self, collective: str, nbytes: float, ranks: tuple[int, ...],
                   cluster: Cluster) -> float:
         """Seconds for ``collective`` of ``nbytes`` among global ``ranks``."""

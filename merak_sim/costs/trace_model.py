@@ -143,16 +143,12 @@ class TraceCostModel:
                 return max(0.0, interpolate([p[0] for p in pts], [p[1] for p in pts], nbytes))
         return self.fallback.comm_time(collective, nbytes, ranks, cluster)
 
-    def cost_table(self, model: ModelSpec, cluster: Cluster, config: Any,
-                   partition: Any | None = None) -> CostTable:
-        """Per-model-stage costs with trace-based layer times (module docstring)."""
-        fb = self.fallback
-        fb.check(model, cluster, config)
-        n_st = config.pp * config.virtual_stages
-        if partition is None:
-            partition = fb.default_partition(model, cluster, config)
-        ranges = as_ranges(partition, model.layers, n_st)
-        a_lay, a_emb, a_head = fb.layer_costs(model, cluster, config)
+    def traced_layer_costs(self, model: ModelSpec, cluster: Cluster, config: Any
+                           ) -> tuple[tuple[LayerCost, LayerCost, LayerCost], list[str],
+                                      dict[str, str]]:
+        """((layer, embedding, head) costs, notes, source per kind): trace values
+        where the traces have them, analytic ones otherwise."""
+        a_lay, a_emb, a_head = self.fallback.layer_costs(model, cluster, config)
         notes: list[str] = []
         used: dict[str, str] = {}
         out = []
@@ -170,10 +166,32 @@ class TraceCostModel:
                 notes.append(f"trace layer '{kind}' at micro-batch size "
                              f"{config.micro_batch_size}, seq_len {model.seq_len}: {how}")
             out.append(_layer_from_trace(base, vals, config))
+        return (out[0], out[1], out[2]), notes, used
+
+    def layer_breakdown(self, model: ModelSpec, cluster: Cluster, config: Any) -> dict:
+        """Per layer kind costs as :meth:`AnalyticCostModel.layer_breakdown`, from the
+        traces where they have the entry."""
+        costs, _, used = self.traced_layer_costs(model, cluster, config)
+        rows = self.fallback.layer_breakdown(model, cluster, config, costs)
+        for kind, key in (("block", "layer"), ("embedding", "embedding"), ("head", "head")):
+            rows[key]["source"] = used[kind]
+        return rows
+
+    def cost_table(self, model: ModelSpec, cluster: Cluster, config: Any,
+                   partition: Any | None = None) -> CostTable:
+        """Per-model-stage costs with trace-based layer times (module docstring)."""
+        fb = self.fallback
+        fb.check(model, cluster, config)
+        n_st = config.pp * config.virtual_stages
+        if partition is None:
+            partition = fb.default_partition(model, cluster, config)
+        ranges = as_ranges(partition, model.layers, n_st)
+        (lay, emb, head), notes, used = self.traced_layer_costs(model, cluster, config)
         if config.recompute == "selective":
             notes.append("selective recompute: attention-core cost from the analytic model")
         srcs = {t.provenance.device for t in self.traces}
-        return fb._table(model, cluster, config, ranges, *out, extra_notes=tuple(notes),
+        return fb._table(model, cluster, config, ranges, lay, emb, head,
+                         extra_notes=tuple(notes),
                          extra_meta={"source": "trace", "layer_sources": used,
                                      "trace_devices": sorted(srcs)})
 

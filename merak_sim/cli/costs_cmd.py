@@ -1,0 +1,177 @@
+"""``merak-sim costs``: per-layer and per-stage time and memory breakdown of one config.
+
+Example (the paper's 8.3B GPT on the assumed 16 x 4 RTX 3090 cluster)::
+
+    merak-sim costs --model gpt-8.3b --cluster paper-3090 --tp 4 --micro-batch-size 2
+    merak-sim costs --model gpt-8.3b --cluster paper-3090 --tp 4 --pp 4 --dp 4 \\
+        --micro-batch-size 2 --recompute full --json
+    merak-sim costs --model traces/cpu-gpt-tiny.json ... --trace traces/cpu-gpt-tiny.json
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import click
+
+from merak_sim.config import DTYPES, RECOMPUTE_POLICIES, TP_OVERLAPS, ParallelConfig
+from merak_sim.costs.analytic import AnalyticCostModel
+from merak_sim.hardware import get_cluster
+from merak_sim.memory import peak_memory
+from merak_sim.model import ModelSpec, get_model
+from merak_sim.schedule import SCHEDULES
+
+MiB = 2**20
+GiB = 2**30
+
+
+def _model_arg(text: str) -> ModelSpec:
+    if text.endswith(".json"):
+        # A trace file also names its model: accept it as a model description.
+        try:
+            d = json.loads(open(text, encoding="utf-8").read())
+        except (OSError, json.JSONDecodeError):
+            return get_model(text)
+        if isinstance(d, dict) and str(d.get("format", "")).startswith("merak-trace/"):
+            return ModelSpec.from_json(d["model"])
+    return get_model(text)
+
+
+def _short(source: str) -> str:
+    if source.startswith("trace ("):
+        how = source[len("trace ("):].split()[0]
+        return f"trace:{how}"
+    return source
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:9.3f}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w[i]) for i, h in enumerate(headers))
+    out = [line, "-" * len(line)]
+    out += ["  ".join(c.rjust(w[i]) for i, c in enumerate(r)) for r in rows]
+    return "\n".join(out)
+
+
+@click.command("costs")
+@click.option("--model", "model_name", required=True,
+              help="Model preset name or JSON file (a trace file names its model too).")
+@click.option("--cluster", "cluster_name", required=True, help="Cluster preset or JSON file.")
+@click.option("--nodes", type=int, default=None, help="Nodes (default: the preset's).")
+@click.option("--dp", type=int, default=1, show_default=True)
+@click.option("--tp", type=int, default=1, show_default=True)
+@click.option("--pp", type=int, default=1, show_default=True)
+@click.option("--virtual-stages", type=int, default=1, show_default=True)
+@click.option("--micro-batch-size", type=int, default=1, show_default=True)
+@click.option("--global-batch-size", type=int, default=None,
+              help="Default: dp * micro-batch size * 2 * pp (2 * pp micro-batches).")
+@click.option("--schedule", type=click.Choice(list(SCHEDULES)), default="1f1b",
+              show_default=True)
+@click.option("--recompute", type=click.Choice(list(RECOMPUTE_POLICIES)), default="none",
+              show_default=True)
+@click.option("--sequence-parallel", is_flag=True)
+@click.option("--tp-overlap", type=click.Choice(list(TP_OVERLAPS)), default="none",
+              show_default=True)
+@click.option("--tp-overlap-parts", type=int, default=2, show_default=True)
+@click.option("--zero", type=int, default=0, show_default=True)
+@click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
+@click.option("--partition", "partition_method",
+              type=click.Choice(["uniform", "parameters", "time"]), default="uniform",
+              show_default=True, help="Layers -> stages.")
+@click.option("--trace", "traces", multiple=True, type=click.Path(dir_okay=False),
+              help="merak-trace/1 file(s): trace-driven costs (analytic where absent).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
+                  micro_batch_size, global_batch_size, schedule, recompute, sequence_parallel,
+                  tp_overlap, tp_overlap_parts, zero, dtype, partition_method, traces,
+                  as_json):
+    """Print the per-layer time and memory breakdown (and per-stage totals with peak
+    memory from the schedule) that the cost model charges for one configuration."""
+    model = _model_arg(model_name)
+    cluster = get_cluster(cluster_name, nodes=nodes)
+    gbs = global_batch_size or dp * micro_batch_size * 2 * pp
+    config = ParallelConfig(
+        dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages,
+        micro_batch_size=micro_batch_size, global_batch_size=gbs, schedule=schedule,
+        recompute=recompute, sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
+        tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype)
+    analytic = AnalyticCostModel(partition_method=partition_method)
+    if traces:
+        from merak_sim.costs.trace_model import TraceCostModel
+        cm = TraceCostModel(list(traces), fallback=analytic)
+    else:
+        cm = analytic
+    table = cm.cost_table(model, cluster, config)
+    layers = cm.layer_breakdown(model, cluster, config)
+    sched = config.build_schedule()
+    peaks = peak_memory(table, config, sched)
+    if as_json:
+        click.echo(json.dumps({
+            "model": model.to_dict(), "cluster": cluster.to_dict(),
+            "config": config.to_dict(), "layers": layers,
+            "stages": [{**asdict(s), "peak_memory_bytes": p.total_bytes,
+                        "peak_activation_bytes": p.activation_peak_bytes,
+                        "peak_in_flight": p.peak_in_flight}
+                       for s, p in zip(table.stages, list(peaks) * virtual_stages)],
+            "ranks": [asdict(p) | {"total_bytes": p.total_bytes} for p in peaks],
+            "memory_capacity_bytes": table.memory_capacity_bytes,
+            "peak_flops": table.peak_flops, "notes": list(table.notes),
+            "meta": {k: (list(v) if isinstance(v, tuple) else v)
+                     for k, v in table.meta.items()},
+        }, indent=1, default=str))
+        return
+    g = cluster.gpu
+    click.echo(f"# model {model.name}: {model.family} L={model.layers} h={model.hidden} "
+               f"heads={model.heads} kv={model.kv_heads} ffn={model.ffn_hidden} "
+               f"s={model.seq_len} V={model.vocab}, {model.total_params() / 1e9:.3f}B params")
+    click.echo(f"# cluster {cluster.name}: {cluster.nodes} x {cluster.gpus_per_node} {g.name} "
+               f"({g.memory_bytes / 1e9:.0f} GB, {g.peak(dtype) / 1e12:.3g} TFLOP/s {dtype}); "
+               f"intra {cluster.intra.bandwidth_Bps / 1e9:.1f} GB/s, inter "
+               f"{cluster.inter.bandwidth_Bps / 1e9:.1f} GB/s per node")
+    click.echo(f"# config dp={dp} tp={tp} pp={pp} v={virtual_stages} mbs={micro_batch_size} "
+               f"micro-batches={config.num_microbatches} schedule={schedule} "
+               f"recompute={recompute} sp={sequence_parallel} tp_overlap={tp_overlap} "
+               f"zero={zero} dtype={dtype}; cost model: {table.meta.get('source')}")
+    click.echo("")
+    click.echo("Per layer, one micro-batch, one GPU (ms; MiB; tp-fwd/tp-bwd = exposed TP "
+               "communication; TFLOP/s = achieved by the compute):")
+    hdr = ["kind", "fwd", "bwd-in", "bwd-w", "recomp", "tp-fwd", "tp-bwd", "TFLOP/s",
+           "act MiB", "ckpt MiB", "params M", "source"]
+    rows = []
+    for kind, r in layers.items():
+        rows.append([kind, _ms(r["forward_s"]), _ms(r["backward_input_s"]),
+                     _ms(r["backward_weight_s"]), _ms(r["recompute_s"]),
+                     _ms(r["tp_comm_fwd_s"]), _ms(r["tp_comm_bwd_s"]),
+                     f"{r['achieved_flops'] / 1e12:.1f}",
+                     f"{r['activation_bytes'] / MiB:.1f}",
+                     f"{r['checkpoint_bytes'] / MiB:.1f}", f"{r['params'] / 1e6:.1f}",
+                     _short(str(r["source"]))])
+    click.echo(_table(hdr, rows))
+    click.echo("")
+    click.echo("Per model stage, one micro-batch (ms), memory per GPU (GiB):")
+    hdr = ["stage", "layers", "F", "B", "R", "send", "grad-AR", "opt", "act/mb", "ckpt/mb",
+           "state", "peak", "in-flight"]
+    rows = []
+    for i, s in enumerate(table.stages):
+        p = peaks[i % pp]
+        rows.append([str(i), str(s.layers), _ms(s.forward_s), _ms(s.backward_s),
+                     _ms(s.recompute_s), _ms(s.send_activation_s), _ms(s.grad_allreduce_s),
+                     _ms(s.optimizer_s), f"{s.activation_bytes / GiB:.2f}",
+                     f"{s.checkpoint_bytes / GiB:.2f}", f"{s.state_bytes / GiB:.2f}",
+                     f"{p.total_bytes / GiB:.2f}" if i < pp else "(rank)",
+                     str(p.peak_in_flight)])
+    click.echo(_table(hdr, rows))
+    cap = table.memory_capacity_bytes
+    worst = max(p.total_bytes for p in peaks)
+    click.echo(f"\npeak memory (state + activations in flight per the {schedule} schedule + "
+               f"buffers): {worst / GiB:.2f} GiB of {cap / GiB:.2f} GiB"
+               + ("  ** exceeds GPU memory **" if worst > cap else ""))
+    for n in table.notes:
+        click.echo(f"note: {n}")
+
+
+command = costs_command
