@@ -20,9 +20,9 @@ in pipeline order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Sequence
 
 __all__ = ["Partition", "PartitionError", "uniform", "balanced", "parameter_balanced",
            "time_balanced", "as_ranges", "METHODS"]
@@ -76,7 +76,7 @@ def _check(num_layers: int, num_stages: int) -> None:
 
 def _ranges(counts: Sequence[int]) -> tuple[tuple[int, int], ...]:
     ends = list(accumulate(counts))
-    return tuple((e - c, e) for c, e in zip(counts, ends))
+    return tuple((e - c, e) for c, e in zip(counts, ends, strict=True))
 
 
 def uniform(num_layers: int, num_stages: int) -> Partition:

@@ -310,7 +310,7 @@ def from_exec_profile(data: dict) -> dict:
     date = meta.get("date")
     if date is None and "created_unix_s" in meta:
         import datetime as _dt
-        date = _dt.datetime.fromtimestamp(int(meta["created_unix_s"]), _dt.timezone.utc) \
+        date = _dt.datetime.fromtimestamp(int(meta["created_unix_s"]), _dt.UTC) \
             .strftime("%Y-%m-%dT%H:%M:%SZ")
     prov = {"device": str(data.get("device", "unknown")), "dtype": model["dtype"],
             "torch": str(meta.get("torch", "unknown")),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import os
 import platform
 import statistics
@@ -69,10 +70,15 @@ def _saved_bytes(fn, params) -> int:
     return sum(seen.values())
 
 
-def _time(fn) -> float:
+def _time(fn, *args) -> tuple[float, object]:
+    """(seconds, result) of ``fn(*args)``."""
     t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+    out = fn(*args)
+    return time.perf_counter() - t, out
+
+
+def _fwd(layer, loss, x):
+    return loss(layer(x))
 
 
 def measure_layer(kind, layer, make_input, loss, mbs, seq, warmup, repeats) -> LayerRecord:
@@ -81,16 +87,12 @@ def measure_layer(kind, layer, make_input, loss, mbs, seq, warmup, repeats) -> L
     samples: dict[str, list[float]] = {k: [] for k in ("f", "r", "b", "bi")}
     for i in range(warmup + repeats):
         x = make_input()
-        box = {}
-        tf = _time(lambda: box.__setitem__("y", loss(layer(x))))
-        y = box["y"]
-        g = torch.ones_like(y)
-        tb = _time(lambda: torch.autograd.backward(y, g))
+        tf, y = _time(_fwd, layer, loss, x)
+        tb, _ = _time(torch.autograd.backward, y, torch.ones_like(y))
         x = make_input()
-        tr = _time(lambda: box.__setitem__("y", loss(layer(x))))
-        y = box["y"]
+        tr, y = _time(_fwd, layer, loss, x)
         if x.requires_grad:
-            tbi = _time(lambda: torch.autograd.grad(y, [x], torch.ones_like(y)))
+            tbi, _ = _time(torch.autograd.grad, y, [x], torch.ones_like(y))
         else:
             tbi = 0.0
         for p in params:
@@ -100,7 +102,7 @@ def measure_layer(kind, layer, make_input, loss, mbs, seq, warmup, repeats) -> L
                 samples[k].append(v)
     med = {k: statistics.median(v) for k, v in samples.items()}
     x = make_input()
-    act = _saved_bytes(lambda: loss(layer(x)), params)
+    act = _saved_bytes(lambda: _fwd(layer, loss, x), params)
     return LayerRecord(
         kind=kind, micro_batch_size=mbs, seq_len=seq, forward_s=med["f"], backward_s=med["b"],
         recompute_s=med["r"], activation_bytes=float(act),
@@ -126,19 +128,27 @@ def measure_model(spec: ModelSpec, mbs_list, seq_list, warmup, repeats) -> list[
         for mbs in mbs_list:
             ids = torch.randint(0, spec.vocab, (mbs, seq))
             tgt = torch.randint(0, spec.vocab, (mbs * seq,))
-
-            def hidden():
-                return torch.randn(mbs, seq, spec.hidden, requires_grad=True)
-
-            out.append(measure_layer("embedding", emb, lambda: ids, lambda y: y, mbs, seq,
-                                     warmup, repeats))
-            out.append(measure_layer("block", blk, hidden, lambda y: y, mbs, seq, warmup,
+            hidden = functools.partial(torch.randn, mbs, seq, spec.hidden, requires_grad=True)
+            out.append(measure_layer("embedding", emb, functools.partial(_const, ids),
+                                     _identity, mbs, seq, warmup, repeats))
+            out.append(measure_layer("block", blk, hidden, _identity, mbs, seq, warmup,
                                      repeats))
-            out.append(measure_layer(
-                "head", head, hidden,
-                lambda y: F.cross_entropy(y.view(-1, spec.vocab), tgt), mbs, seq, warmup,
-                repeats))
+            out.append(measure_layer("head", head, hidden,
+                                     functools.partial(_ce, spec.vocab, tgt), mbs, seq,
+                                     warmup, repeats))
     return out
+
+
+def _const(v):
+    return v
+
+
+def _identity(y):
+    return y
+
+
+def _ce(vocab, tgt, y):
+    return F.cross_entropy(y.view(-1, vocab), tgt)
 
 
 def _coll_worker(rank: int, port: int, sizes, repeats, q) -> None:
@@ -153,15 +163,16 @@ def _coll_worker(rank: int, port: int, sizes, repeats, q) -> None:
         x = torch.ones(n)
         outs = [torch.empty(n // 2), torch.empty(n // 2)]
         ops = {
-            "all-reduce": lambda: dist.all_reduce(x),
-            "all-gather": lambda: dist.all_gather(outs, x[: n // 2]),
-            "p2p": lambda: dist.send(x, 1) if rank == 0 else dist.recv(x, 0),
+            "all-reduce": functools.partial(dist.all_reduce, x),
+            "all-gather": functools.partial(dist.all_gather, outs, x[: n // 2]),
+            "p2p": (functools.partial(dist.send, x, 1) if rank == 0
+                    else functools.partial(dist.recv, x, 0)),
         }
         for name, op in ops.items():
             ts = []
             for _ in range(repeats + 1):
                 dist.barrier()
-                ts.append(_time(op))
+                ts.append(_time(op)[0])
             res.append((name, nbytes, statistics.median(ts[1:])))
     if rank == 0:
         q.put(res)
@@ -231,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         device=f"cpu ({cpu}, {os.cpu_count()} cores, {args.threads} torch thread(s))",
         dtype="fp32", torch=torch.__version__, git_commit=commit or "unknown",
         command="python scripts/measure_cpu_trace.py " + " ".join(argv or sys.argv[1:]),
-        date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         notes=f"median of {args.repeats} after {args.warmup} warm-up runs; shared 2-core "
               "machine, expect 10-30 % noise")
     trace = Trace(prov, spec, tuple(layers), tuple(colls))

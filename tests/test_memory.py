@@ -7,7 +7,6 @@ from merak_sim.costs import AnalyticCostModel
 from merak_sim.hardware import get_cluster
 from merak_sim.memory import (
     FLASH,
-    KORTHIKANTI,
     korthikanti_layer_bytes,
     layer_activation_breakdown,
     layer_activation_bytes,

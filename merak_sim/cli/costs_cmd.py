@@ -116,7 +116,7 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
             "stages": [{**asdict(s), "peak_memory_bytes": p.total_bytes,
                         "peak_activation_bytes": p.activation_peak_bytes,
                         "peak_in_flight": p.peak_in_flight}
-                       for s, p in zip(table.stages, list(peaks) * virtual_stages)],
+                       for s, p in zip(table.stages, list(peaks) * virtual_stages, strict=True)],
             "ranks": [asdict(p) | {"total_bytes": p.total_bytes} for p in peaks],
             "memory_capacity_bytes": table.memory_capacity_bytes,
             "peak_flops": table.peak_flops, "notes": list(table.notes),

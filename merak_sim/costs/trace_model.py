@@ -29,9 +29,10 @@ measured on a real TP group), so no TP collective is added on top of them.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from merak_sim.costs.analytic import AnalyticCostModel, CostModelError, LayerCost
 from merak_sim.costs.base import CostTable
