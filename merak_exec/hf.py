@@ -35,6 +35,16 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
+def _hf_init(model):
+    """The model's own per-module initialiser (used for meta-device materialisation)."""
+    def init(m: nn.Module) -> None:
+        if isinstance(m, LlamaBlockStage):
+            m.materialize_rotary(next(m.parameters()).device, model._init_weights)
+        model._init_weights(m)
+
+    return init
+
+
 class GPT2Embedding(nn.Module):
     """wte(ids) + wpe(positions), dropout."""
 
@@ -83,7 +93,7 @@ def gpt2_chain(model) -> LayerChain:
     tied = ([((0, "wte.weight"), (L + 1, "lm_head.weight"))]
             if model.lm_head.weight is tr.wte.weight else [])
     return LayerChain(layers=layers, loss_fn=_lm_loss, tied=tied, hidden_size=cfg.n_embd,
-                      heavy=list(range(1, L + 1)))
+                      heavy=list(range(1, L + 1)), init_fn=_hf_init(model))
 
 
 class LlamaEmbedding(nn.Module):
@@ -107,6 +117,14 @@ class LlamaBlockStage(nn.Module):
         self._rotary = [rotary]  # a list: shared, not registered once per block
         self._config = config
 
+    def materialize_rotary(self, device: torch.device, init) -> None:
+        """Give a meta-device rotary embedding real buffers, recomputed by the model's
+        own initialiser (they are functions of the config, never loaded)."""
+        rot = self._rotary[0]
+        if rot.inv_freq.is_meta:
+            rot.to_empty(device=device)
+            init(rot)
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """Residual stream in and out."""
         pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
@@ -128,4 +146,4 @@ def llama_chain(model) -> LayerChain:
     tied = ([((0, "embed_tokens.weight"), (L + 1, "lm_head.weight"))]
             if model.lm_head.weight is m.embed_tokens.weight else [])
     return LayerChain(layers=layers, loss_fn=_lm_loss, tied=tied, hidden_size=cfg.hidden_size,
-                      heavy=list(range(1, L + 1)))
+                      heavy=list(range(1, L + 1)), init_fn=_hf_init(model))

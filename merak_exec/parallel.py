@@ -108,6 +108,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
         dtype: training dtype (default fp32 on CPU, the config's dtype on CUDA).
     """
     mesh = mesh or build_mesh(config)
+    _check_heads(model, config.tp)
     chain, family = to_chain(model, seq_len=seq_len)
     sched = config.build_schedule()
     G = sched.num_model_stages
@@ -121,7 +122,10 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     if dtype is None:
         dtype = ({"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
                  [config.dtype] if mesh.device.type == "cuda" else torch.float32)
-    # Tensor parallelism on the kept layers only.
+    # Materialise the kept layers only (a meta-device model gets storage and its own
+    # init here); then shard them for TP, so every tp rank slices the same full layer.
+    for c in chunks:
+        _materialize(c, mesh.device, dtype, chain.init_fn)
     if config.tp > 1:
         mapping = tp_mapping if isinstance(tp_mapping, TPMapping) else FAMILY_MAPPINGS.get(
             tp_mapping or family or "")
@@ -140,8 +144,8 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     fractions = config.recompute_per_stage(sched)
     for c in chunks:
         c.set_recompute_fraction(fractions[mesh.pp_rank])
-        _materialize(c, mesh.device, dtype)
     tied = _tied_params(chain, ranges, chunks, S)
+    _sync_initial_weights(mesh, chunks, tied)
     params = [p for c in chunks for p in c.parameters() if p.requires_grad]
     opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(params)
     rt = PipelineRuntime(chunks, sched, mesh, opt,
@@ -149,6 +153,37 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
                          boundary_dtype=dtype, tied_params=tied, record=record)
     return ParallelModel(mesh=mesh, chain=chain, ranges=ranges, chunks=chunks, runtime=rt,
                          config=config)
+
+
+def _check_heads(model, tp: int) -> None:
+    """Heads (and key/value heads) must divide by tp: say so before touching a layer."""
+    cfg = getattr(model, "config", None)
+    if tp == 1 or cfg is None:
+        return
+    for attr in ("n_head", "num_attention_heads", "num_key_value_heads"):
+        v = getattr(cfg, attr, None)
+        if isinstance(v, int) and v % tp:
+            raise ExecError(f"{attr}={v} is not divisible by tp={tp}; choose a tp that divides "
+                            "the number of heads")
+
+
+def _sync_initial_weights(mesh: Mesh, chunks, tied) -> None:
+    """Make replicas start equal whatever each rank's RNG did: data-parallel replicas
+    take dp rank 0's weights; a tied copy on the last pipeline rank takes the first
+    rank's (their gradients are summed, so their values must agree)."""
+    import torch.distributed as dist
+
+    if mesh.dp_group is not None:
+        src = mesh.global_rank(mesh.pp_rank, dp_rank=0)
+        with torch.no_grad():
+            for c in chunks:
+                for t in [*c.parameters(), *c.buffers()]:
+                    dist.broadcast(t.data, src=src, group=mesh.dp_group)
+    if mesh.tied_group is not None and tied:
+        src = mesh.global_rank(0)
+        with torch.no_grad():
+            for p in tied:
+                dist.broadcast(p.data, src=src, group=mesh.tied_group)
 
 
 def _part_groups(mesh: Mesh, config: ParallelConfig) -> list:
@@ -172,14 +207,19 @@ def _part_groups(mesh: Mesh, config: ParallelConfig) -> list:
     return groups
 
 
-def _materialize(module: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+def _materialize(module: nn.Module, device: torch.device, dtype: torch.dtype,
+                 init_fn=None) -> None:
     """Move to ``device``/``dtype``; a meta-device module gets real storage and a fresh
-    initialisation of only its own parameters."""
-    if any(p.is_meta for p in module.parameters()):
+    initialisation of only its own parameters (``reset_parameters``, then the model's
+    own per-module init when the chain provides one)."""
+    if any(p.is_meta for p in module.parameters()) or any(b.is_meta for b in module.buffers()):
         module.to_empty(device=device)
-        for m in module.modules():
-            if hasattr(m, "reset_parameters"):
-                m.reset_parameters()
+        with torch.no_grad():
+            for m in module.modules():
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+                if init_fn is not None:  # the model's own scheme wins where it has one
+                    init_fn(m)
     module.to(device=device, dtype=dtype)
 
 

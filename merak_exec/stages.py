@@ -39,6 +39,8 @@ class LayerChain:
         hidden_size: width of the residual stream crossing a cut.
         heavy: indices of the layers that count for balancing (the blocks).
         boundary_dtype: dtype of the residual stream.
+        init_fn: initialises one module in place (applied to every submodule of the
+            local layers when the model was built on the meta device).
     """
 
     layers: list[nn.Module]
@@ -47,6 +49,7 @@ class LayerChain:
     hidden_size: int = 0
     heavy: list[int] = field(default_factory=list)
     boundary_dtype: torch.dtype = torch.float32
+    init_fn: Callable[[nn.Module], None] | None = None
 
 
 def uniform_split(chain: LayerChain, num_stages: int) -> list[range]:

@@ -1,0 +1,183 @@
+"""``merak-exec`` / ``python -m merak_exec``: train or profile on real ranks.
+
+Launch under torchrun (``torchrun --nproc-per-node 4 -m merak_exec train --pp 2 --tp 2``)
+or srun; a plain ``python -m merak_exec`` is a world of one. Bad input (degrees that
+do not match the world, heads not divisible by tp, a missing or corrupt checkpoint, a
+lost peer) ends every rank with one line ``merak-exec: error: ...`` and exit status 2
+(1 for a lost peer), no traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+__all__ = ["main", "cli"]
+
+
+def _model(kind: str, layers: int, hidden: int, heads: int, vocab: int, seq: int,
+           dropout: float, meta: bool):
+    import torch
+
+    from merak_exec.mesh import ExecError
+
+    ctx = torch.device("meta") if meta else torch.device("cpu")
+    with ctx:
+        if kind == "gpt":
+            from merak_exec.models import GPT, GPTConfig
+
+            return GPT(GPTConfig(vocab_size=vocab, n_positions=seq, n_embd=hidden,
+                                 n_layer=layers, n_head=heads, dropout=dropout))
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        if kind == "gpt2":
+            from transformers import GPT2Config, GPT2LMHeadModel
+
+            return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=hidden,
+                                              n_layer=layers, n_head=heads, resid_pdrop=dropout,
+                                              embd_pdrop=dropout, attn_pdrop=dropout,
+                                              bos_token_id=0, eos_token_id=0))
+        if kind == "llama":
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden,
+                                                intermediate_size=4 * hidden,
+                                                num_hidden_layers=layers,
+                                                num_attention_heads=heads,
+                                                max_position_embeddings=seq, bos_token_id=0,
+                                                eos_token_id=0, pad_token_id=0))
+    raise ExecError(f"unknown model {kind!r}; choose gpt, gpt2 or llama")
+
+
+_MODEL_OPTS = [
+    click.option("--model", "kind", type=click.Choice(["gpt", "gpt2", "llama"]), default="gpt",
+                 show_default=True, help="built-in GPT or a HuggingFace model from a config"),
+    click.option("--layers", default=4, show_default=True),
+    click.option("--hidden", default=64, show_default=True),
+    click.option("--heads", default=4, show_default=True),
+    click.option("--vocab", default=256, show_default=True),
+    click.option("--seq", default=32, show_default=True),
+    click.option("--dropout", default=0.0, show_default=True),
+]
+
+
+def _model_opts(f):
+    for opt in reversed(_MODEL_OPTS):
+        f = opt(f)
+    return f
+
+
+@click.group()
+def cli() -> None:
+    """Run Merak's 3D-parallel training for real (torch.distributed)."""
+
+
+@cli.command()
+@_model_opts
+@click.option("--dp", default=1, show_default=True)
+@click.option("--tp", default=1, show_default=True)
+@click.option("--pp", default=1, show_default=True)
+@click.option("--virtual-stages", default=1, show_default=True)
+@click.option("--schedule", default="1f1b", show_default=True)
+@click.option("--recompute", default="none", show_default=True)
+@click.option("--tp-overlap", default="none", show_default=True)
+@click.option("--mbs", default=1, show_default=True, help="micro-batch size")
+@click.option("--microbatches", default=4, show_default=True, help="per pipeline (M)")
+@click.option("--steps", default=10, show_default=True)
+@click.option("--lr", default=1e-3, show_default=True)
+@click.option("--save-dir", default=None, help="checkpoint directory root")
+@click.option("--save-every", default=0, show_default=True)
+@click.option("--resume", default=None, help="checkpoint to resume from")
+@click.option("--trace", "trace_path", default=None, help="write a Chrome trace (rank 0)")
+@click.option("--meta/--no-meta", default=True, show_default=True,
+              help="build the model on the meta device; materialise only local layers")
+def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_stages,
+          schedule, recompute, tp_overlap, mbs, microbatches, steps, lr, save_dir, save_every,
+          resume, trace_path, meta) -> None:
+    """Train a model on synthetic tokens with dp x tp x pp."""
+    import torch
+
+    import merak_exec
+
+    merak_exec.init(dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages, schedule=schedule,
+                    recompute=recompute, tp_overlap=tp_overlap)
+    g = torch.Generator().manual_seed(0)
+    n = max(64, dp * mbs * microbatches * 4)
+    toks = torch.randint(0, vocab, (n, seq + 1), generator=g)
+    ds = [{"input_ids": t[:-1], "labels": t[1:]} for t in toks]
+    torch.manual_seed(0)
+    model = _model(kind, layers, hidden, heads, vocab, seq, dropout, meta)
+    args = merak_exec.TrainingArguments(
+        output_dir=save_dir or "merak_out", per_device_train_batch_size=mbs,
+        gradient_accumulation_steps=microbatches, max_steps=steps, learning_rate=lr,
+        save_steps=save_every if save_dir else 0, resume_from_checkpoint=resume,
+        trace_path=trace_path)
+    res = merak_exec.Trainer(model=model, args=args, train_dataset=ds).train()
+    if torch.distributed.get_rank() == 0 and res.step_times_s:
+        click.echo(f"median step {res.iteration_time_s * 1e3:.2f} ms, final loss "
+                   f"{res.losses[-1]:.5f}")
+
+
+@cli.command()
+@_model_opts
+@click.option("--mbs", default=1, show_default=True)
+@click.option("--repeats", default=5, show_default=True)
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
+              show_default=True)
+@click.option("--device", default=None, help="cpu or cuda (default: cuda if available)")
+@click.option("--out", "out_path", required=True, help="trace JSON to write")
+def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, repeats, dtype, device,
+            out_path) -> None:
+    """Measure per-layer forward/backward/recompute times and activation bytes."""
+    import torch
+
+    from merak_exec.profiler import profile_chain, write_trace
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch.manual_seed(0)
+    model = _model(kind, layers, hidden, heads, vocab, seq, dropout, meta=False)
+    prof = profile_chain(model, mbs, seq, device=device, dtype=dt, repeats=repeats,
+                         meta={"command": " ".join(["merak-exec", *sys.argv[1:]])})
+    write_trace(prof, out_path)
+    for lp in prof.layers:
+        click.echo(f"{lp.name:10s} x{lp.count:<3d} fwd {lp.forward_s * 1e3:8.3f} ms  bwd "
+                   f"{lp.backward_s * 1e3:8.3f} ms  act {lp.activation_bytes / 2**20:8.2f} MiB")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one-line errors, exit 2 for bad input, 1 for a lost peer."""
+    import os
+
+    from merak_exec.mesh import ExecError
+    from merak_exec.runtime import RankTimeoutError
+
+    code = 0
+    try:
+        cli.main(args=argv, standalone_mode=False)
+    except click.exceptions.Abort:
+        code = 1
+    except click.ClickException as e:
+        e.show()
+        code = e.exit_code
+    except (ExecError, ValueError) as e:
+        click.echo(f"merak-exec: error: {e}", err=True)
+        code = 2
+    except RankTimeoutError as e:
+        click.echo(f"merak-exec: error: {e}", err=True)
+        code = 1
+    if code:
+        # A failed job's groups may be wedged (a peer is gone): skip teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
