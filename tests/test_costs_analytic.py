@@ -160,3 +160,13 @@ def test_explicit_partition_counts():
     assert [s.layers for s in t.stages] == [10, 20, 22, 20]
     with pytest.raises(ValueError, match="covers 71 layers"):
         AnalyticCostModel().cost_table(M, C, cfg(pp=4), partition=[10, 20, 21, 20])
+
+
+def test_stage_memo_matches_direct_pricing():
+    cm = AnalyticCostModel()
+    c = cfg(dp=2, tp=2, pp=8, virtual_stages=3, schedule="interleaved-1f1b")
+    big = get_cluster("dgx-a100-80g", nodes=4)
+    t = cm.cost_table(M, big, c, partition=[3] * 23 + [3])
+    lay, emb, head = cm.layer_costs(M, big, c)
+    for g, st in enumerate(t.stages):
+        assert st == cm._stage(M, big, c, g, 3, lay, emb, head)

@@ -243,6 +243,22 @@ def _collective_cached(kind: str, nbytes: float, shape: tuple[int, int],
     return min(flat, hier)
 
 
+@lru_cache(maxsize=65536)
+def _placement(cluster: Cluster, dp: int, tp: int, pp: int, pp_rank: int,
+               last: bool) -> tuple:
+    """What a stage's communication depends on: node shape of its TP and DP groups
+    and whether its send to the next stage stays in a node."""
+    base = pp_rank * dp * tp
+    tp_shape = _shape(tuple(range(base, base + tp)), cluster)
+    dp_shape = _shape(tuple(base + d * tp for d in range(dp)), cluster)
+    if last:
+        send = None
+    else:
+        nxt = ((pp_rank + 1) % pp) * dp * tp
+        send = None if nxt == base else cluster.same_node(base, nxt)
+    return tp_shape, dp_shape, send
+
+
 # ---------------------------------------------------------------- the model
 class AnalyticCostModel:
     """Roofline-with-efficiency cost model (module docstring).
@@ -404,8 +420,20 @@ class AnalyticCostModel:
                lay: LayerCost, emb: LayerCost, head: LayerCost,
                extra_notes: tuple[str, ...] = (), extra_meta: dict | None = None
                ) -> CostTable:
-        stages = tuple(self._stage(model, cluster, config, g, e - s, lay, emb, head)
-                       for g, (s, e) in enumerate(ranges))
+        # Stages that agree in layer count, position (first/last) and the placement of
+        # their groups cost the same: price each distinct one once.
+        n_st = len(ranges)
+        memo: dict[tuple, StageCost] = {}
+        stages_l = []
+        for g, (s, e) in enumerate(ranges):
+            key = (e - s, g == 0, g == n_st - 1,
+                   _placement(cluster, config.dp, config.tp, config.pp, g % config.pp,
+                              g == n_st - 1))
+            st = memo.get(key)
+            if st is None:
+                st = memo[key] = self._stage(model, cluster, config, g, e - s, lay, emb, head)
+            stages_l.append(st)
+        stages = tuple(stages_l)
         eff = self.efficiency_for(cluster)
         notes = tuple(cluster.notes) + ((f"model: {model.source}",) if model.source else ()) \
             + tuple(extra_notes)

@@ -117,6 +117,10 @@ DEFAULT_EFFICIENCY: dict[str, Efficiency] = {
 }
 
 
+_A100 = DEFAULT_EFFICIENCY["A100-80GB"]
+
+
 def default_efficiency(gpu_name: str) -> Efficiency:
     """The default curve for a GPU preset (A100's for unknown GPUs)."""
-    return DEFAULT_EFFICIENCY.get(gpu_name, Efficiency())
+    eff = DEFAULT_EFFICIENCY.get(gpu_name)
+    return eff if eff is not None else _A100
