@@ -309,3 +309,37 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match="microbatches >= max"):
         simulate(config=_cfg(schedule="shifted-critical-path", global_batch_size=4),
                  cost_table=t)
+
+
+def test_degraded_link_slows_transfers_in_full_mode():
+    cfg = ParallelConfig(dp=1, tp=1, pp=2, global_batch_size=4)
+    topo = Topology(gpus_per_node=1, intra_Bps=100e9, inter_Bps=50e9)
+    t = uniform_table(2, comm=0.1, p2p_bytes=1e8)  # demand 1 GB/s per transfer
+    base = simulate(config=cfg, cost_table=t, topology=topo, mode="full")
+    slow = simulate(config=cfg, cost_table=t, topology=topo, mode="full",
+                    degraded_links={"node0.nic.out": 0.01})  # 0.5 GB/s left
+    assert slow.iteration_time_s > base.iteration_time_s
+    df = slow.events()
+    fwd = df[(df["action"].str.startswith("sA"))]
+    assert (fwd["end_s"] - fwd["start_s"]).to_numpy() == pytest.approx(0.2)
+    bwd = df[(df["action"].str.startswith("sG"))]  # the other direction is untouched
+    assert (bwd["end_s"] - bwd["start_s"]).to_numpy() == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="unknown link name"):
+        simulate(config=cfg, cost_table=t, topology=topo, mode="full",
+                 degraded_links={"wire7": 0.5})
+
+
+def test_mixed_gpu_types_priced_by_peak_ratio():
+    from merak_sim.hardware import get_cluster, get_gpu
+
+    cl = get_cluster("dgx-a100-80g", nodes=1)
+    cfg = ParallelConfig(dp=2, tp=2, pp=2, global_batch_size=16, micro_batch_size=2,
+                         dtype="bf16")
+    kw = dict(model="gpt-2.5b", cluster=cl, config=cfg, mode="full", contention=False)
+    mixed = simulate(gpu_types={3: "V100-32GB"}, **kw)
+    ratio = cl.gpu.peak("bf16") / get_gpu("V100-32GB").peak("bf16")
+    manual = simulate(slowdown={3: ratio}, **kw)
+    assert mixed.iteration_time_s == pytest.approx(manual.iteration_time_s, rel=1e-12)
+    assert mixed.iteration_time_s > simulate(**kw).iteration_time_s
+    # the V100 has its own (smaller) memory
+    assert mixed.trace.memory[3].capacity < mixed.trace.memory[0].capacity

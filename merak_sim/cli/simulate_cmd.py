@@ -118,14 +118,12 @@ def simulate_command(model, model_json, cluster, cluster_json, nodes, dp, tp, pp
     cost_model = None
     if trace_file:
         try:
-            from merak_sim.costs.trace import TraceCostModel  # type: ignore
+            from merak_sim.costs.trace_model import TraceCostModel
         except ImportError:
             raise click.UsageError("--trace needs the trace-driven cost model "
-                                   "(merak_sim.costs.trace), not available in this "
+                                   "(merak_sim.costs.trace_model), not available in this "
                                    "build") from None
-        cost_model = (TraceCostModel.from_file(trace_file)
-                      if hasattr(TraceCostModel, "from_file") else
-                      TraceCostModel(trace_file))
+        cost_model = TraceCostModel(trace_file)
     res = simulate(
         model_json if model_json else model,
         cluster_json if cluster_json else cluster,

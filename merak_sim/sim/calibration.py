@@ -20,7 +20,10 @@ improvements, and halves the step (in log) when nothing improves.
 :data:`CALIBRATED` holds the values the fit produced (copied here from
 benchmarks/results/vtrain_calibration.json by hand, so a reviewer sees them change);
 :func:`calibrated_cost_model` serves them to :func:`merak_sim.sim.simulate` for A100
-clusters.
+clusters (and :data:`CALIBRATED_LINKS` to the ``vtrain-a100`` cluster).
+Besides the efficiency curve the fit moves the intra-node link's bandwidth and
+latency (single-node runs exercise NVLink only); the inter-node network keeps vTrain's
+stated 800 Gb/s per node.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from merak_sim.config import ParallelConfig
 
 __all__ = [
     "CALIBRATED",
+    "CALIBRATED_LINKS",
     "VTrainRow",
     "load_vtrain",
     "row_setup",
@@ -45,13 +49,33 @@ __all__ = [
     "CalibratedCostModel",
 ]
 
-#: Fitted efficiency parameters per GPU preset (see module docstring; None until a fit
-#: has been recorded).
-CALIBRATED: dict[str, dict[str, float]] = {}
+#: Fitted efficiency parameters per GPU family, from ``benchmarks/vtrain_validation.py``
+#: (12 rounds, 2026-11-30; single-node MAPE 10.02 %, multi-node 10.00 % without refit).
+#: gemm_max, attn_factor and mem_bw_eff sit at their physical bounds: the small
+#: single-node models are dominated by per-kernel and latency costs, which the fit
+#: raises (13.5 us per kernel) while it lowers the per-FLOP costs to the ceiling.
+CALIBRATED: dict[str, dict[str, float]] = {
+    "A100": {
+        "gemm_max": 0.9,
+        "gemm_dim_half": 106.24,
+        "gemm_flops_half": 9.454e9,
+        "attn_factor": 1.0,
+        "mem_bw_eff": 0.95,
+        "kernel_overhead_s": 13.5e-6,
+    },
+}
+#: Fitted intra-node link of the ``vtrain-a100`` cluster preset (same fit): NVLink per
+#: GPU per direction and per-step latency. Applied only to that cluster.
+CALIBRATED_LINKS: dict[str, dict[str, float]] = {
+    "vtrain-a100": {"intra_bandwidth_Bps": 300e9, "intra_latency_s": 15.25e-6},
+}
 
-#: Parameters the fit may move (the others keep their published defaults).
+#: Efficiency parameters the fit may move (the others keep their published defaults).
 FIT_PARAMS = ("gemm_max", "gemm_dim_half", "gemm_flops_half", "attn_factor", "mem_bw_eff",
               "kernel_overhead_s")
+#: Intra-node link parameters the fit may move (single-node runs exercise only NVLink;
+#: the inter-node network keeps vTrain's stated figure).
+LINK_PARAMS = ("intra_bandwidth_Bps", "intra_latency_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +113,12 @@ def load_vtrain(path: str | Path) -> list[VTrainRow]:
     return rows
 
 
-def row_setup(row: VTrainRow) -> tuple[Any, Any, ParallelConfig]:
-    """(ModelSpec, Cluster, ParallelConfig) of a vTrain row (module docstring)."""
+def row_setup(row: VTrainRow, link: dict[str, float] | None = None
+              ) -> tuple[Any, Any, ParallelConfig]:
+    """(ModelSpec, Cluster, ParallelConfig) of a vTrain row (module docstring); ``link``
+    overrides the intra-node link's ``intra_bandwidth_Bps`` / ``intra_latency_s``."""
+    from dataclasses import replace
+
     from merak_sim.hardware import get_cluster
     from merak_sim.model import ModelSpec
 
@@ -100,6 +128,12 @@ def row_setup(row: VTrainRow) -> tuple[Any, Any, ParallelConfig]:
                       source="vTrain ground truth row (vocab 51200 assumed)")
     nodes = max(1, math.ceil(row.gpus / 8))
     cluster = get_cluster("vtrain-a100", nodes=nodes)
+    if link:
+        intra = replace(cluster.intra,
+                        bandwidth_Bps=link.get("intra_bandwidth_Bps",
+                                               cluster.intra.bandwidth_Bps),
+                        latency_s=link.get("intra_latency_s", cluster.intra.latency_s))
+        cluster = replace(cluster, intra=intra)
     cfg = ParallelConfig(dp=row.dp, tp=row.tp, pp=row.pp, micro_batch_size=row.micro_batch,
                          global_batch_size=row.global_batch, schedule="1f1b",
                          recompute="full", dtype="fp16")
@@ -107,13 +141,15 @@ def row_setup(row: VTrainRow) -> tuple[Any, Any, ParallelConfig]:
 
 
 def predict_row(row: VTrainRow, efficiency: Any = None, *, engine: str = "evaluator",
-                contention: bool | None = None) -> float:
-    """Predicted iteration time (seconds) of a vTrain row with the given efficiency."""
+                contention: bool | None = None, link: dict[str, float] | None = None
+                ) -> float:
+    """Predicted iteration time (seconds) of a vTrain row with the given efficiency
+    (and intra-node link parameters)."""
     from merak_sim.costs.analytic import AnalyticCostModel
 
     from .api import simulate
 
-    model, cluster, cfg = row_setup(row)
+    model, cluster, cfg = row_setup(row, link)
     res = simulate(model, cluster, cfg, cost_model=AnalyticCostModel(efficiency=efficiency),
                    engine=engine, contention=contention if engine == "simpy" else None,
                    sub_cluster=True, keep_trace=False)
@@ -125,50 +161,64 @@ def _loss(pred: Sequence[float], meas: Sequence[float]) -> float:
 
 
 def fit(rows: Sequence[VTrainRow], start: Any = None, *, rounds: int = 12,
-        step: float = 1.5, params: Sequence[str] = FIT_PARAMS,
-        log: Callable[[str], None] | None = None) -> tuple[Any, float]:
-    """Fit efficiency parameters to ``rows`` (module docstring); returns (Efficiency,
-    mean absolute log error)."""
+        step: float = 1.5, params: Sequence[str] = FIT_PARAMS + LINK_PARAMS,
+        link: dict[str, float] | None = None,
+        log: Callable[[str], None] | None = None
+        ) -> tuple[Any, dict[str, float], float]:
+    """Fit efficiency and intra-node link parameters to ``rows`` (module docstring);
+    returns (Efficiency, link parameters, mean absolute log error)."""
     from merak_sim.costs.efficiency import Efficiency
+    from merak_sim.hardware import get_cluster
 
     eff = start or Efficiency()
+    if link is None:
+        intra = get_cluster("vtrain-a100", nodes=1).intra
+        link = {"intra_bandwidth_Bps": intra.bandwidth_Bps,
+                "intra_latency_s": max(intra.latency_s, 1e-6)}
+    link = dict(link)
     meas = [r.time_ms / 1e3 for r in rows]
     # Physical limits fixed before looking at any result: no GEMM reaches more than
     # 90 % of the A100's tensor peak, attention GEMMs are no faster than the others,
-    # memory-bound kernels stay below 95 % of HBM bandwidth.
+    # memory-bound kernels stay below 95 % of HBM bandwidth, NVLink3 carries at most
+    # 300 GB/s per direction.
     bounds = {"gemm_max": (0.3, 0.9), "attn_factor": (0.1, 1.0), "mem_bw_eff": (0.2, 0.95),
               "gemm_dim_half": (1.0, 1024.0), "gemm_flops_half": (1e6, 1e11),
-              "kernel_overhead_s": (0.0, 1e-3)}
+              "kernel_overhead_s": (0.0, 1e-3), "intra_bandwidth_Bps": (10e9, 300e9),
+              "intra_latency_s": (1e-7, 1e-3)}
 
-    def loss_of(e) -> float:
-        return _loss([predict_row(r, e) for r in rows], meas)
+    def get(e, lk, name):
+        return lk[name] if name in LINK_PARAMS else getattr(e, name)
 
-    best = loss_of(eff)
+    def loss_of(e, lk) -> float:
+        return _loss([predict_row(r, e, link=lk) for r in rows], meas)
+
+    best = loss_of(eff, link)
     if log:
-        log(f"start loss {best:.4f} {eff.to_dict()}")
+        log(f"start loss {best:.4f} {eff.to_dict()} {link}")
     s = step
     for rnd in range(rounds):
         improved = False
         for name in params:
             for mult in (s, 1.0 / s):
-                v = getattr(eff, name) * mult
+                old = get(eff, link, name)
                 lo, hi = bounds[name]
-                v = min(max(v, lo), hi)
-                if v == getattr(eff, name):
+                v = min(max(old * mult, lo), hi)
+                if v == old:
                     continue
                 try:
-                    cand = eff.with_(**{name: v})
+                    cand_e = eff if name in LINK_PARAMS else eff.with_(**{name: v})
                 except ValueError:
                     continue
-                c_loss = loss_of(cand)
+                cand_l = {**link, name: v} if name in LINK_PARAMS else link
+                c_loss = loss_of(cand_e, cand_l)
                 if c_loss < best:
-                    eff, best, improved = cand, c_loss, True
+                    eff, link, best, improved = cand_e, cand_l, c_loss, True
                     break
         if log:
-            log(f"round {rnd}: step x{s:.3f} loss {best:.4f} {eff.to_dict()}")
+            log(f"round {rnd}: step x{s:.3f} loss {best:.4f} {eff.to_dict()} {link}")
         if not improved:
             s = math.sqrt(s)
-    return eff, best
+    return eff, link, best
 
 
 class CalibratedCostModel:
@@ -196,7 +246,15 @@ class CalibratedCostModel:
         return m
 
     def cost_table(self, model: Any, cluster: Any, config: Any, partition: Any = None):
-        """Cost table from the analytic model with the calibrated efficiency."""
+        """Cost table from the analytic model with the calibrated efficiency (and the
+        calibrated intra-node link for the cluster the fit was made on)."""
+        link = CALIBRATED_LINKS.get(cluster.name)
+        if link:
+            from dataclasses import replace
+
+            cluster = replace(cluster, intra=replace(
+                cluster.intra, bandwidth_Bps=link["intra_bandwidth_Bps"],
+                latency_s=link["intra_latency_s"]))
         t = self._model(cluster).cost_table(model, cluster, config, partition)
         if cluster.gpu.name.startswith("A100") and "A100" in CALIBRATED:
             t = type(t)(t.stages, t.memory_capacity_bytes, t.peak_flops,

@@ -1,0 +1,82 @@
+"""vTrain calibration plumbing: CSV reading, row -> configuration, prediction, fit."""
+
+import math
+
+import pytest
+
+from merak_sim.sim.calibration import (
+    CalibratedCostModel,
+    fit,
+    load_vtrain,
+    predict_row,
+    row_setup,
+)
+
+# Rows copied from shared/data/vtrain (MIT, VIA-Research/vTrain), with its byte-order mark.
+SINGLE = ("\ufeff# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
+          "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
+          "iteration time (ms)\n"
+          "2,16,8,1024,16,24,1024,1,1,2,372.160408\n"
+          "8,32,4,1024,16,24,1024,2,2,2,219.732754\n"
+          "4,16,4,2048,16,24,1024,1,2,2,410.490577\n"
+          "8,8,2,2048,16,20,1024,4,1,2,160.6027\n")
+MULTI = ("\ufeffParameters (billion),# GPUs,global batch,micro batch,hidden size,attention "
+         "heads,# layers,sequence length,tensor parallelism,data parallelism,pipeline "
+         "parallelism,iteration time (ms)\n"
+         "3.6,64,512,8,3072,32,30,2048,1,64,1,3566.5\n"
+         "3.6,64,512,8,3072,32,30,2048,2,32,1,3975.2\n")
+
+
+@pytest.fixture
+def files(tmp_path):
+    s, m = tmp_path / "single.csv", tmp_path / "multi.csv"
+    s.write_text(SINGLE, encoding="utf-8")
+    m.write_text(MULTI, encoding="utf-8")
+    return s, m
+
+
+def test_load_and_setup(files):
+    single = load_vtrain(files[0])
+    multi = load_vtrain(files[1])
+    assert len(single) == 4 and len(multi) == 2
+    assert single[1].tp == 2 and single[1].dp == 2 and single[1].pp == 2
+    assert multi[0].params_b == 3.6 and multi[0].gpus == 64
+    model, cluster, cfg = row_setup(multi[1])
+    assert (model.hidden, model.layers, model.vocab, model.seq_len) == (3072, 30, 51200, 2048)
+    assert cluster.world_size == 64 and cluster.gpus_per_node == 8
+    assert (cfg.dp, cfg.tp, cfg.pp, cfg.num_microbatches) == (32, 2, 1, 2)
+    assert cfg.recompute == "full" and cfg.schedule == "1f1b" and cfg.dtype == "fp16"
+
+
+def test_predictions_are_plausible(files):
+    for r in load_vtrain(files[0]) + load_vtrain(files[1]):
+        t = predict_row(r) * 1e3
+        assert 0.3 < t / r.time_ms < 3.0, (r, t)
+    r = load_vtrain(files[1])[0]
+    assert predict_row(r, engine="simpy", contention=True) >= predict_row(r) * (1 - 1e-9)
+
+
+def test_fit_never_worsens_the_loss(files):
+    rows = load_vtrain(files[0])
+    meas = [r.time_ms / 1e3 for r in rows]
+    from merak_sim.costs.efficiency import Efficiency
+
+    def loss(e, lk):
+        return sum(abs(math.log(predict_row(r, e, link=lk) / m))
+                   for r, m in zip(rows, meas, strict=True)) / len(rows)
+
+    e0 = Efficiency()
+    eff, link, best = fit(rows, e0, rounds=1, params=("gemm_max", "intra_latency_s"))
+    assert best == pytest.approx(loss(eff, link))
+    assert best <= loss(e0, None) + 1e-12
+
+
+def test_calibrated_model_marks_a100_tables():
+    from merak_sim.config import ParallelConfig
+    from merak_sim.hardware import get_cluster
+    from merak_sim.model import get_model
+
+    cfg = ParallelConfig(dp=1, tp=8, pp=1, global_batch_size=8, dtype="fp16")
+    t = CalibratedCostModel().cost_table(get_model("vtrain-3.6b"),
+                                         get_cluster("vtrain-a100", nodes=1), cfg)
+    assert len(t.stages) == 1 and t.stages[0].forward_s > 0
