@@ -44,7 +44,8 @@ taking the flash path (q, k, v, output, log-sum-exp) without dropout and the mat
 HuggingFace GPT-2's ``gelu_new`` written in Python saving five f-sized tensors instead
 of two.
 
-Stage extras: the first stage keeps the embedding-dropout mask, the last stage the
+Stage extras: the first stage keeps the embedding-dropout mask and the token (and
+position) ids, the last stage the
 final-norm input, the LM-head input and the fp32 logits (4V/t bytes per token) that the
 cross entropy keeps (Korthikanti et al., Sec. 4.3). Merak's F* keeps only the stage
 input (e*h per token; /t with sp). The number of micro-batches alive per rank comes from

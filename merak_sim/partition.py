@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 __all__ = ["Partition", "PartitionError", "uniform", "balanced", "parameter_balanced",
-           "time_balanced", "as_ranges", "METHODS"]
+           "time_balanced", "as_ranges", "make_partition", "METHODS"]
 
 METHODS = ("uniform", "parameters", "time")
 
@@ -185,3 +185,28 @@ def as_ranges(partition, num_layers: int, num_stages: int) -> tuple[tuple[int, i
     if pos != num_layers:
         raise PartitionError(f"partition covers {pos} layers, model has {num_layers}")
     return rs
+
+
+def make_partition(method: str, model, cluster, config, cost_model=None) -> Partition:
+    """Partition ``model`` into ``config.pp * config.virtual_stages`` stages by
+    ``method`` ("uniform", "parameters" or "time") and report, for every method, the
+    per-stage forward + backward seconds of one micro-batch (embedding and LM head
+    included, TP communication as exposed) in ``stage_costs``; ``cost_model``
+    defaults to :class:`~merak_sim.costs.analytic.AnalyticCostModel`."""
+    from merak_sim.costs.analytic import AnalyticCostModel
+
+    if method not in METHODS:
+        raise PartitionError(f"unknown partition method {method!r}; choose one of: "
+                             f"{', '.join(METHODS)}")
+    cm = cost_model or AnalyticCostModel()
+    n = config.pp * config.virtual_stages
+    if method == "uniform":
+        p = uniform(model.layers, n)
+    elif method == "parameters":
+        p = parameter_balanced(model, n, config.tp)
+    else:
+        p = AnalyticCostModel(efficiency=getattr(cm, "efficiency", None),
+                              partition_method="time").default_partition(model, cluster, config)
+    table = cm.cost_table(model, cluster, config, p)
+    return Partition(p.ranges, method,
+                     tuple(s.forward_s + s.backward_s for s in table.stages))

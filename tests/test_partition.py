@@ -15,6 +15,7 @@ from merak_sim.partition import (
     PartitionError,
     as_ranges,
     balanced,
+    make_partition,
     parameter_balanced,
     time_balanced,
     uniform,
@@ -99,3 +100,17 @@ def test_as_ranges_errors():
     with pytest.raises(PartitionError, match="at least one layer"):
         as_ranges([0, 6], 6, 2)
     assert as_ranges(Partition(((0, 1), (1, 4))), 4, 2) == ((0, 1), (1, 4))
+
+
+def test_make_partition_reports_seconds_and_time_wins():
+    m = get_model("gpt-1.5b")
+    c = get_cluster("paper-3090")
+    cfg = ParallelConfig(pp=6, micro_batch_size=2, global_batch_size=24)
+    parts = {k: make_partition(k, m, c, cfg) for k in ("uniform", "parameters", "time")}
+    for k, p in parts.items():
+        assert p.method == k and len(p.stage_costs) == 6 and sum(p.counts) == 48
+        assert all(x > 0 for x in p.stage_costs)
+    # The time-balanced partition has the smallest bottleneck stage.
+    assert parts["time"].max_cost <= min(p.max_cost for p in parts.values()) + 1e-12
+    with pytest.raises(PartitionError, match="unknown partition method 'random'"):
+        make_partition("random", m, c, cfg)

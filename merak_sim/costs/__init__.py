@@ -8,6 +8,7 @@ implement the :class:`CostModel` protocol.
 from .analytic import AnalyticCostModel
 from .base import CostModel, CostTable, StageCost
 from .efficiency import DEFAULT_EFFICIENCY, Efficiency, default_efficiency
+from .trace_model import TraceCostModel
 
 __all__ = ["AnalyticCostModel", "CostModel", "CostTable", "DEFAULT_EFFICIENCY", "Efficiency",
-           "StageCost", "default_efficiency"]
+           "StageCost", "TraceCostModel", "default_efficiency"]
