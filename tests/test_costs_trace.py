@@ -108,3 +108,21 @@ def test_shipped_trace_drives_local_cpu_costs():
     # mbs 3 is not measured: interpolated between 2 and 4.
     t3 = cm.cost_table(spec, CPU, cfg(pp=2, micro_batch_size=3, global_batch_size=12))
     assert any("interpolated" in n for n in t3.notes)
+
+
+def test_trace_collectives_price_the_table():
+    cfg2 = cfg(dp=2, pp=2, micro_batch_size=2, global_batch_size=8)
+    ana = AnalyticCostModel().cost_table(SPEC, CPU, cfg2)
+    g = ana.stages[0].grad_bytes
+    p = ana.stages[0].p2p_bytes
+    colls = [CollectiveRecord("all-reduce", 2, "intra", 0.0, 1e-4),
+             CollectiveRecord("all-reduce", 2, "intra", 2 * g, 0.5),
+             CollectiveRecord("p2p", 2, "intra", 0.0, 1e-5),
+             CollectiveRecord("p2p", 2, "intra", 2 * p, 0.2)]
+    cm = TraceCostModel(toy_trace([rec("block", 2, 128, 1e-3)], colls))
+    t = cm.cost_table(SPEC, CPU, cfg2)
+    assert t.stages[0].grad_allreduce_s == pytest.approx(1e-4 + (0.5 - 1e-4) / 2)
+    assert t.stages[0].send_activation_s == pytest.approx(1e-5 + (0.2 - 1e-5) / 2)
+    # The fallback model itself is untouched.
+    assert cm.fallback.cost_table(SPEC, CPU, cfg2).stages[0].grad_allreduce_s == \
+        pytest.approx(ana.stages[0].grad_allreduce_s)

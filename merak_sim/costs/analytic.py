@@ -281,6 +281,9 @@ class AnalyticCostModel:
         self.efficiency = efficiency
         self.profile = profile
         self.partition_method = partition_method
+        # How the cost table prices collectives; TraceCostModel substitutes measured
+        # timings here.
+        self._comm = collective_time
 
     # -- helpers shared with TraceCostModel
     def efficiency_for(self, cluster: Cluster) -> Efficiency:
@@ -369,10 +372,10 @@ class AnalyticCostModel:
             return 0.0
         ranks = group_ranks("tp", config, pp_rank)
         if config.sequence_parallel:
-            one = (collective_time("all-gather", nbytes, ranks, cluster)
-                   + collective_time("reduce-scatter", nbytes, ranks, cluster))
+            one = (self._comm("all-gather", nbytes, ranks, cluster)
+                   + self._comm("reduce-scatter", nbytes, ranks, cluster))
         else:
-            one = collective_time("all-reduce", nbytes, ranks, cluster)
+            one = self._comm("all-reduce", nbytes, ranks, cluster)
         parts = config.tp_overlap_parts if config.tp_overlap == "sub-pipelined" else 1
         if parts == 1 or count < 2:
             return count * one
@@ -503,17 +506,17 @@ class AnalyticCostModel:
             nxt = (g + 1) % config.pp
             a = group_ranks("tp", config, pp_rank)[0]
             b = group_ranks("tp", config, nxt)[0]
-            send = collective_time("p2p", p2p, (a, b), cluster) if a != b else 0.0
+            send = self._comm("p2p", p2p, (a, b), cluster) if a != b else 0.0
         grad_ar = 0.0
         if dp > 1:
             ranks = group_ranks("dp", config, pp_rank)
             gbytes = state.grad_bytes
             if config.zero >= 1:
-                grad_ar = (collective_time("reduce-scatter", gbytes, ranks, cluster)
-                           + collective_time("all-gather", state.weight_bytes, ranks,
+                grad_ar = (self._comm("reduce-scatter", gbytes, ranks, cluster)
+                           + self._comm("all-gather", state.weight_bytes, ranks,
                                              cluster))
             else:
-                grad_ar = collective_time("all-reduce", gbytes, ranks, cluster)
+                grad_ar = self._comm("all-reduce", gbytes, ranks, cluster)
         eff = self.efficiency_for(cluster)
         opt_params = params / (dp if config.zero >= 1 else 1)
         per_param = 28 if config.dtype != "fp32" else 36

@@ -17,7 +17,9 @@ Every estimate that is not an exact record, and every layer kind the trace lacks
 (wrong tp, another model shape), is listed in ``CostTable.notes``; missing kinds fall
 back to :class:`~merak_sim.costs.analytic.AnalyticCostModel`. Collectives use the
 trace's timings (linear interpolation in bytes, same collective, group size and
-placement) when present, the analytic alpha-beta model otherwise. Everything else
+placement) when present, the analytic alpha-beta model otherwise, both in
+:meth:`TraceCostModel.comm_time` and inside the cost table (TP, pipeline and
+data-parallel communication). Everything else
 (model state, pipeline sends, data-parallel reduction, optimizer) is priced exactly as
 the analytic model does, so the two are interchangeable behind
 :class:`~merak_sim.costs.base.CostModel`.
@@ -29,6 +31,7 @@ measured on a real TP group), so no TP collective is added on top of them.
 from __future__ import annotations
 
 import bisect
+import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -86,6 +89,9 @@ class TraceCostModel:
         if not self.traces:
             raise CostModelError("TraceCostModel needs at least one trace")
         self.fallback = fallback or AnalyticCostModel()
+        # The fallback's stage pricing, with collectives timed from the traces.
+        self._priced = copy.copy(self.fallback)
+        self._priced._comm = self._trace_comm
 
     # -- lookup
     def _records(self, model: ModelSpec, kind: str, tp: int) -> list[LayerRecord]:
@@ -128,6 +134,10 @@ class TraceCostModel:
             how = how.replace("interpolated", "extrapolated")
         # Negative values can appear when extrapolating downward; clamp to zero.
         return {k: max(0.0, v) for k, v in out.items()}, how
+
+    def _trace_comm(self, kind: str, nbytes: float, ranks: tuple[int, ...],
+                    cluster: Cluster) -> float:
+        return self.comm_time(kind, nbytes, ranks, cluster)
 
     # -- CostModel protocol
     def comm_time(self, collective: str, nbytes: float, ranks: tuple[int, ...],
@@ -173,7 +183,7 @@ class TraceCostModel:
         """Per layer kind costs as :meth:`AnalyticCostModel.layer_breakdown`, from the
         traces where they have the entry."""
         costs, _, used = self.traced_layer_costs(model, cluster, config)
-        rows = self.fallback.layer_breakdown(model, cluster, config, costs)
+        rows = self._priced.layer_breakdown(model, cluster, config, costs)
         for kind, key in (("block", "layer"), ("embedding", "embedding"), ("head", "head")):
             rows[key]["source"] = used[kind]
         return rows
@@ -191,7 +201,7 @@ class TraceCostModel:
         if config.recompute == "selective":
             notes.append("selective recompute: attention-core cost from the analytic model")
         srcs = {t.provenance.device for t in self.traces}
-        return fb._table(model, cluster, config, ranges, lay, emb, head,
+        return self._priced._table(model, cluster, config, ranges, lay, emb, head,
                          extra_notes=tuple(notes),
                          extra_meta={"source": "trace", "layer_sources": used,
                                      "trace_devices": sorted(srcs)})
