@@ -21,16 +21,8 @@ Compute (one layer, one micro-batch of b sequences, on one GPU of a TP group of 
   the bytes) stays exposed, plus whatever the others cannot hide behind the compute
   of the pass (shared/reference/merak.md, T3).
 
-Communication (alpha-beta, :meth:`AnalyticCostModel.comm_time`)
-----------------------------------------------------------------
-Ring algorithms inside a node: all-reduce 2(p-1) steps moving 2(p-1)/p of the bytes,
-reduce-scatter and all-gather (p-1) steps moving (p-1)/p. Across nodes the better of a
-flat ring and the hierarchical algorithm (intra-node reduce-scatter, inter-node
-all-reduce of 1/l of the data among the nodes, intra-node all-gather), with each GPU
-getting 1/gpus_per_node of its node's network bandwidth (every data-parallel group
-communicates at once in training). Ranks are placed Megatron-style: tp fastest, then
-dp, then pp (``rank = (pp_rank * dp + dp_rank) * tp + tp_rank``), so TP groups stay in
-a node when tp <= gpus_per_node.
+Communication: alpha-beta ring / hierarchical collectives and Megatron rank
+placement, in :mod:`merak_sim.costs.comm`.
 
 Tensor parallelism adds 2 all-reduces of b*s*h activations per layer in forward and 2
 in backward (sequence parallel: an all-gather and a reduce-scatter in place of each,
@@ -53,6 +45,14 @@ from functools import lru_cache
 from typing import Any
 
 from merak_sim.costs.base import CostTable, StageCost
+from merak_sim.costs.comm import (  # noqa: F401  (re-exported: older imports)
+    COLLECTIVES,
+    CostModelError,
+    _collective_cached,
+    _placement,
+    collective_time,
+    group_ranks,
+)
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.hardware import Cluster
 from merak_sim.memory import (
@@ -72,13 +72,7 @@ from merak_sim.model import ModelSpec
 from merak_sim.partition import as_ranges, uniform
 
 __all__ = ["AnalyticCostModel", "LayerCost", "CostModelError", "COLLECTIVES",
-           "group_ranks"]
-
-COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "p2p")
-
-
-class CostModelError(ValueError):
-    """Bad input to a cost model (message names field and value)."""
+           "group_ranks", "collective_time"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,18 +104,6 @@ class LayerCost:
     recompute_s: float | None = None
     activation_bytes: float | None = None
     source: str = "analytic"
-
-
-def group_ranks(kind: str, config: Any, pp_rank: int = 0, dp_rank: int = 0,
-                tp_rank: int = 0) -> tuple[int, ...]:
-    """Global ranks of the ``kind`` ("tp", "dp") group containing the given coordinates
-    (Megatron placement: tp fastest, then dp, then pp)."""
-    dp, tp = config.dp, config.tp
-    if kind == "tp":
-        return tuple((pp_rank * dp + dp_rank) * tp + t for t in range(tp))
-    if kind == "dp":
-        return tuple((pp_rank * dp + d) * tp + tp_rank for d in range(dp))
-    raise CostModelError(f"unknown group kind {kind!r}; choose tp or dp")
 
 
 # ---------------------------------------------------------------- layer compute
@@ -182,81 +164,6 @@ def _edge_costs(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e
     head = LayerCost(head_f, head_bi, g, 0.0, (0.0, 0), (m * h * e, 1),
                      3.0 * model.logits_forward_flops(mbs) / tp, 5)
     return emb, head
-
-
-# ---------------------------------------------------------------- communication
-def _ring(kind: str, nbytes: float, p: int, bw: float, lat: float) -> float:
-    if p <= 1 or nbytes <= 0:
-        return 0.0
-    if kind == "all-reduce":
-        return 2 * (p - 1) * lat + 2 * (p - 1) / p * nbytes / bw
-    return (p - 1) * lat + (p - 1) / p * nbytes / bw
-
-
-def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Cluster) -> float:
-    """Alpha-beta time of a collective among global ``ranks`` on ``cluster`` (module
-    docstring)."""
-    if kind not in COLLECTIVES:
-        raise CostModelError(f"unknown collective {kind!r}; choose one of: "
-                             f"{', '.join(COLLECTIVES)}")
-    if nbytes < 0:
-        raise CostModelError(f"collective bytes must be >= 0, got {nbytes}")
-    if kind == "p2p":
-        if len(ranks) != 2:
-            raise CostModelError(f"p2p needs exactly 2 ranks, got {len(ranks)}")
-        a, b = ranks
-        if a == b or nbytes == 0:
-            return 0.0
-        if cluster.same_node(a, b):
-            return cluster.intra.time(nbytes)
-        return cluster.inter.latency_s + nbytes / cluster.inter_bandwidth_per_gpu_Bps
-    return _collective_cached(kind, float(nbytes), _shape(ranks, cluster), cluster)
-
-
-def _shape(ranks: tuple[int, ...], cluster: Cluster) -> tuple[int, int]:
-    per_node: dict[int, int] = {}
-    for r in ranks:
-        n = cluster.node_of(r)
-        per_node[n] = per_node.get(n, 0) + 1
-    return len(per_node), max(per_node.values())
-
-
-@lru_cache(maxsize=65536)
-def _collective_cached(kind: str, nbytes: float, shape: tuple[int, int],
-                       cluster: Cluster) -> float:
-    n_nodes, local = shape
-    intra, inter = cluster.intra, cluster.inter
-    p = n_nodes * local
-    if n_nodes == 1:
-        return _ring(kind, nbytes, local, intra.bandwidth_Bps, intra.latency_s)
-    bw_g = cluster.inter_bandwidth_per_gpu_Bps
-    # Flat ring over all p ranks: the node-crossing edges are the bottleneck; NCCL's
-    # parallel rings let the group's l GPUs per node use l shares of the network.
-    flat = _ring(kind, nbytes, p, min(intra.bandwidth_Bps, bw_g * local),
-                 max(intra.latency_s, inter.latency_s))
-    half = "reduce-scatter" if kind in ("all-reduce", "reduce-scatter") else "all-gather"
-    hier = _ring(kind, nbytes / local, n_nodes, bw_g, inter.latency_s)
-    if kind == "all-reduce":
-        hier += 2 * _ring(half, nbytes, local, intra.bandwidth_Bps, intra.latency_s)
-    else:
-        hier += _ring(half, nbytes, local, intra.bandwidth_Bps, intra.latency_s)
-    return min(flat, hier)
-
-
-@lru_cache(maxsize=65536)
-def _placement(cluster: Cluster, dp: int, tp: int, pp: int, pp_rank: int,
-               last: bool) -> tuple:
-    """What a stage's communication depends on: node shape of its TP and DP groups
-    and whether its send to the next stage stays in a node."""
-    base = pp_rank * dp * tp
-    tp_shape = _shape(tuple(range(base, base + tp)), cluster)
-    dp_shape = _shape(tuple(base + d * tp for d in range(dp)), cluster)
-    if last:
-        send = None
-    else:
-        nxt = ((pp_rank + 1) % pp) * dp * tp
-        send = None if nxt == base else cluster.same_node(base, nxt)
-    return tp_shape, dp_shape, send
 
 
 # ---------------------------------------------------------------- the model
