@@ -58,11 +58,13 @@ class Efficiency:
     kernel_overhead_s: float = 4e-6
 
     def __post_init__(self) -> None:
+        strict = ("gemm_max", "attn_factor", "mem_bw_eff")
         for f in fields(self):
             v = getattr(self, f.name)
-            if not isinstance(v, (int, float)) or v < 0 or (v == 0 and f.name in (
-                    "gemm_max", "attn_factor", "mem_bw_eff")):
-                raise ValueError(f"efficiency parameter {f.name} must be positive, got {v!r}")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (
+                    v == 0 and f.name in strict):
+                need = "positive" if f.name in strict else ">= 0"
+                raise ValueError(f"efficiency parameter {f.name} must be {need}, got {v!r}")
         if self.gemm_max > 1 or self.mem_bw_eff > 1:
             raise ValueError("efficiency parameters gemm_max and mem_bw_eff must be <= 1, "
                              f"got {self.gemm_max} and {self.mem_bw_eff}")
