@@ -126,3 +126,20 @@ def test_trace_collectives_price_the_table():
     # The fallback model itself is untouched.
     assert cm.fallback.cost_table(SPEC, CPU, cfg2).stages[0].grad_allreduce_s == \
         pytest.approx(ana.stages[0].grad_allreduce_s)
+
+
+def test_memory_model_predicts_shipped_trace_activation_bytes():
+    from merak_sim.memory import (
+        CPU_EAGER,
+        first_stage_extra_bytes,
+        last_stage_extra_bytes,
+        layer_activation_bytes,
+    )
+
+    t = read_trace(SHIPPED)
+    fn = {"block": layer_activation_bytes, "embedding": first_stage_extra_bytes,
+          "head": last_stage_extra_bytes}
+    for r in t.layers:
+        m = t.model.with_(seq_len=r.seq_len)
+        pred = fn[r.kind](m, r.micro_batch_size, profile=CPU_EAGER)
+        assert pred == pytest.approx(r.activation_bytes, rel=0.03), (r.key, pred)
