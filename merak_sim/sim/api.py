@@ -162,7 +162,7 @@ def simulate(
             raise SimulationError(
                 f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
                 f"{clus.name} has {world}; match the degrees to the cluster, set --nodes, or "
-                "ask for a sub-cluster")
+                "pass --sub-cluster (sub_cluster=True)")
     if spec is not None:
         if hasattr(spec, "check_tp"):
             spec.check_tp(cfg.tp)
