@@ -170,3 +170,16 @@ def test_stage_memo_matches_direct_pricing():
     lay, emb, head = cm.layer_costs(M, big, c)
     for g, st in enumerate(t.stages):
         assert st == cm._stage(M, big, c, g, 3, lay, emb, head)
+
+
+def test_tied_embedding_gradient_sum_between_first_and_last_stage():
+    cm = AnalyticCostModel()
+    t = cm.cost_table(M, C, cfg(pp=4))  # dp = 1: only the tied-embedding all-reduce
+    assert t.stages[1].grad_allreduce_s == 0 and t.stages[2].grad_allreduce_s == 0
+    tied_bytes = M.vocab * M.hidden * 2
+    want = collective_time("all-reduce", tied_bytes, (0, 3), C)
+    assert t.stages[0].grad_allreduce_s == pytest.approx(want)
+    assert t.stages[3].grad_allreduce_s == pytest.approx(want)
+    llama = get_model("llama2-7b")  # untied head: nothing to sum
+    t2 = cm.cost_table(llama, C, cfg(pp=4))
+    assert t2.stages[0].grad_allreduce_s == 0

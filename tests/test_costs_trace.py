@@ -121,7 +121,12 @@ def test_trace_collectives_price_the_table():
              CollectiveRecord("p2p", 2, "intra", 2 * p, 0.2)]
     cm = TraceCostModel(toy_trace([rec("block", 2, 128, 1e-3)], colls))
     t = cm.cost_table(SPEC, CPU, cfg2)
-    assert t.stages[0].grad_allreduce_s == pytest.approx(1e-4 + (0.5 - 1e-4) / 2)
+    tied = SPEC.vocab * SPEC.hidden * 4  # fp32 word-embedding gradient, summed 0 <-> 2
+
+    def ar(nbytes):
+        return 1e-4 + (0.5 - 1e-4) * nbytes / (2 * g)
+
+    assert t.stages[0].grad_allreduce_s == pytest.approx(ar(g) + ar(tied))
     assert t.stages[0].send_activation_s == pytest.approx(1e-5 + (0.2 - 1e-5) / 2)
     # The fallback model itself is untouched.
     assert cm.fallback.cost_table(SPEC, CPU, cfg2).stages[0].grad_allreduce_s == \

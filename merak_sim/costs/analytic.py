@@ -28,7 +28,9 @@ Tensor parallelism adds 2 all-reduces of b*s*h activations per layer in forward 
 in backward (sequence parallel: an all-gather and a reduce-scatter in place of each,
 same bytes); the embedding adds one in forward, the LM head one in backward.
 Data-parallel gradient all-reduce of the stage's 16-bit gradients (ZeRO-1: reduce-
-scatter of gradients + all-gather of updated weights) goes to ``grad_allreduce_s``.
+scatter of gradients + all-gather of updated weights) goes to ``grad_allreduce_s``, plus,
+on the first and last stage of a model with tied embeddings, the all-reduce that sums
+the word-embedding gradient between those two stages.
 Optimizer: Adam reads and writes fp32 master weights, m and v (24 bytes) and reads the
 16-bit gradient and writes the 16-bit weight (4 bytes) per (sharded) parameter, memory
 bound.
@@ -424,6 +426,15 @@ class AnalyticCostModel:
                                              cluster))
             else:
                 grad_ar = self._comm("all-reduce", gbytes, ranks, cluster)
+        if model.tied_embeddings and (first or last) and n_st > 1:
+            # The tied word embedding lives on the first and the last stage; their
+            # gradients are summed by an all-reduce between the two (Megatron; Merak
+            # does the same for tied weights across stages).
+            a = group_ranks("tp", config, 0)[0]
+            b = group_ranks("tp", config, (n_st - 1) % config.pp)[0]
+            if a != b:
+                tied = model.vocab * model.hidden / tp * state.grad_bytes / max(params, 1)
+                grad_ar += self._comm("all-reduce", tied, (a, b), cluster)
         eff = self.efficiency_for(cluster)
         opt_params = params / (dp if config.zero >= 1 else 1)
         per_param = 28 if config.dtype != "fp32" else 36
