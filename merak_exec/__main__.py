@@ -122,29 +122,63 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_
 
 @cli.command()
 @_model_opts
-@click.option("--mbs", default=1, show_default=True)
+@click.option("--mbs", default="1", show_default=True,
+              help="micro-batch size(s), comma-separated: one profile each, merged")
+@click.option("--seqs", default=None, help="sequence length(s), comma-separated "
+              "(default: --seq)")
 @click.option("--repeats", default=5, show_default=True)
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
               show_default=True)
 @click.option("--device", default=None, help="cpu or cuda (default: cuda if available)")
-@click.option("--out", "out_path", required=True, help="trace JSON to write")
-def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, repeats, dtype, device,
-            out_path) -> None:
-    """Measure per-layer forward/backward/recompute times and activation bytes."""
+@click.option("--name", default=None, help="model name recorded in the trace")
+@click.option("--threads", default=1, show_default=True,
+              help="torch CPU threads (1 = what each rank of a 2-rank CPU run gets)")
+@click.option("--out", "out_path", required=True, help="merak-trace/1 JSON to write")
+def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats, dtype,
+            device, name, threads, out_path) -> None:
+    """Measure per-layer forward/backward/recompute times and activation bytes and write
+    a merak-trace/1 file (the cost model's format)."""
     import torch
 
-    from merak_exec.profiler import profile_chain, write_trace
+    from merak_exec.profiler import profile_chain
+    from merak_sim.trace import Trace, from_exec_profile, merge_traces, write_trace
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch.set_num_threads(threads)
+    try:
+        mbs_list = [int(x) for x in str(mbs).split(",")]
+        seq_list = [int(x) for x in (seqs or str(seq)).split(",")]
+    except ValueError:
+        raise click.BadParameter("--mbs and --seqs take comma-separated integers") from None
     torch.manual_seed(0)
-    model = _model(kind, layers, hidden, heads, vocab, seq, dropout, meta=False)
-    prof = profile_chain(model, mbs, seq, device=device, dtype=dt, repeats=repeats,
-                         meta={"command": " ".join(["merak-exec", *sys.argv[1:]])})
-    write_trace(prof, out_path)
-    for lp in prof.layers:
-        click.echo(f"{lp.name:10s} x{lp.count:<3d} fwd {lp.forward_s * 1e3:8.3f} ms  bwd "
-                   f"{lp.backward_s * 1e3:8.3f} ms  act {lp.activation_bytes / 2**20:8.2f} MiB")
+    model = _model(kind, layers, hidden, heads, vocab, max(seq_list), dropout, meta=False)
+    traces = []
+    meta = {"command": " ".join(["merak-exec", *sys.argv[1:]]), "git_commit": _git_commit()}
+    for b in mbs_list:
+        for s in seq_list:
+            prof = profile_chain(model, b, s, device=device, dtype=dt, repeats=repeats,
+                                 meta=meta)
+            d = from_exec_profile(prof.to_dict())
+            d["model"]["name"] = name or f"{kind}-h{hidden}-l{layers}"
+            d["model"]["seq_len"] = max(seq_list)
+            traces.append(Trace.from_dict(d, "profile"))
+            for lp in prof.layers:
+                click.echo(f"mbs {b} seq {s} {lp.name:9s} fwd {lp.forward_s * 1e3:8.3f} ms  "
+                           f"bwd {lp.backward_s * 1e3:8.3f} ms  act "
+                           f"{lp.activation_bytes / 2**20:8.2f} MiB")
+    write_trace(merge_traces(traces), out_path)
+    click.echo(f"wrote {out_path}")
+
+
+def _git_commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> None:

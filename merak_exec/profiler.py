@@ -169,8 +169,10 @@ def _profile_layer(name: str, count: int, layer: nn.Module, make_input, loss_fn,
             for k, v in zip(("f", "b", "bi", "bw", "r"), t, strict=True):
                 samples[k].append(v)
     x = make_input()
-    y, act_bytes = _saved_bytes(lambda: layer(x), pptrs)
+    y = layer(x)
     out_bytes = y.numel() * y.element_size()
+    # what one micro-batch keeps for backward, loss included for the head
+    _, act_bytes = _saved_bytes(lambda: run(x), pptrs)
     x = make_input()
 
     def fb():

@@ -369,3 +369,35 @@ def launch_scenario(world: int, name: str, arg: dict, out_dir: str,
         f = os.path.join(out_dir, f"{name}-rank{r}.json")
         res.append(json.load(open(f)) if os.path.exists(f) else None)
     return [p.exitcode for p in procs], res
+
+
+def scenario_events(rank: int, arg: dict) -> dict:
+    """Two pp ranks, 2 steps: the gathered events of the last step, as a RunResult."""
+    from merak_exec.models import GPT
+    from merak_exec.parallel import parallelize
+    from merak_exec.result import RunResult
+    from merak_exec.trainer import gather_events
+    from merak_sim.config import ParallelConfig
+    from merak_sim.schedule.ir import iter_actions
+
+    pc = ParallelConfig(pp=2, global_batch_size=4, micro_batch_size=1, dtype="fp32",
+                        schedule=arg.get("schedule", "1f1b"), recompute="full")
+    mcfg = tiny_gpt_config()
+    torch.manual_seed(0)
+    pm = parallelize(GPT(mcfg), pc, seq_len=8)
+    for x, y in data(mcfg, 4, 8, 2):
+        pm.train_step(x, y)
+    res = RunResult(events=gather_events(pm))
+    df = res.to_dataframe()
+    trace = res.to_chrome_trace()
+    if rank == 0 and arg.get("trace"):
+        res.save_chrome_trace(arg["trace"])
+    expected = sorted((r, str(a)) for r, prog in enumerate(pm.runtime.schedule.programs)
+                      for a in iter_actions(prog))
+    return {"columns": list(df.columns), "rows": len(df),
+            "actions": sorted(zip(df["rank"].tolist(), df["action"].tolist(), strict=True)),
+            "expected": [list(e) for e in expected],
+            "ordered": bool((df["end_s"] >= df["start_s"]).all()),
+            "streams": sorted(set(df["stream"])),
+            "p2p_bytes": sorted(set(df.loc[df["stream"] == "p2p", "bytes"].tolist())),
+            "trace_events": sum(1 for e in trace["traceEvents"] if e["ph"] == "X")}

@@ -1,0 +1,49 @@
+"""Measurement: events in the shared schema, Chrome trace, and the profiler's trace."""
+
+import json
+
+from merak_exec.result import EVENT_COLUMNS
+from merak_exec.testing import launch_scenario
+
+
+def test_events_cover_every_action_in_the_shared_schema(tmp_path):
+    trace = tmp_path / "t.json"
+    codes, res = launch_scenario(2, "scenario_events", {"trace": str(trace)}, str(tmp_path))
+    assert codes == [0, 0], res
+    r = res[0]
+    assert "exception" not in r, r.get("exception")
+    assert r["columns"] == EVENT_COLUMNS == ["rank", "stage", "chunk", "stream", "kind",
+                                             "action", "microbatch", "start_s", "end_s",
+                                             "bytes"]
+    # one row per action of the schedule on every rank (global rank == pp rank here)
+    assert [list(a) for a in r["actions"]] == r["expected"]
+    assert r["ordered"]
+    assert r["streams"] == ["collective", "compute", "p2p"]
+    assert r["p2p_bytes"] == [1 * 8 * 16 * 4]  # mbs x seq x hidden x fp32
+    assert r["trace_events"] == r["rows"]
+    d = json.loads(trace.read_text())
+    assert {e["pid"] for e in d["traceEvents"]} == {0, 1}
+
+
+def test_profiler_writes_a_readable_merak_trace(tmp_path):
+    import torch
+
+    from merak_exec.models import GPT
+    from merak_exec.profiler import profile_chain, write_trace
+    from merak_exec.testing import tiny_gpt_config
+    from merak_sim.trace import read_trace
+
+    torch.manual_seed(0)
+    model = GPT(tiny_gpt_config())
+    out = tmp_path / "p.json"
+    small = profile_chain(model, 1, 8, warmup=1, repeats=2)
+    big = profile_chain(model, 4, 8, warmup=1, repeats=2)
+    write_trace(small, out)
+    t = read_trace(out)
+    assert [r.kind for r in t.layers] == ["embedding", "block", "head"]
+    blk = {lp.name: lp for lp in small.layers}["block"]
+    blk4 = {lp.name: lp for lp in big.layers}["block"]
+    assert blk.forward_s > 0 and blk.backward_s > 0 and blk.flops > 0
+    # activations scale with the micro-batch; a checkpointed block keeps only its input
+    assert blk4.activation_bytes == 4 * blk.activation_bytes
+    assert blk.checkpoint_bytes == 1 * 8 * 16 * 4 < blk.activation_bytes
