@@ -95,3 +95,22 @@ def test_schedule_requirement_violated(capsys):
     argv[argv.index("16")] = "8"  # M = 2 < 4
     assert main(argv) == 2
     assert "microbatches >= max" in capsys.readouterr().err
+
+
+def test_trace_driven_costs(capsys, tmp_path):
+    from pathlib import Path
+
+    trace = Path(__file__).resolve().parents[1] / "traces" / "cpu-gpt-tiny.json"
+    model = json.loads(trace.read_text())["model"]
+    mj = tmp_path / "tiny.json"
+    mj.write_text(json.dumps(model))
+    argv = ["simulate", "--model-json", str(mj), "--cluster", "local-cpu", "--dp", "1",
+            "--tp", "1", "--pp", "2", "--micro-batch-size", "2", "--global-batch-size", "8",
+            "--schedule", "1f1b", "--recompute", "none", "--dtype", "fp32", "--sub-cluster",
+            "--json"]
+    assert main(argv + ["--trace", str(trace)]) == 0
+    traced = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    analytic = json.loads(capsys.readouterr().out)
+    assert traced["iteration_time_s"] > 0
+    assert traced["iteration_time_s"] != analytic["iteration_time_s"]

@@ -4,6 +4,8 @@ bubbles, stragglers, contention, memory and out-of-memory results."""
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.base import CostTable, StageCost
@@ -343,3 +345,20 @@ def test_mixed_gpu_types_priced_by_peak_ratio():
     assert mixed.iteration_time_s > simulate(**kw).iteration_time_s
     # the V100 has its own (smaller) memory
     assert mixed.trace.memory[3].capacity < mixed.trace.memory[0].capacity
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=hst.sampled_from(["gpipe", "1f1b", "zb-h1", "pre-recompute", "last-no-recompute",
+                             "shifted-critical-path", "interleaved-1f1b"]),
+       S=hst.integers(1, 6), mult=hst.integers(1, 3), seed=hst.integers(0, 10**6),
+       overlap=hst.booleans(), buckets=hst.integers(1, 4))
+def test_property_engine_equals_evaluator(name, S, mult, seed, overlap, buckets):
+    v = 2 if name == "interleaved-1f1b" and S >= 2 else 1
+    M = max(S, 4) * mult
+    sched = generate(name, S, M, v)
+    prog = compile_program(sched, random_table(S * v, seed),
+                           tuple(random.Random(seed).random() for _ in range(S)))
+    ev = evaluate(prog, overlap_dp=overlap, buckets=buckets)
+    tr = run_engine(prog, Placement(1, 1, S), 80e9,
+                    EngineOptions(overlap_dp=overlap, buckets=buckets))
+    assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)

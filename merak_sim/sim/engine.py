@@ -313,12 +313,10 @@ def run_engine(prog: Compiled, placement: Placement, capacity: float,
             d = dur[x] * slow
             a = actions[x]
             if tpg is not None and a.kind is not Kind.OPTIMIZER:
-                t_arr = env.now
                 pb = (lambda t0, dd, x=x: push_buckets(x, t0, dd)) if (
                     overlap and x in last_b) else None
                 ev = tpg.arrive(x, d, on_start=pb) if pb else tpg.arrive(x, d)
                 t0 = yield ev
-                del t_arr
                 hbm.alloc(t0, alloc[x], x)
                 hbm.free(env.now, free[x])
                 acts.append((x, t0, env.now))

@@ -183,7 +183,6 @@ class SimResult:
         if tr is None:
             raise ValueError("this result carries no trace (simulate with keep_trace=True)")
         prog = tr.prog
-        sched = prog.schedule
         acts = prog.actions
         ent_of = {}
         for e, (s, ci) in enumerate(zip(tr.stage_of, tr.copy_of, strict=False)):
@@ -212,7 +211,6 @@ class SimResult:
                         continue
                     yield (tr.ranks[e], s, act.chunk, "p2p", act.kind.name, str(act),
                            act.microbatch, xs[tid], xe[tid], t.nbytes)
-        del sched
 
     def events(self):
         """The events table (pandas DataFrame, columns :data:`EVENT_COLUMNS`, sorted by
