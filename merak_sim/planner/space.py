@@ -1,0 +1,230 @@
+"""SearchSpace: which options the planner may combine, and the candidate enumeration.
+
+The full space is the cross product of tp (dividing the GPUs of a node and the
+model's heads), pp (dividing the rest, at most the layers), dp = GPUs / (tp pp),
+micro-batch size (dividing the per-replica batch), schedule (with virtual stages for
+interleaved 1F1B), recompute policy, sequence parallelism, TP overlap and ZeRO stage.
+A restricted :class:`SearchSpace` expresses a system: the Megatron-LM-like baseline is
+1F1B + full recompute + synchronous TP, the DeepSpeed-like one adds ZeRO-1, Merak is the
+shifted critical path + stage-aware recompute + sub-pipelined TP (Lai et al., TPDS
+2023; shared/reference/merak.md "Baselines").
+
+Options that cannot apply to a candidate collapse instead of multiplying: sequence
+parallelism and TP overlap need tp > 1 (sub-pipelined TP also an even micro-batch), ZeRO
+needs dp > 1; when every allowed value is inapplicable the candidate runs without the
+technique (Merak at tp = 1 simply has no TP to overlap). Merak's schedules (F* / R
+re-forwards) are only paired with a recompute policy that checkpoints (full or
+stage-aware); with pp = 1 every schedule is 1F1B, so only one is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from merak_sim.schedule import SCHEDULES
+
+__all__ = ["SearchSpace", "Candidate", "enumerate_candidates", "SYSTEMS", "divisors"]
+
+#: Policies a Merak schedule (which re-forwards explicitly) may be paired with.
+_CHECKPOINTING = ("full", "stage-aware")
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of ``n`` in increasing order."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Options the planner may combine (None = every valid value).
+
+    Attributes:
+        tp, pp: allowed degrees (None: every divisor that fits).
+        micro_batch_sizes: allowed micro-batch sizes (None: divisors of the
+            per-replica batch up to ``max_micro_batch_size``).
+        max_micro_batch_size: bound used when ``micro_batch_sizes`` is None.
+        schedules: schedule names (:data:`merak_sim.schedule.SCHEDULES`).
+        virtual_stages: model chunks per rank tried with interleaved-1f1b.
+        recompute: policies; "stage-aware" has its per-stage fractions chosen by the
+            planner from the memory model (the smallest layer-granular fraction per
+            stage that fits).
+        sequence_parallel, tp_overlap, zero: allowed values of those switches.
+        dtype: training precision.
+        name: a label for reports.
+    """
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    micro_batch_sizes: tuple[int, ...] | None = None
+    max_micro_batch_size: int = 16
+    schedules: tuple[str, ...] = tuple(SCHEDULES)
+    virtual_stages: tuple[int, ...] = (2, 4)
+    recompute: tuple[str, ...] = ("none", "selective", "full", "stage-aware")
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    tp_overlap: tuple[str, ...] = ("none", "sub-pipelined")
+    zero: tuple[int, ...] = (0, 1)
+    dtype: str = "bf16"
+    name: str = "full"
+
+    def __post_init__(self) -> None:
+        for s in self.schedules:
+            if s not in SCHEDULES:
+                raise ValueError(f"search space: unknown schedule {s!r}; choose from "
+                                 f"{', '.join(SCHEDULES)}")
+        for r in self.recompute:
+            if r not in ("none", "selective", "full", "stage-aware"):
+                raise ValueError(f"search space: unknown recompute policy {r!r}")
+        for o in self.tp_overlap:
+            if o not in ("none", "sub-pipelined"):
+                raise ValueError(f"search space: unknown tp overlap {o!r}")
+        for z in self.zero:
+            if z not in (0, 1):
+                raise ValueError(f"search space: zero must be 0 or 1, got {z}")
+        for what in ("schedules", "recompute", "sequence_parallel", "tp_overlap", "zero"):
+            if not getattr(self, what):
+                raise ValueError(f"search space: {what} must not be empty")
+        if self.max_micro_batch_size < 1:
+            raise ValueError("search space: max_micro_batch_size must be >= 1")
+
+    def with_(self, **changes) -> SearchSpace:
+        """A copy with some options changed."""
+        return replace(self, **changes)
+
+
+_BASE = dict(sequence_parallel=(False,), virtual_stages=(2,))
+
+#: The systems of the paper reproduction as search spaces (module docstring). Sequence
+#: parallelism (Megatron, 2022) postdates the systems Merak compared with, so it is off.
+SYSTEMS: dict[str, SearchSpace] = {
+    "megatron": SearchSpace(schedules=("1f1b",), recompute=("full",), tp_overlap=("none",),
+                            zero=(0,), name="Megatron-LM-like", **_BASE),
+    "deepspeed": SearchSpace(schedules=("1f1b",), recompute=("full",), tp_overlap=("none",),
+                             zero=(1,), name="DeepSpeed-like", **_BASE),
+    # Ablation: start from the union of the two baselines, add one technique at a time.
+    "baseline": SearchSpace(schedules=("1f1b",), recompute=("full",), tp_overlap=("none",),
+                            zero=(0, 1), name="1F1B + full recompute", **_BASE),
+    "+T1": SearchSpace(schedules=("shifted-critical-path",), recompute=("full",),
+                       tp_overlap=("none",), zero=(0, 1), name="+ shifted critical path (T1)",
+                       **_BASE),
+    "+T2": SearchSpace(schedules=("shifted-critical-path",), recompute=("stage-aware",),
+                       tp_overlap=("none",), zero=(0, 1),
+                       name="+ stage-aware recompute (T1+T2)", **_BASE),
+    "merak": SearchSpace(schedules=("shifted-critical-path",), recompute=("stage-aware",),
+                         tp_overlap=("sub-pipelined",), zero=(0, 1),
+                         name="Merak (T1+T2+T3)", **_BASE),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One point of the space (before recompute fractions are chosen).
+
+    ``pruned`` names the divisibility rule it breaks, or is empty.
+    """
+
+    dp: int
+    tp: int
+    pp: int
+    virtual_stages: int
+    micro_batch_size: int
+    microbatches: int
+    schedule: str
+    recompute: str
+    sequence_parallel: bool
+    tp_overlap: str
+    zero: int
+    pruned: str = ""
+
+    def table_key(self) -> tuple:
+        """What the cost table depends on (not the schedule or the checkpointed
+        fraction; selective recompute changes the backward and the kept bytes)."""
+        return (self.dp, self.tp, self.pp, self.virtual_stages, self.micro_batch_size,
+                self.sequence_parallel, self.tp_overlap, self.zero,
+                self.recompute == "selective")
+
+
+def _collapse(values, applicable: bool, off):
+    vals = tuple(dict.fromkeys(values))
+    if applicable:
+        return vals
+    return (off,)
+
+
+def enumerate_candidates(model, gpus: int, gpus_per_node: int, global_batch_size: int,
+                         space: SearchSpace) -> Iterator[Candidate]:
+    """Every candidate of ``space`` for ``model`` on ``gpus`` GPUs, those breaking a
+    divisibility rule included (with ``pruned`` set) so reports can say why they lost."""
+    tps = space.tp if space.tp is not None else tuple(divisors(gpus_per_node))
+    for tp in tps:
+        try:
+            if gpus % tp or gpus_per_node % tp:
+                raise ValueError(f"tp={tp} does not divide the {gpus_per_node} GPUs of a node")
+            model.check_tp(tp)
+        except ValueError as e:
+            yield Candidate(0, tp, 0, 1, 0, 0, "-", "-", False, "none", 0, pruned=str(e))
+            continue
+        pps = space.pp if space.pp is not None else tuple(divisors(gpus // tp))
+        for pp in pps:
+            if (gpus // tp) % pp:
+                yield Candidate(0, tp, pp, 1, 0, 0, "-", "-", False, "none", 0,
+                                pruned=f"pp={pp} does not divide {gpus // tp} = GPUs / tp")
+                continue
+            dp = gpus // (tp * pp)
+            if pp > model.layers:
+                yield Candidate(dp, tp, pp, 1, 0, 0, "-", "-", False, "none", 0,
+                                pruned=f"pp={pp} exceeds the model's {model.layers} layers")
+                continue
+            if global_batch_size % dp:
+                yield Candidate(dp, tp, pp, 1, 0, 0, "-", "-", False, "none", 0,
+                                pruned=f"global batch {global_batch_size} is not divisible "
+                                       f"by dp={dp}")
+                continue
+            per_replica = global_batch_size // dp
+            if space.micro_batch_sizes is not None:
+                mbss = space.micro_batch_sizes
+            else:
+                mbss = tuple(d for d in divisors(per_replica)
+                             if d <= space.max_micro_batch_size)
+            for mbs in mbss:
+                if per_replica % mbs:
+                    yield Candidate(dp, tp, pp, 1, mbs, 0, "-", "-", False, "none", 0,
+                                    pruned=f"micro-batch {mbs} does not divide the "
+                                           f"per-replica batch {per_replica}")
+                    continue
+                M = per_replica // mbs
+                scheds = space.schedules
+                if pp == 1:
+                    keep = [s for s in scheds if not SCHEDULES[s].interleaved]
+                    scheds = tuple(keep[:1]) if keep else ()
+                for sched in scheds:
+                    spec = SCHEDULES[sched]
+                    vs = space.virtual_stages if spec.interleaved else (1,)
+                    for v in vs:
+                        yield from _variants(model, dp, tp, pp, v, mbs, M, sched, space)
+
+
+def _variants(model, dp, tp, pp, v, mbs, M, sched, space) -> Iterator[Candidate]:
+    spec = SCHEDULES[sched]
+    rule = ""
+    if pp * v > model.layers:
+        rule = f"pp={pp} x virtual stages {v} exceeds the model's {model.layers} layers"
+    elif spec.interleaved and v > 1 and pp < 2:
+        rule = "interleaving needs pp >= 2"
+    elif spec.interleaved and M % pp:
+        rule = f"interleaved-1f1b needs micro-batches ({M}) to be a multiple of pp={pp}"
+    elif sched == "shifted-critical-path" and M < max(pp, 4):
+        rule = f"shifted-critical-path needs micro-batches ({M}) >= max(pp, 4)"
+    rcs = space.recompute
+    if spec.merak:
+        rcs = tuple(r for r in rcs if r in _CHECKPOINTING)
+        if not rcs:
+            return
+    for rc in rcs:
+        for sp in _collapse(space.sequence_parallel, tp > 1, False):
+            ovs = tuple(dict.fromkeys(
+                o if (o == "none" or (tp > 1 and mbs % 2 == 0)) else "none"
+                for o in space.tp_overlap))
+            for ov in ovs:
+                for z in _collapse(space.zero, dp > 1, 0):
+                    yield Candidate(dp, tp, pp, v, mbs, M, sched, rc, sp, ov, z, pruned=rule)
