@@ -1,0 +1,152 @@
+"""CPU validation suite: profile, run for real, simulate, compare (issue 7).
+
+    .venv/bin/python benchmarks/cpu_validation.py [--out benchmarks/results] [--quick]
+
+On this machine (cluster preset "local-cpu": gloo over loopback, 2 processes with one
+torch thread each on 2 cores) and a small built-in GPT (8 layers, hidden 128, 4
+heads, vocab 512, sequence 128, micro-batch 2, 4 micro-batches per pipeline), every
+configuration below is profiled (the profiler step of
+:mod:`merak_sim.validation_measure`), trained for real (2 warm-up + 5 timed
+iterations), simulated from its profile and compared (:mod:`merak_sim.validation`):
+
+- pp2 with 1f1b, gpipe, zb-h1 (no recompute) and shifted-critical-path with
+  stage-aware recompute;
+- pp2 1f1b with recompute full and stage-aware (and none above);
+- tp2 without and with sub-pipelined TP;
+- dp2.
+
+Writes ``cpu_validation.md`` (error tables and targets) and ``cpu_validation.csv``
+(one row per configuration) under ``--out``, the run directories under
+``--out/cpu_validation_runs/`` (each can be re-validated with
+``merak-sim validate --run DIR``) and the side-by-side Gantt charts next to them.
+Figures are printed; nothing is asserted (the tests check structure only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from merak_sim.io import atomic_write_text  # noqa: E402
+from merak_sim.validation import summarize, validate  # noqa: E402
+from merak_sim.validation_measure import Case, measure_cases, small_gpt  # noqa: E402
+
+TARGETS = {"iteration_median_abs_error": 0.05, "iteration_worst_abs_error": 0.10,
+           "action_median_abs_error": 0.10, "activation_worst_abs_error": 0.03}
+BASELINE, MERAK = "pp2-1f1b-full", "pp2-scp-stage-aware"
+
+
+def suite(quick: bool = False) -> list[Case]:
+    """The validation configurations (``quick``: a smaller GPT and fewer cases)."""
+    m = small_gpt(layers=4, hidden=64, seq=64) if quick else small_gpt()
+    base = dict(micro_batch_size=2, global_batch_size=8, dtype="fp32")
+
+    def pp(sched, rec):
+        return dict(base, pp=2, schedule=sched, recompute=rec)
+    cases = [Case("pp2-1f1b-none", pp("1f1b", "none"), m),
+             Case(BASELINE, pp("1f1b", "full"), m),
+             Case(MERAK, pp("shifted-critical-path", "stage-aware"), m)]
+    if quick:
+        return cases
+    return cases + [
+        Case("pp2-gpipe-none", pp("gpipe", "none"), m),
+        Case("pp2-zbh1-none", pp("zb-h1", "none"), m),
+        Case("pp2-1f1b-stage-aware", pp("1f1b", "stage-aware"), m),
+        Case("tp2-plain", dict(base, tp=2), m),
+        Case("tp2-sub-pipelined", dict(base, tp=2, tp_overlap="sub-pipelined"), m),
+        Case("dp2", dict(base, dp=2), m),
+    ]
+
+
+def _csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def report(reports, summary: dict, machine: dict, seconds: float, command: str) -> str:
+    """The markdown report: suite table, targets, per-run details."""
+    pct = lambda x: f"{x * 100:+.1f} %"  # noqa: E731
+    lines = ["# CPU validation: prediction versus measurement", "",
+             f"Command: `{command}` ({seconds:.0f} s, "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).", "",
+             "Machine parameters measured by the profiler step: gloo p2p one-way "
+             f"alpha {machine.get('p2p_alpha_s', 0) * 1e6:.0f} us, "
+             f"{machine.get('p2p_s_per_byte', 0) * 1e9:.3f} ns/byte; contention factor "
+             f"(matmul loop, all ranks busy / one rank) {machine.get('contention_factor', 1):.2f}.",
+             "", "| run | measured ms | predicted ms | error | contract-only error | "
+             "action median abs error | activation worst error | bubble err ms | comm err ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        s = r.summary()
+        lines.append(f"| {s['run']} | {s['measured_ms']:.1f} | {s['predicted_ms']:.1f} | "
+                     f"{pct(s['error'])} | {pct(s['contract_error'])} | "
+                     f"{s['action_median_abs_error'] * 100:.1f} % | "
+                     f"{s['activation_max_abs_error'] * 100:.1f} % | {s['bubble_error_ms']:+.1f} | "
+                     f"{s['comm_error_ms']:+.1f} |")
+    lines += ["", "| target | value | limit | met |", "|---|---|---|---|"]
+    for k, lim in TARGETS.items():
+        v = summary[k]
+        ok = "yes" if v <= lim else "NO"
+        lines.append(f"| {k} | {v * 100:.1f} % | {lim * 100:.0f} % | {ok} |")
+    if "speedup_measured" in summary:
+        gap = summary["speedup_gap_points"]
+        lines.append(f"| speed-up {MERAK} over {BASELINE} | measured "
+                     f"{summary['speedup_measured'] * 100:+.1f} %, simulated "
+                     f"{summary['speedup_predicted'] * 100:+.1f} % (gap {gap:+.1f} points) | "
+                     f"5 points | {'yes' if abs(gap) <= 5 else 'NO'} |")
+    lines.append("")
+    for r in reports:
+        lines.append(r.to_markdown())
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite and write the report."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--quick", action="store_true", help="small GPT, 3 cases")
+    ap.add_argument("--steps", type=int, default=5, help="timed iterations per case")
+    ap.add_argument("--repeats", type=int, default=9, help="profiler repeats per action")
+    ap.add_argument("--no-measure", action="store_true",
+                    help="re-validate the existing run directories only")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    runs = out / "cpu_validation_runs"
+    cases = suite(a.quick)
+    t = time.perf_counter()
+    if not a.no_measure:
+        measure_cases(cases, runs, steps=a.steps, repeats=a.repeats)
+    secs = time.perf_counter() - t
+    reports = [validate(runs / c.name) for c in cases]
+    for r in reports:
+        r.plot(runs / f"{r.name}.png")
+    summary = summarize(reports, (BASELINE, MERAK))
+    machine = reports[0].run.profile.get("machine", {})
+    cmd = "python benchmarks/cpu_validation.py " + " ".join(argv if argv is not None
+                                                             else sys.argv[1:])
+    atomic_write_text(out / "cpu_validation.md", report(reports, summary, machine, secs,
+                                                        cmd.strip()))
+    atomic_write_text(out / "cpu_validation.csv", _csv([r.summary() for r in reports]))
+    for r in reports:
+        s = r.summary()
+        print(f"{s['run']:24s} measured {s['measured_ms']:8.1f} ms  predicted "
+              f"{s['predicted_ms']:8.1f} ms  error {s['error'] * 100:+6.1f} %  actions "
+              f"{s['action_median_abs_error'] * 100:5.1f} %  activation "
+              f"{s['activation_max_abs_error'] * 100:4.1f} %")
+    for k, v in summary.items():
+        print(f"{k:32s} {v:.4f}" if isinstance(v, float) else f"{k:32s} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
