@@ -46,8 +46,17 @@ def worker(rank: int, world: int, port: int, a: dict, out: str) -> None:
     torch.manual_seed(0)
     theirs_pm = parallelize(GPT(mcfg), pc, seq_len=seq, record=False,
                             optimizer_fn=lambda ps: torch.optim.SGD(ps, lr=1e-3))
-    stage_mod = theirs_pm.chunks[0]
-    stage = PipelineStage(stage_mod, rank, 2, torch.device("cpu"))
+    class Unwrap(torch.nn.Module):
+        """Our StageModule returns a tuple of boundary tensors; pipelining wants one."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x)[0]
+
+    stage = PipelineStage(Unwrap(theirs_pm.chunks[0]), rank, 2, torch.device("cpu"))
     sched = Schedule1F1B(stage, M, loss_fn=lm_loss)
     opt = theirs_pm.runtime.optimizer
     g = torch.Generator().manual_seed(1)

@@ -148,11 +148,26 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     _sync_initial_weights(mesh, chunks, tied)
     params = [p for c in chunks for p in c.parameters() if p.requires_grad]
     opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(params)
-    rt = PipelineRuntime(chunks, sched, mesh, opt,
-                         (config.micro_batch_size, seq_len, chain.hidden_size),
-                         boundary_dtype=dtype, tied_params=tied, record=record)
+    specs = _boundary_specs(chain, ranges, config.micro_batch_size, seq_len, dtype)
+    rt = PipelineRuntime(chunks, sched, mesh, opt, specs, tied_params=tied, record=record)
     return ParallelModel(mesh=mesh, chain=chain, ranges=ranges, chunks=chunks, runtime=rt,
                          config=config)
+
+
+def _boundary_specs(chain: LayerChain, ranges: list[range], mbs: int, seq: int,
+                    dtype: torch.dtype) -> dict[int, list]:
+    """(shape, dtype) of the tensors crossing each model-stage boundary: from the
+    chain's captured boundary shapes when it has them, else the residual stream."""
+    out = {}
+    for g, r in enumerate(ranges[:-1]):
+        cut = r.stop - 1
+        if chain.boundaries is not None:
+            out[g] = [(tuple(mbs if d == "batch" else d for d in shape),
+                       dt if not dt.is_floating_point else dtype)
+                      for shape, dt in chain.boundaries[cut]]
+        else:
+            out[g] = [((mbs, seq, chain.hidden_size), dtype)]
+    return out
 
 
 def _check_heads(model, tp: int) -> None:

@@ -47,12 +47,12 @@ class RankTimeoutError(RuntimeError):
 class _MB:
     """Per (chunk, micro-batch) state kept between actions."""
 
-    x: torch.Tensor | None = None  # stage input (requires grad unless model stage 0)
-    out: torch.Tensor | None = None  # output with autograd graph (loss on the last stage)
-    act: torch.Tensor | None = None  # detached output to send
+    x: tuple | None = None  # stage inputs (floating ones require grad past stage 0)
+    out: tuple | None = None  # outputs with autograd graph ((loss,) on the last stage)
+    act: tuple | None = None  # detached outputs to send
     rng: tuple | None = None  # RNG state saved by F*
-    gout: torch.Tensor | None = None  # gradient of ``out`` received from downstream
-    gx: torch.Tensor | None = None  # gradient of ``x`` to send upstream
+    gout: tuple | None = None  # gradients of the floating outputs, from downstream
+    gx: tuple | None = None  # gradients of the floating inputs, to send upstream
 
 
 @dataclass
@@ -84,24 +84,23 @@ class PipelineRuntime:
         schedule: lowered schedule; ``schedule.num_stages`` must equal ``mesh.pp``.
         mesh: process groups and coordinates.
         optimizer: stepped by OPT.
-        boundary_shape: shape of one micro-batch's residual stream (without the
-            leading part split), e.g. ``(mbs, seq, hidden)``.
-        boundary_dtype: its dtype.
+        boundary_specs: for every model stage g but the last, the (shape, dtype) of each
+            tensor leaving it for one micro-batch (usually just the residual stream
+            ``(mbs, seq, hidden)``; captured models may add broadcast values).
         tied_params: this rank's copies of tied parameters (summed over the tied group).
         record: keep per-action events.
     """
 
     def __init__(self, chunks: list[StageModule], schedule: Schedule, mesh: Mesh,
-                 optimizer: torch.optim.Optimizer | None, boundary_shape: tuple[int, ...],
-                 boundary_dtype: torch.dtype = torch.float32,
+                 optimizer: torch.optim.Optimizer | None,
+                 boundary_specs: dict[int, list[tuple[tuple[int, ...], torch.dtype]]],
                  tied_params: list[torch.nn.Parameter] | None = None,
                  record: bool = True) -> None:
         self.chunks = chunks
         self.schedule = schedule
         self.mesh = mesh
         self.optimizer = optimizer
-        self.boundary_shape = tuple(boundary_shape)
-        self.boundary_dtype = boundary_dtype
+        self.boundary_specs = boundary_specs
         self.tied_params = tied_params or []
         self.program = schedule.programs[mesh.pp_rank]
         self.timeout = datetime.timedelta(seconds=mesh.timeout_s)
@@ -128,8 +127,18 @@ class PipelineRuntime:
                 f"waiting for {what}; a peer rank probably died or stalled"
             )
 
+    def _spec(self, a: Action) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """(shape, dtype) of every tensor a receive gets: the activation tuple leaving
+        model stage g-1, or the gradients of the floating entries of stage g's output."""
+        g = self.schedule.model_stage(a)
+        if a.kind is Kind.RECV_ACT:
+            return self.boundary_specs[g - 1]
+        return [sd for sd in self.boundary_specs[g] if sd[1].is_floating_point]
+
     def _post(self, parts: tuple[Action, ...], st: dict) -> None:
-        """Post sends/receives (one batch for a fused group)."""
+        """Post sends/receives (one batch for a fused group). A boundary may carry
+        several tensors (the residual stream and broadcast values): one operation each,
+        tagged ``tag * 8 + index``."""
         ops, recs = [], []
         G = self.schedule.num_model_stages
         for a in parts:
@@ -137,60 +146,67 @@ class PipelineRuntime:
             peer = self._peer_global(a)
             mb = st.setdefault((a.chunk, a.microbatch), _MB())
             if a.kind.is_send:
-                t = mb.act if a.kind is Kind.SEND_ACT else mb.gx
-                if t is None:
+                ts = mb.act if a.kind is Kind.SEND_ACT else mb.gx
+                if ts is None:
                     raise RuntimeError(f"{a} on rank {self.mesh.rank}: nothing to send yet")
-                t = t.contiguous()
-                ops.append(dist.P2POp(dist.isend, t, peer, tag=_tag(key, G)))
+                ts = tuple(t.contiguous() for t in ts)
+                fn = dist.isend
             else:
-                t = torch.empty(self.boundary_shape, dtype=self.boundary_dtype,
-                                device=self.mesh.device)
-                ops.append(dist.P2POp(dist.irecv, t, peer, tag=_tag(key, G)))
-            recs.append((a, t))
+                ts = tuple(torch.empty(shape, dtype=dt, device=self.mesh.device)
+                           for shape, dt in self._spec(a))
+                fn = dist.irecv
+            for i, t in enumerate(ts):
+                ops.append(dist.P2POp(fn, t, peer, tag=_tag(key, G) * 8 + i))
+            recs.append((a, ts, len(ts)))
         if len(ops) == 1:
-            (a0, t0), fn = recs[0], (dist.isend if parts[0].kind.is_send else dist.irecv)
-            works = [fn(t0, self._peer_global(a0), tag=_tag(comm_key(self.schedule, a0), G))]
+            op = ops[0]
+            works = [op.op(op.tensor, self._peer_global(recs[0][0]), tag=op.tag)]
         else:
             works = dist.batch_isend_irecv(ops)
             if len(works) != len(ops):  # backends that coalesce return one handle
                 works = [works[-1]] * len(ops)
-        for (a, t), w in zip(recs, works, strict=True):
-            ev = self.recorder.comm_posted(a, t.numel() * t.element_size())
+        i = 0
+        for a, ts, n in recs:
+            ws = works[i:i + n]
+            i += n
+            ev = self.recorder.comm_posted(a, sum(t.numel() * t.element_size() for t in ts))
             if a.kind.is_send:
-                self._sends.append((a, w, ev))
+                self._sends.append((a, ws, ev))
             else:
-                self._recvs[(a.chunk, a.microbatch, a.kind)] = (w, t, ev)
+                self._recvs[(a.chunk, a.microbatch, a.kind)] = (ws, ts, ev)
 
-    def _take_recv(self, a: Action, kind: Kind) -> torch.Tensor:
-        w, t, ev = self._recvs.pop((a.chunk, a.microbatch, kind))
-        self._wait(w, f"{'activation' if kind is Kind.RECV_ACT else 'gradient'} of "
-                      f"micro-batch {a.microbatch} (chunk {a.chunk}) from rank "
-                      f"{self._peer_global(Action(kind, a.stage, a.microbatch, a.chunk))}")
+    def _take_recv(self, a: Action, kind: Kind) -> tuple[torch.Tensor, ...]:
+        ws, ts, ev = self._recvs.pop((a.chunk, a.microbatch, kind))
+        what = (f"{'activation' if kind is Kind.RECV_ACT else 'gradient'} of micro-batch "
+                f"{a.microbatch} (chunk {a.chunk}) from rank "
+                f"{self._peer_global(Action(kind, a.stage, a.microbatch, a.chunk))}")
+        for w in ws:
+            self._wait(w, what)
         self.recorder.comm_done(ev)
-        return t
+        return ts
 
     # -- actions ---------------------------------------------------------------------
-    def _input(self, a: Action, st: dict, inputs) -> torch.Tensor:
+    def _input(self, a: Action, st: dict, inputs) -> tuple[torch.Tensor, ...]:
         chunk = self.chunks[a.chunk]
         if chunk.is_first:
-            return inputs[a.microbatch].to(self.mesh.device, non_blocking=True)
-        x = self._take_recv(a, Kind.RECV_ACT)
-        return x.requires_grad_()
+            return (inputs[a.microbatch].to(self.mesh.device, non_blocking=True),)
+        xs = self._take_recv(a, Kind.RECV_ACT)
+        return tuple(x.requires_grad_() if x.is_floating_point() else x for x in xs)
 
-    def _finish_forward(self, a: Action, mb: _MB, out: torch.Tensor, labels) -> None:
+    def _finish_forward(self, a: Action, mb: _MB, out, labels) -> None:
         chunk = self.chunks[a.chunk]
         if chunk.is_last:
-            loss = chunk.loss_fn(out, labels[a.microbatch].to(self.mesh.device))
+            loss = chunk.loss_fn(out[0], labels[a.microbatch].to(self.mesh.device))
             self._losses[a.microbatch] = loss.detach()
-            mb.out = loss / self.schedule.num_microbatches
+            mb.out = (loss / self.schedule.num_microbatches,)
         else:
             mb.out = out
-            mb.act = out.detach()
+            mb.act = tuple(t.detach() for t in out)
 
     def _forward(self, a: Action, st: dict, inputs, labels) -> None:
         mb = st.setdefault((a.chunk, a.microbatch), _MB())
         mb.x = self._input(a, st, inputs)
-        out = self.chunks[a.chunk](mb.x)
+        out = self.chunks[a.chunk](*mb.x)
         self._finish_forward(a, mb, out, labels)
 
     def _forward_nograd(self, a: Action, st: dict, inputs, labels) -> None:
@@ -199,9 +215,9 @@ class PipelineRuntime:
         mb.rng = (torch.get_rng_state(),
                   torch.cuda.get_rng_state(self.mesh.device) if self.cuda else None)
         with torch.no_grad():
-            out = self.chunks[a.chunk](mb.x, use_checkpoint=False)
+            out = self.chunks[a.chunk](*mb.x, use_checkpoint=False)
         if not self.chunks[a.chunk].is_last:
-            mb.act = out.detach()
+            mb.act = tuple(t.detach() for t in out)
 
     def _recompute(self, a: Action, st: dict, labels) -> None:
         mb = st[(a.chunk, a.microbatch)]
@@ -212,37 +228,63 @@ class PipelineRuntime:
             torch.set_rng_state(mb.rng[0])
             if self.cuda:
                 torch.cuda.set_rng_state(mb.rng[1], self.mesh.device)
-            out = self.chunks[a.chunk](mb.x, use_checkpoint=False)
+            out = self.chunks[a.chunk](*mb.x, use_checkpoint=False)
         self._finish_forward(a, mb, out, labels)
         mb.act = None  # already sent by F*
 
-    def _grad_out(self, a: Action, mb: _MB) -> torch.Tensor | None:
+    def _grad_pairs(self, a: Action, mb: _MB) -> tuple[list, list | None]:
+        """(outputs, their incoming gradients) to differentiate: the loss on the last
+        stage, else the floating outputs that require grad."""
         if self.chunks[a.chunk].is_last:
-            return None
+            return list(mb.out), None
         if mb.gout is None:
             mb.gout = self._take_recv(a, Kind.RECV_GRAD)
-        return mb.gout
+        floats = [t for t in mb.out if t.is_floating_point()]
+        pairs = [(t, g) for t, g in zip(floats, mb.gout, strict=True) if t.requires_grad]
+        return [t for t, _ in pairs], [g for _, g in pairs]
+
+    def _input_grads(self, mb: _MB, grads) -> tuple[torch.Tensor, ...]:
+        """Gradients to send upstream: one per floating input (zeros where unused)."""
+        return tuple(g if g is not None else torch.zeros_like(x)
+                     for x, g in zip(mb.x, grads, strict=True) if x.is_floating_point())
 
     def _backward(self, a: Action, st: dict) -> None:
         mb = st[(a.chunk, a.microbatch)]
         if mb.out is None:
             raise RuntimeError(f"{a} on rank {self.mesh.rank}: no forward graph (F* without R?)")
-        torch.autograd.backward(mb.out, self._grad_out(a, mb))
+        outs, grads = self._grad_pairs(a, mb)
+        if outs:
+            torch.autograd.backward(outs, grads)
         if not self.chunks[a.chunk].is_first:
-            mb.gx = mb.x.grad
+            mb.gx = self._input_grads(mb, [x.grad if x.is_floating_point() else None
+                                           for x in mb.x])
         mb.out = mb.x = mb.gout = None
 
     def _backward_input(self, a: Action, st: dict) -> None:
         mb = st[(a.chunk, a.microbatch)]
-        g = self._grad_out(a, mb)
+        outs, grads = self._grad_pairs(a, mb)
         if not self.chunks[a.chunk].is_first:
-            (mb.gx,) = torch.autograd.grad(mb.out, mb.x, g, retain_graph=True)
+            xs = [x for x in mb.x if x.is_floating_point()]
+            gs = (torch.autograd.grad(outs, xs, grads, retain_graph=True, allow_unused=True)
+                  if outs else [None] * len(xs))
+            it = iter(gs)
+            mb.gx = self._input_grads(mb, [next(it) if x.is_floating_point() else None
+                                           for x in mb.x])
 
     def _backward_weight(self, a: Action, st: dict) -> None:
         mb = st[(a.chunk, a.microbatch)]
         params = [p for p in self.chunks[a.chunk].parameters() if p.requires_grad]
-        torch.autograd.backward(mb.out, self._grad_out(a, mb), inputs=params)
+        outs, grads = self._grad_pairs(a, mb)
+        if outs and params:
+            torch.autograd.backward(outs, grads, inputs=params)
         mb.out = mb.x = mb.gout = None
+
+    def _drain_sends(self) -> None:
+        for sa, ws, sev in self._sends:
+            for w in ws:
+                self._wait(w, f"send {sa} to rank {self._peer_global(sa)} to complete")
+            self.recorder.comm_done(sev)
+        self._sends = []
 
     def _all_reduce_grads(self) -> None:
         """Tied-parameter sum over the tied group, then mean over dp (one flat buffer)."""
@@ -301,9 +343,7 @@ class PipelineRuntime:
             elif k is Kind.BACKWARD_WEIGHT:
                 self._backward_weight(a, st)
             elif k is Kind.ALL_REDUCE:
-                for sa, w, sev in self._sends:
-                    self._wait(w, f"send {sa} to rank {self._peer_global(sa)} to complete")
-                    rec.comm_done(sev)
+                self._drain_sends()
                 self._sends = []
                 self._all_reduce_grads()
             elif k is Kind.OPTIMIZER:
@@ -311,9 +351,7 @@ class PipelineRuntime:
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
             rec.end(ev)
-        for sa, w, sev in self._sends:  # programs without AR still drain their sends
-            self._wait(w, f"send {sa} to complete")
-            rec.comm_done(sev)
+        self._drain_sends()  # programs without AR still drain their sends
         loss = self._reduce_loss()
         return StepOutput(loss=loss, losses=[self._losses[m].item() for m in sorted(self._losses)],
                           events=rec.finish_step())

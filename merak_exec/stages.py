@@ -39,6 +39,9 @@ class LayerChain:
         hidden_size: width of the residual stream crossing a cut.
         heavy: indices of the layers that count for balancing (the blocks).
         boundary_dtype: dtype of the residual stream.
+        boundaries: for captured models, the (shape, dtype) of each tensor leaving layer
+            i (shape entries "batch" stand for the micro-batch size); None means a
+            single residual-stream tensor ``(mbs, seq, hidden_size)``.
         init_fn: initialises one module in place (applied to every submodule of the
             local layers when the model was built on the meta device).
     """
@@ -50,6 +53,7 @@ class LayerChain:
     heavy: list[int] = field(default_factory=list)
     boundary_dtype: torch.dtype = torch.float32
     init_fn: Callable[[nn.Module], None] | None = None
+    boundaries: list[list[tuple[tuple, torch.dtype]]] | None = None
 
 
 def uniform_split(chain: LayerChain, num_stages: int) -> list[range]:
@@ -112,21 +116,27 @@ class StageModule(nn.Module):
         """Checkpoint round(c * heavy layers) of this stage's heavy layers."""
         self.recompute_layers = int(round(c * sum(self._heavy)))
 
-    def forward(self, x: torch.Tensor, use_checkpoint: bool = True) -> torch.Tensor:
-        """Apply the layers; the first ``recompute_layers`` heavy ones checkpointed."""
+    def forward(self, *xs: torch.Tensor, use_checkpoint: bool = True) -> tuple:
+        """Apply the layers to the boundary tensors ``xs``; returns a tuple. The first
+        ``recompute_layers`` heavy layers run checkpointed."""
         if self.subpipe is not None:
-            return self.subpipe.run(lambda t: self._run_layers(t, use_checkpoint), x)
-        return self._run_layers(x, use_checkpoint)
+            if len(xs) != 1:
+                raise ExecError("sub-pipelined TP needs stages whose boundary is a single "
+                                "tensor (the residual stream)")
+            return (self.subpipe.run(lambda t: self._run_layers((t,), use_checkpoint)[0],
+                                     xs[0]),)
+        return self._run_layers(xs, use_checkpoint)
 
-    def _run_layers(self, x: torch.Tensor, use_checkpoint: bool) -> torch.Tensor:
+    def _run_layers(self, xs: tuple, use_checkpoint: bool) -> tuple:
         left = self.recompute_layers if (use_checkpoint and torch.is_grad_enabled()) else 0
         for layer, heavy in zip(self.layers, self._heavy, strict=True):
             if heavy and left > 0:
                 left -= 1
-                x = checkpoint(layer, x, use_reentrant=False)
+                y = checkpoint(layer, *xs, use_reentrant=False)
             else:
-                x = layer(x)
-        return x
+                y = layer(*xs)
+            xs = y if isinstance(y, tuple) else (y,)
+        return xs
 
 
 def build_stage(chain: LayerChain, ranges: list[range], model_stage: int,
