@@ -75,7 +75,9 @@ class TraceCostModel:
     """Cost model driven by one or more traces (module docstring).
 
     Args:
-        traces: :class:`~merak_sim.trace.Trace` objects or paths to trace files.
+        traces: :class:`~merak_sim.trace.Trace` objects or paths to trace files; their
+            records are pooled, and for an entry present in several the trace given
+            last wins.
         fallback: analytic model for what the traces lack (default
             ``AnalyticCostModel()``).
     """
