@@ -133,18 +133,22 @@ def test_trace_collectives_price_the_table():
         pytest.approx(ana.stages[0].grad_allreduce_s)
 
 
-def test_memory_model_predicts_shipped_trace_activation_bytes():
+@pytest.mark.parametrize("name", ["cpu-gpt-tiny.json", "cpu-exec-gpt.json",
+                                  "cpu-exec-hf-gpt2.json"])
+def test_memory_model_predicts_shipped_trace_activation_bytes(name):
     from merak_sim.memory import (
         CPU_EAGER,
+        CPU_EAGER_HF_GPT2,
         first_stage_extra_bytes,
         last_stage_extra_bytes,
         layer_activation_bytes,
     )
 
-    t = read_trace(SHIPPED)
+    prof = CPU_EAGER_HF_GPT2 if "hf-gpt2" in name else CPU_EAGER
+    t = read_trace(SHIPPED.parent / name)
     fn = {"block": layer_activation_bytes, "embedding": first_stage_extra_bytes,
           "head": last_stage_extra_bytes}
     for r in t.layers:
         m = t.model.with_(seq_len=r.seq_len)
-        pred = fn[r.kind](m, r.micro_batch_size, profile=CPU_EAGER)
+        pred = fn[r.kind](m, r.micro_batch_size, profile=prof)
         assert pred == pytest.approx(r.activation_bytes, rel=0.03), (r.key, pred)
