@@ -119,3 +119,25 @@ def test_tp_and_pp_checks():
     m.check_tp(5)
     with pytest.raises(ModelSpecError, match="exceeds the model's 48 layers"):
         m.check_pp(49)
+
+
+@pytest.mark.parametrize("b,s,h,a", [(2, 64, 128, 4), (1, 96, 192, 6)])
+def test_flops_match_torch_flop_counter_on_builtin_block(b, s, h, a):
+    """torch's FLOP counter on the built-in GPT block equals our per-layer formula
+    minus the half of the attention a causal kernel skips (2bs^2h): Megatron's model
+    FLOPs count the full s x s attention, torch counts what causal SDPA computes."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from merak_exec.models.gpt import Block, GPTConfig
+
+    blk = Block(GPTConfig(n_embd=h, n_head=a, n_positions=s))
+    x = torch.randn(b, s, h, requires_grad=True)
+    with FlopCounterMode(display=False) as fwd:
+        y = blk(x)
+    with FlopCounterMode(display=False) as bwd:
+        y.sum().backward()
+    m = ModelSpec(name="p", family="gpt", layers=1, hidden=h, heads=a, seq_len=s, vocab=100)
+    want = m.layer_forward_flops(b) - 2 * b * s * s * h
+    assert fwd.get_total_flops() == want
+    assert bwd.get_total_flops() == 2 * want
