@@ -37,6 +37,7 @@ private runtime attributes (``PipelineRuntime._forward`` and friends, and
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -136,7 +137,13 @@ class _Tracker:
         self._patches: list = []
 
     def track(self, t) -> None:
-        """Count ``t`` until it is garbage collected."""
+        """Count tensor ``t`` (or each tensor of a tuple) until garbage collected."""
+        if isinstance(t, (tuple, list)):
+            for x in t:
+                self.track(x)
+            return
+        if not hasattr(t, "untyped_storage"):
+            return
         ptr = self.live.add(t)
         if ptr is not None:
             weakref.finalize(t, self.live.drop, ptr)
@@ -161,9 +168,10 @@ class _Tracker:
         orig_ckpt = st_mod.checkpoint
         tracker = self
 
-        def ckpt(fn, x, *a, **k):  # the input a checkpointed layer keeps
-            tracker.track(x)
-            return orig_ckpt(fn, x, *a, **k)
+        def ckpt(fn, *a, **k):  # the inputs a checkpointed layer keeps
+            for x in a:
+                tracker.track(x)
+            return orig_ckpt(fn, *a, **k)
 
         orig_fn = rt_mod.PipelineRuntime._forward_nograd
 
@@ -175,11 +183,11 @@ class _Tracker:
 
         orig_run = st_mod.StageModule._run_layers
 
-        def run_layers(mod, x, use_checkpoint):
+        def run_layers(mod, *a, **k):
             # saved-tensor hooks are thread-local: sub-pipelined TP runs the layers in
             # worker threads, so the hooks are (re)entered wherever the layers run.
             with torch.autograd.graph.saved_tensors_hooks(tracker._pack, tracker._unpack):
-                return orig_run(mod, x, use_checkpoint)
+                return orig_run(mod, *a, **k)
 
         st_mod.checkpoint = ckpt
         rt_mod.PipelineRuntime._forward_nograd = fwd_nograd
@@ -221,10 +229,28 @@ def _profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
     rt = pm.runtime
     chunk = pm.chunks[0]
     s = pm.mesh.pp_rank
-    shape, dtype = rt.boundary_shape, rt.boundary_dtype
     gen = torch.Generator().manual_seed(1234 + s)
-    x_in = torch.randn(shape, generator=gen).to(dtype)
-    g_in = torch.randn(shape, generator=gen).to(dtype) * 1e-3
+
+    def make(specs, scale=1.0):
+        return tuple(torch.randn(sh, generator=gen).to(dt) * scale if dt.is_floating_point
+                     else torch.zeros(sh, dtype=dt) for sh, dt in specs)
+
+    # The runtime's boundary description changed from one (shape, dtype) to a list
+    # per model stage; accept both.
+    if hasattr(rt, "boundary_specs"):
+        specs = rt.boundary_specs
+        x_in = make(specs[s - 1]) if s > 0 else ()
+        g_in = make([sd for sd in specs.get(s, []) if sd[1].is_floating_point], 1e-3)
+        out_specs = specs.get(s, [])
+
+        def recv_entry(ts):
+            return ([_Done()], tuple(t.clone() for t in ts), None)
+    else:
+        one = [(tuple(rt.boundary_shape), rt.boundary_dtype)]
+        x_in, g_in, out_specs = make(one), make(one, 1e-3), one
+
+        def recv_entry(ts):
+            return (_Done(), ts[0].clone(), None)
     A = {k: Action(k, s, 0, 0) for k in (Kind.FORWARD, Kind.FORWARD_NOGRAD, Kind.RECOMPUTE,
                                          Kind.BACKWARD, Kind.BACKWARD_INPUT,
                                          Kind.BACKWARD_WEIGHT)}
@@ -234,9 +260,9 @@ def _profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
         rt._sends, rt._recvs, rt._losses = [], {}, {}
         box["st"] = {}
         if not chunk.is_first:
-            rt._recvs[(0, 0, Kind.RECV_ACT)] = (_Done(), x_in.clone(), None)
+            rt._recvs[(0, 0, Kind.RECV_ACT)] = recv_entry(x_in)
         if not chunk.is_last:
-            rt._recvs[(0, 0, Kind.RECV_GRAD)] = (_Done(), g_in, None)
+            rt._recvs[(0, 0, Kind.RECV_GRAD)] = recv_entry(g_in)
 
     def fwd(kind):
         reset()
@@ -302,11 +328,11 @@ def _profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
                                      lambda: rt._backward_weight(A[Kind.BACKWARD_WEIGHT],
                                                                  st()))
     # Bare module time: the stage's layers without the runtime around them.
-    xb = inputs[0] if chunk.is_first else x_in
+    xb = (inputs[0],) if chunk.is_first else x_in
 
     def bare():
         with torch.no_grad():
-            chunk(xb, use_checkpoint=False)
+            chunk(*xb, use_checkpoint=False)
     out["bare_forward_nograd_s"] = timed(lambda: None, bare, clear_grads=False)
     # Bytes kept per micro-batch (saved-tensor hooks), with and without checkpointing.
     params = list(pm.parameters())
@@ -326,7 +352,8 @@ def _profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
         rt._forward_nograd(A[Kind.FORWARD_NOGRAD], box["st"], inputs, labels)
         out["input_bytes"] = tr.live.bytes
     box["st"] = {}
-    out["p2p_bytes"] = 0 if chunk.is_last else int(x_in.numel() * x_in.element_size())
+    out["p2p_bytes"] = 0 if chunk.is_last else sum(
+        math.prod(sh) * torch.empty((), dtype=dt).element_size() for sh, dt in out_specs)
     # AR and OPT in lockstep with every rank (their collectives need all of them).
     with_layers(0, lambda: fwd(Kind.FORWARD))()
     rt._backward(A[Kind.BACKWARD], box["st"])

@@ -1,0 +1,220 @@
+"""Validation loop (issue 7): run directories, pricing from a stage profile, the
+measured-timeline conventions, memory and parameter predictions, the CLI.
+
+A synthetic "measurement" made from a simulation, with the runtime's habit of starting
+an action before waiting for its receive, must validate with zero error: that checks
+every convention of the measured side against the simulator's own. The end-to-end
+test (2 gloo processes) lives in tests/test_validation_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from merak_sim.cli import main as cli_main
+from merak_sim.config import ParallelConfig
+from merak_sim.rundir import MeasuredRun, RunDirError, read_run, write_run
+from merak_sim.validation import (
+    cost_table_from_profile,
+    effective_config,
+    gpt_param_bytes,
+    measured_breakdown,
+    simulate_run,
+    summarize,
+    validate,
+)
+
+MODEL = {"vocab_size": 64, "n_positions": 16, "n_embd": 32, "n_layer": 4, "n_head": 4,
+         "dropout": 0.0}
+
+
+def _stage(s: int, pp: int, c: float = 0.0, heavy: int = 2) -> dict:
+    last = s == pp - 1
+    return {"forward_s": 0.010 + 0.002 * s, "forward_plain_s": 0.011,
+            "backward_ckpt_s": 0.030 + 0.01 * c, "backward_s": 0.020 + 0.003 * s,
+            "forward_nograd_s": 0.007, "reforward_s": 0.012, "backward_input_s": 0.009,
+            "backward_weight_s": 0.011, "bare_forward_nograd_s": 0.006,
+            "all_reduce_s": 0.002, "optimizer_s": 0.003,
+            "recompute_layers": int(round(c * heavy)), "heavy_layers": heavy,
+            "recompute_fraction": round(c * heavy) / heavy, "activation_bytes": 1000.0,
+            "checkpoint_bytes": 200.0, "kept_bytes": 1000.0, "input_bytes": 50.0,
+            "p2p_bytes": 0 if last else 4096, "param_bytes": 4000.0,
+            "optimizer_bytes": 8000.0}
+
+
+def _profile(pp: int, c: float = 0.0) -> dict:
+    return {"format": "merak-stage-profile/1",
+            "stages": [_stage(s, pp, c if s < pp - 1 else 0.0) for s in range(pp)],
+            "machine": {"p2p_alpha_s": 1e-4, "p2p_s_per_byte": 1e-9}}
+
+
+def _cfg(**kw) -> dict:
+    d = dict(pp=2, micro_batch_size=1, global_batch_size=4, schedule="1f1b", dtype="fp32")
+    d.update(kw)
+    return ParallelConfig(**d).to_dict()
+
+
+def _as_measured(sim) -> list[dict]:
+    """The simulated timeline written the way the runtime records it: a compute action
+    that consumes a receive starts when the previous action on its rank ends and
+    includes the wait."""
+    ev = sim.events()
+    rows = ev.to_dict(orient="records")
+    for rank in ev["rank"].unique():
+        comp = sorted((r for r in rows if r["rank"] == rank and r["stream"] != "p2p"),
+                      key=lambda r: r["start_s"])
+        prev = 0.0
+        for r in comp:
+            consumes = r["kind"] in ("FORWARD", "FORWARD_NOGRAD") and r["stage"] > 0 or \
+                r["kind"] in ("BACKWARD", "BACKWARD_INPUT") and r["stage"] < sim.config.pp - 1
+            if consumes:
+                r["start_s"] = prev
+            prev = r["end_s"]
+    return rows
+
+
+def _synthetic_dir(tmp_path, config: dict, profile: dict, name="run"):
+    stub = MeasuredRun(path=tmp_path / name, config=config, model=MODEL, seq_len=16,
+                       events=[], wall_s=[0.1], losses=[], memory=[], profile=profile)
+    sim = simulate_run(stub)
+    rows = []
+    for step in (0, 1):
+        rows += [dict(r, step=step) for r in _as_measured(sim)]
+    cfg = sim.config
+    params = gpt_param_bytes(MODEL, cfg.pp, cfg.tp)
+    state = sim.trace.prog.state_bytes
+    memory = [{"rank": s, "pp_rank": s,
+               "activation_peak_bytes": sim.peak_memory_bytes[s] - state[s],
+               "param_bytes": params[s], "grad_bytes": params[s], "optimizer_bytes": 0}
+              for s in range(cfg.pp)]
+    write_run(tmp_path / name, {"config": config, "model": MODEL, "seq_len": 16,
+                                "wall_s": [sim.iteration_time_s] * 2, "losses": [1.0, 0.9],
+                                "memory": memory}, rows, profile)
+    return tmp_path / name, sim
+
+
+@pytest.mark.parametrize("schedule,recompute", [("1f1b", "none"), ("gpipe", "full"),
+                                                ("zb-h1", "none"),
+                                                ("shifted-critical-path", "stage-aware")])
+def test_simulated_measurement_validates_with_zero_error(tmp_path, schedule, recompute):
+    d, sim = _synthetic_dir(tmp_path, _cfg(schedule=schedule, recompute=recompute),
+                            _profile(2, 1.0 if recompute != "none" else 0.0))
+    rep = validate(d)
+    assert rep.measured_iteration_s == pytest.approx(sim.iteration_time_s, rel=1e-9)
+    assert abs(rep.iteration_error) < 1e-9
+    kinds = set(rep.actions["kind"])
+    assert {"FORWARD", "BACKWARD", "OPTIMIZER"} <= kinds or {"FORWARD", "BACKWARD_WEIGHT"} <= kinds
+    assert rep.actions["error"].abs().max() < 1e-9
+    for r in rep.ranks.itertuples():
+        assert r.measured_compute_s == pytest.approx(r.predicted_compute_s, rel=1e-9)
+        assert r.measured_comm_s == pytest.approx(r.predicted_comm_s, abs=1e-9)
+        assert r.measured_bubble_s == pytest.approx(r.predicted_bubble_s, abs=1e-9)
+    assert rep.memory["activation_error"].abs().max() < 1e-9
+    assert rep.memory["param_error"].abs().max() == 0
+    s = summarize([rep])
+    assert s["iteration_worst_abs_error"] < 1e-9
+
+
+def test_exposed_comm_is_nonzero_when_transfers_are_slow(tmp_path):
+    prof = _profile(2)
+    prof["machine"] = {"p2p_alpha_s": 5e-3, "p2p_s_per_byte": 0.0}
+    d, sim = _synthetic_dir(tmp_path, _cfg(), prof)
+    T, rows = measured_breakdown(read_run(d), 0)
+    assert T == pytest.approx(sim.iteration_time_s)
+    assert sum(r["exposed_comm_s"] for r in rows) > 5e-3
+    assert sum(r["exposed_comm_s"] for r in rows) == pytest.approx(
+        sum(r.exposed_comm_s for r in sim.ranks), rel=1e-9)
+
+
+def test_mispredicted_action_shows_in_the_table(tmp_path):
+    d, _ = _synthetic_dir(tmp_path, _cfg(), _profile(2))
+    run = read_run(d)
+    slow = replace(run, profile={**run.profile, "stages": [
+        dict(run.profile["stages"][0], forward_s=0.02), run.profile["stages"][1]]})
+    rep = validate(slow)
+    f0 = rep.actions[(rep.actions["stage"] == 0) & (rep.actions["kind"] == "FORWARD")]
+    assert (f0["error"] > 0.5).all()  # predicted 20 ms where 10 ms were "measured"
+    b1 = rep.actions[(rep.actions["stage"] == 1) & (rep.actions["kind"] == "BACKWARD")]
+    assert b1["error"].abs().max() < 1e-9
+    assert rep.iteration_error > 0
+
+
+def test_cost_table_is_the_profile():
+    prof = _profile(2, 1.0)
+    cfg = ParallelConfig(**_cfg(recompute="full"))
+    t = cost_table_from_profile(prof, cfg)
+    s0, s1 = t.stages
+    p0 = prof["stages"][0]
+    assert s0.forward_s == p0["forward_s"] and s0.backward_s == p0["backward_s"]
+    assert s0.recompute_s == pytest.approx(p0["backward_ckpt_s"] - p0["backward_s"])
+    assert s0.send_activation_s == pytest.approx(1e-4 + 4096e-9)
+    assert s1.send_activation_s == 0.0
+    assert s0.kept_bytes(1.0) == p0["checkpoint_bytes"]
+    with pytest.raises(ValueError, match="virtual"):
+        cost_table_from_profile(prof, ParallelConfig(**_cfg(virtual_stages=2, pp=2,
+                                                            schedule="interleaved-1f1b")))
+
+
+def test_effective_fractions_follow_whole_layers():
+    prof = _profile(2, 0.75)  # 0.75 of 2 layers: the runtime checkpoints 2, i.e. 1.0
+    run = MeasuredRun(path=None, config=_cfg(recompute="stage-aware"), model=MODEL,
+                      seq_len=16, events=[], wall_s=[], losses=[], memory=[], profile=prof)
+    cfg = effective_config(run)
+    assert cfg.recompute_per_stage(cfg.build_schedule()) == (1.0, 0.0)
+    bad = replace(run, profile={**prof, "stages": prof["stages"][:1]})
+    with pytest.raises(ValueError, match="stages"):
+        effective_config(bad)
+
+
+def test_gpt_param_bytes_matches_the_real_model():
+    import torch
+
+    from merak_exec.capture import to_chain
+    from merak_exec.models import GPT, GPTConfig
+    from merak_exec.stages import uniform_split
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**MODEL))
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert gpt_param_bytes(MODEL, 1, 1) == [total]
+    chain, _ = to_chain(model, seq_len=16)
+    ranges = uniform_split(chain, 2)
+    per = [sum(p.numel() * 4 for i in r for p in chain.layers[i].parameters()) for r in ranges]
+    # the head's weight is the tied embedding: on another rank it is a private copy
+    assert gpt_param_bytes(MODEL, 2, 1) == per
+
+
+def test_run_dir_errors(tmp_path):
+    with pytest.raises(RunDirError, match="does not exist"):
+        read_run(tmp_path / "missing")
+    d, _ = _synthetic_dir(tmp_path, _cfg(), _profile(2))
+    run = json.loads((d / "run.json").read_text())
+    (d / "run.json").write_text(json.dumps(dict(run, format="merak-run/9")))
+    with pytest.raises(RunDirError, match="merak-run/1"):
+        read_run(d)
+    (d / "run.json").write_text(json.dumps(run))
+    text = (d / "events.csv").read_text().splitlines()
+    (d / "events.csv").write_text("\n".join([text[0], text[1].replace(",0,", ",x,", 1)]))
+    with pytest.raises(RunDirError, match="line 2"):
+        read_run(d)
+    (d / "profile.json").write_text("{}")
+    with pytest.raises(RunDirError, match="format"):
+        read_run(d)
+
+
+def test_cli(tmp_path, capsys):
+    d, sim = _synthetic_dir(tmp_path, _cfg(schedule="gpipe"), _profile(2))
+    png = tmp_path / "g.png"
+    assert cli_main(["validate", "--run", str(d), "--json", "--gantt", str(png)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["predicted_ms"] == pytest.approx(sim.iteration_time_s * 1e3)
+    assert {"actions", "ranks", "memory", "config"} <= set(out)
+    assert png.stat().st_size > 1000
+    assert cli_main(["validate", "--run", str(d), "--report", str(tmp_path / "r.md")]) == 0
+    assert "| stage | action kind |" in (tmp_path / "r.md").read_text()
+    assert cli_main(["validate", "--run", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("merak-sim: error: run directory")
