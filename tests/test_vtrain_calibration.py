@@ -80,3 +80,15 @@ def test_calibrated_model_marks_a100_tables():
     t = CalibratedCostModel().cost_table(get_model("vtrain-3.6b"),
                                          get_cluster("vtrain-a100", nodes=1), cfg)
     assert len(t.stages) == 1 and t.stages[0].forward_s > 0
+
+
+def test_calibrated_constants_match_the_recorded_fit():
+    import json
+    from pathlib import Path
+
+    from merak_sim.sim.calibration import CALIBRATED, CALIBRATED_LINKS
+
+    rec = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+                      / "vtrain_calibration.json").read_text())
+    assert CALIBRATED["A100"] == pytest.approx(rec["parameters"])
+    assert CALIBRATED_LINKS["vtrain-a100"] == pytest.approx(rec["intra_link"])

@@ -50,24 +50,26 @@ __all__ = [
 ]
 
 #: Fitted efficiency parameters per GPU family, from ``benchmarks/vtrain_validation.py``
-#: (12 rounds, 2026-11-30; single-node MAPE 10.02 %, multi-node 10.00 % without refit).
-#: gemm_max, attn_factor and mem_bw_eff sit at their physical bounds: the small
-#: single-node models are dominated by per-kernel and latency costs, which the fit
-#: raises (13.5 us per kernel) while it lowers the per-FLOP costs to the ceiling.
+#: (12 rounds, 2026-11-30; single-node MAPE 9.82 %, multi-node
+#: 10.32 % without refitting). gemm_max, attn_factor and
+#: mem_bw_eff sit at their physical bounds: the small single-node models are dominated
+#: by per-kernel and latency costs, which the fit raises (~15 us per kernel) while it
+#: lowers the per-FLOP costs to the ceiling.
 CALIBRATED: dict[str, dict[str, float]] = {
     "A100": {
         "gemm_max": 0.9,
-        "gemm_dim_half": 106.24,
-        "gemm_flops_half": 9.454e9,
+        "gemm_dim_half": 96.0,
+        "gemm_flops_half": 9454349056.189854,
         "attn_factor": 1.0,
         "mem_bw_eff": 0.95,
-        "kernel_overhead_s": 13.5e-6,
+        "kernel_overhead_s": 1.4940205915954343e-05,
     },
 }
 #: Fitted intra-node link of the ``vtrain-a100`` cluster preset (same fit): NVLink per
 #: GPU per direction and per-step latency. Applied only to that cluster.
 CALIBRATED_LINKS: dict[str, dict[str, float]] = {
-    "vtrain-a100": {"intra_bandwidth_Bps": 300e9, "intra_latency_s": 15.25e-6},
+    "vtrain-a100": {"intra_bandwidth_Bps": 300000000000.0,
+                    "intra_latency_s": 1.5248283810916136e-05},
 }
 
 #: Efficiency parameters the fit may move (the others keep their published defaults).
