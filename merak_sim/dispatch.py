@@ -3,7 +3,7 @@
 ``write_launch(plan, launcher, nodes, gpus_per_node, out_dir, script=None)`` writes
 into ``out_dir``:
 
-- ``plan.json``: the plan, which ``python -m merak_exec --plan plan.json`` (or the
+- ``plan.json``: the plan, which ``python -m merak_exec train --plan plan.json`` (or the
   user's ``--script``, given ``--plan plan.json``) reads;
 - ``launch.sh`` (torchrun): one script for every node, run with ``NODE_RANK`` set
   (the per-node command lines are listed in its header), or ``job.sbatch``
@@ -43,7 +43,7 @@ class LaunchFiles:
 
 def _program(script: str | None, plan_name: str) -> list[str]:
     if script is None:
-        return ["-m", "merak_exec", "--plan", plan_name]
+        return ["-m", "merak_exec", "train", "--plan", plan_name]
     return [script, "--plan", plan_name]
 
 

@@ -14,7 +14,7 @@ from merak_sim.plan import Plan
 @click.option("--nodes", type=int, required=True, help="Number of nodes.")
 @click.option("--gpus-per-node", type=int, required=True, help="GPUs (processes) per node.")
 @click.option("--script", default=None,
-              help="Training script to launch (default: python -m merak_exec).")
+              help="Training script to launch (default: python -m merak_exec train).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/dispatch",
               show_default=True, help="Directory for plan.json and the launch script.")
 def dispatch_command(plan_file, launcher, nodes, gpus_per_node, script, out_dir):
