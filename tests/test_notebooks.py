@@ -1,0 +1,78 @@
+"""Execute every notebooks/*.ipynb with nbclient (a per-notebook timeout) and assert on
+what each computed.
+
+Convention (notebooks/build_notebooks.py): a notebook asserts on its own results in its
+cells, so execution failing is a test failure, and its last code cell prints one line
+``NOTEBOOK_RESULT {json}``. Known notebooks get extra checks on those numbers; any
+other notebook (added later) must at least contain an ``assert`` and the result line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+TIMEOUT_S = 300  # per cell; each notebook runs in a minute or two
+
+
+def _result(nb) -> dict:
+    for cell in reversed(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            text = out.get("text", "")
+            for line in text.splitlines():
+                if line.startswith("NOTEBOOK_RESULT "):
+                    return json.loads(line[len("NOTEBOOK_RESULT "):])
+    raise AssertionError("the notebook printed no NOTEBOOK_RESULT line")
+
+
+def _check_01(r):
+    assert 1.0 < r["straggler_slowdown"] <= 1.5 + 1e-9
+    assert r["dp8_network_slowdown"] > r["pp8_network_slowdown"] >= 1.0
+    assert 0 < r["bubble_1f1b_pp8_M8"] < 1
+
+
+def _check_02(r):
+    assert set(r["speedups"]) == {"gpt-1.5b", "gpt-2.5b", "gpt-8.3b", "gpt-20b"}
+    assert all(x >= 1.0 for x in r["speedups"].values())
+    assert r["paper"]["gpt-20b"] == 1.61
+    assert r["hand_configs"] > 0 and r["hand_min_ratio"] >= 1.0 - 1e-9
+
+
+def _check_03(r):
+    assert r["best"]["dp"] * r["best"]["tp"] * r["best"]["pp"] == 1024
+    assert r["best"]["tp"] <= 8
+    assert 0 < r["mfu"] < 1
+    c = r["counts"]
+    assert c["considered"] > 1000 and c["simulated"] >= 1
+    assert r["gain_over_megatron_like"] >= 1.0 - 1e-9
+
+
+CHECKS = {"01_what_if_schedules": _check_01, "02_paper_reproduction": _check_02,
+          "03_planner_175b": _check_03}
+
+
+def test_notebooks_exist():
+    names = {p.stem for p in NOTEBOOKS}
+    assert set(CHECKS) <= names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes(path, tmp_path):
+    nb = nbformat.read(path, as_version=4)
+    src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "assert " in src, f"{path.name} asserts on nothing it computes"
+    client = NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    r = _result(nb)
+    check = CHECKS.get(path.stem)
+    if check is not None:
+        check(r)
