@@ -221,3 +221,28 @@ def test_cli_plan_table_and_errors(tmp_path, capsys):
     rc = main(["plan", "--model", "gpt-2.5b", "--cluster", "paper-3090",
                "--global-batch-size", "16", "--tp", "x"])
     assert rc == 2
+
+
+@pytest.mark.parametrize("model,cluster,nodes,gbs", [
+    ("gpt-1.5b", "paper-3090", 2, 32),
+    ("gpt-8.3b", "dgx-a100-80g", 1, 16),
+])
+def test_bound_is_sound_on_other_shapes(model, cluster, nodes, gbs):
+    space = SearchSpace(micro_batch_sizes=(1, 2), virtual_stages=(2,))
+    a = search(model, cluster, gbs, nodes=nodes, space=space, top_k=2, confirm=False)
+    b = search(model, cluster, gbs, nodes=nodes, space=space, top_k=2, confirm=False,
+               exhaustive=True)
+    ta = a.table[a.table.status.isin(["best", "evaluated"])].time_s.nsmallest(2).tolist()
+    tb = b.table[b.table.status.isin(["best", "evaluated"])].time_s.nsmallest(2).tolist()
+    assert ta == pytest.approx(tb)
+    evald = b.table[b.table.status.isin(["best", "evaluated"])]
+    assert (evald.bound_s <= evald.time_s * (1 + 1e-12)).all()
+
+
+def test_progress_bar_and_memory_margin():
+    a = search(MODEL, CLUSTER, 16, space=SYSTEMS["merak"], top_k=1, confirm=False,
+               progress=True)
+    b = search(MODEL, CLUSTER, 16, space=SYSTEMS["merak"], top_k=1, confirm=False,
+               memory_margin=0.5)
+    assert b.table.iloc[0].peak_memory_gib <= 0.5 * CLUSTER.gpu.memory_bytes / 2**30
+    assert a.table.iloc[0].time_s <= b.table.iloc[0].time_s
