@@ -125,7 +125,10 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     # Materialise the kept layers only (a meta-device model gets storage and its own
     # init here); then shard them for TP, so every tp rank slices the same full layer.
     for c in chunks:
-        _materialize(c, mesh.device, dtype, chain.init_fn)
+        if chain.materialize is not None:
+            chain.materialize(c, mesh.device, dtype)
+        else:
+            _materialize(c, mesh.device, dtype, chain.init_fn)
     if config.tp > 1:
         mapping = tp_mapping if isinstance(tp_mapping, TPMapping) else FAMILY_MAPPINGS.get(
             tp_mapping or family or "")

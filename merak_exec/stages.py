@@ -42,6 +42,8 @@ class LayerChain:
         boundaries: for captured models, the (shape, dtype) of each tensor leaving layer
             i (shape entries "batch" stand for the micro-batch size); None means a
             single residual-stream tensor ``(mbs, seq, hidden_size)``.
+        materialize: gives a stage of a meta-device model real, initialised storage
+            (replaces the default ``to_empty`` + ``init_fn``).
         init_fn: initialises one module in place (applied to every submodule of the
             local layers when the model was built on the meta device).
     """
@@ -54,6 +56,7 @@ class LayerChain:
     boundary_dtype: torch.dtype = torch.float32
     init_fn: Callable[[nn.Module], None] | None = None
     boundaries: list[list[tuple[tuple, torch.dtype]]] | None = None
+    materialize: Callable[[nn.Module, torch.device, torch.dtype], None] | None = None
 
 
 def uniform_split(chain: LayerChain, num_stages: int) -> list[range]:

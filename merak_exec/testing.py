@@ -54,9 +54,45 @@ class RecordingSGD(torch.optim.SGD):
         return super().step(closure)
 
 
+class CustomLM(torch.nn.Module):
+    """A model no adapter knows (captured by torch.export): embedding, blocks that take
+    the residual stream *and* a broadcast mask computed once up front, tied head."""
+
+    def __init__(self, vocab: int = 64, h: int = 16, n_layer: int = 4) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, h)
+        self.layers = torch.nn.ModuleList(_CustomBlock(h) for _ in range(n_layer))
+        self.norm = torch.nn.LayerNorm(h)
+        self.head = torch.nn.Linear(h, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids -> logits."""
+        x = self.emb(ids)
+        pos = torch.arange(ids.shape[1], device=ids.device, dtype=x.dtype)
+        gate = torch.sigmoid(pos / ids.shape[1])[None, :, None]
+        for blk in self.layers:
+            x = blk(x, gate)
+        return self.head(self.norm(x))
+
+
+class _CustomBlock(torch.nn.Module):
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(h)
+        self.fc1 = torch.nn.Linear(h, 2 * h)
+        self.fc2 = torch.nn.Linear(2 * h, h)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return x + gate * self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+
 def build_model(kind: str, n_layer: int = 4):
-    """A tiny model of the given family ("gpt", "gpt2", "llama"), seeded identically."""
+    """A tiny model of the given family ("gpt", "gpt2", "llama", "custom"), seeded
+    identically."""
     torch.manual_seed(0)
+    if kind == "custom":
+        return CustomLM(n_layer=n_layer)
     if kind == "gpt":
         from merak_exec.models import GPT
 
@@ -97,9 +133,11 @@ def reference_run(kind: str, n_layer: int, batches, pc, lr: float = 0.1):
         total = 0.0
         mbs = pc.micro_batch_size
         for x, y in zip(ids.split(mbs), labels.split(mbs), strict=True):
+            xs = (x,)
             for layer in chain.layers:
-                x = layer(x)
-            loss = chain.loss_fn(x, y)
+                out = layer(*xs)
+                xs = out if isinstance(out, tuple) else (out,)
+            loss = chain.loss_fn(xs[0], y)
             (loss / n_mb).backward()
             total += loss.item() / n_mb
         losses.append(total)
@@ -302,6 +340,21 @@ def scenario_kill(rank: int, arg: dict) -> dict:
     return {"error": None, "after_s": time.monotonic() - t}
 
 
+class _DataDependent(torch.nn.Module):
+    """Control flow on tensor values: torch.export cannot capture it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(64, 8)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Linear(8, 64)])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        if x.sum() > 0:  # data-dependent branch
+            x = 2 * x
+        return self.layers[1](self.layers[0](x))
+
+
 def scenario_bad_input(rank: int, arg: dict) -> dict:
     """Degrees that do not match the world, heads not divisible by tp, an uncapturable
     model: each must raise a one-line ExecError on every rank."""
@@ -317,9 +370,8 @@ def scenario_bad_input(rank: int, arg: dict) -> dict:
         "heads": lambda: parallelize(GPT(GPTConfig(vocab_size=64, n_positions=8, n_embd=18,
                                                    n_layer=2, n_head=3)),
                                      ParallelConfig(tp=2, dtype="fp32"), seq_len=8),
-        "capture": lambda: parallelize(torch.nn.Sequential(torch.nn.Linear(4, 4)),
-                                       ParallelConfig(pp=2, global_batch_size=2,
-                                                      dtype="fp32"), seq_len=8),
+        "capture": lambda: parallelize(_DataDependent(), ParallelConfig(
+            pp=2, global_batch_size=2, dtype="fp32"), seq_len=8),
     }
     for name, fn in tries.items():
         try:

@@ -1,7 +1,8 @@
 """Multi-process equivalence: every layout / schedule / recompute / TP-overlap value,
 and every pair of dimensions, trains exactly like a single process (gloo, CPU).
 
-Models: the built-in GPT, HuggingFace GPT-2 and LLaMA. Pairwise design (not the
+Models: the built-in GPT, HuggingFace GPT-2 and LLaMA, and a model captured by
+torch.export. Pairwise design (not the
 full product): each row below is one case; cases of the same world size share one
 process launch. Every case compares losses of 3 steps,
 the last step's gradients and the final parameters against a single-process run of
@@ -41,6 +42,10 @@ TWO = [
     C("hf-llama pp2 interleaved none", "llama", pp=2, schedule="interleaved-1f1b",
       virtual_stages=2),
     C("hf-llama tp2 plain stage-aware", "llama", tp=2, recompute="stage-aware"),
+    # any model torch.export captures (a broadcast value crosses every cut, tied head)
+    C("export pp2 zb-h1 full", "custom", pp=2, schedule="zb-h1", recompute="full"),
+    C("export pp2 shifted stage-aware", "custom", pp=2, schedule="shifted-critical-path",
+      recompute="stage-aware"),
 ]
 FOUR = [
     C("pp2xtp2 1f1b sub stage-aware", pp=2, tp=2, recompute="stage-aware", **SUB),
@@ -65,6 +70,8 @@ FOUR = [
     C("hf-gpt2 pp2xtp2 zb-h1 plain", "gpt2", pp=2, tp=2, schedule="zb-h1"),
     C("hf-llama pp2xdp2 1f1b full", "llama", pp=2, dp=2, recompute="full"),
     C("hf-llama tp2xdp2 sub none", "llama", tp=2, dp=2, **SUB),
+    C("export pp2xdp2 interleaved none", "custom", pp=2, dp=2, schedule="interleaved-1f1b",
+      virtual_stages=2),
 ]
 for c in FOUR:
     if "n_layer" in c["config"]:

@@ -42,4 +42,6 @@ def test_bad_input_is_a_one_line_error_on_every_rank(tmp_path):
     assert "does not match the world size 2" in msgs["degrees"]
     assert "n_head=3 is not divisible" in msgs["heads"] and "tp=2" in msgs["heads"]
     assert msgs["capture"] is not None and "split points" in msgs["capture"]
+    assert "torch.export could not capture _DataDependent" in msgs["capture"]
+    assert "testing.py" in msgs["capture"]  # points at the offending line
     assert all("\n" not in m for m in msgs.values())
