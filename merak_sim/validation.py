@@ -110,7 +110,7 @@ def simulate_run(run: MeasuredRun, refined: bool = True):
     from merak_sim.schedule.ir import Kind
     from merak_sim.sim.api import evaluator_trace, simulate
     from merak_sim.sim.entities import Placement
-    from merak_sim.sim.program import compile_program
+    from merak_sim.sim.program import OP_POST, compile_program
     from merak_sim.sim.result import build_result
 
     cfg = effective_config(run)
@@ -126,13 +126,30 @@ def simulate_run(run: MeasuredRun, refined: bool = True):
             dur[i] = st[a.stage]["forward_nograd_s"]
         elif a.kind is Kind.RECOMPUTE:
             dur[i] = st[a.stage]["reforward_s"]
+    # Posting a send or receive costs the runtime time on the rank's thread; the
+    # program's posts are instantaneous, so each post's measured cost is added to the
+    # compute action that follows it (and remembered, to compare actions alone).
+    post_s = float(run.profile.get("machine", {}).get("p2p_post_s", 0.0))
+    post_extra: dict[tuple[int, str], float] = {}
+    if post_s > 0:
+        for ops in prog.ops:
+            pending = 0
+            for code, x, _y in ops:
+                if code == OP_POST:
+                    pending += 1
+                    continue
+                if pending:
+                    dur[x] += pending * post_s
+                    a = prog.actions[x]
+                    post_extra[(a.stage, str(a))] = pending * post_s
+                    pending = 0
     prog = replace(prog, duration_s=tuple(dur))
     tr = evaluator_trace(prog, Placement(cfg.dp, cfg.tp, cfg.pp), table.memory_capacity_bytes,
                          zero=cfg.zero)
     return build_result(tr, capacity=table.memory_capacity_bytes, peak_flops=1.0,
                         engine="evaluator", global_batch=cfg.global_batch_size,
                         seq_len=run.seq_len, config=cfg, notes=table.notes,
-                        meta={"prediction": "refined"})
+                        meta={"prediction": "refined", "post_extra_s": post_extra})
 
 
 # -- the measured side -------------------------------------------------------------------
@@ -336,8 +353,10 @@ def validate(run: MeasuredRun | str | Path, profile: str | Path | None = None) -
     meas = allm.groupby(["stage", "action", "kind"])["dur"].median()
     sev = sim.events()
     sev = sev[sev["stream"] != "p2p"]
-    pred = (sev.assign(dur=sev["end_s"] - sev["start_s"])
-            .groupby(["stage", "action", "kind"])["dur"].median())
+    extra = sim.meta.get("post_extra_s", {})
+    sev = sev.assign(dur=[e - s - extra.get((st, a), 0.0) for s, e, st, a in zip(
+        sev["start_s"], sev["end_s"], sev["stage"], sev["action"], strict=True)])
+    pred = sev.groupby(["stage", "action", "kind"])["dur"].median()
     act = pd.DataFrame({"measured_s": meas, "predicted_s": pred}).dropna().reset_index()
     act["error"] = act["predicted_s"] / act["measured_s"] - 1.0
     # per rank

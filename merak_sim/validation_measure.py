@@ -15,7 +15,8 @@ each), every rank:
    checkpointing; and, once per world, gloo point-to-point latency and bandwidth
    (ping-pong over several sizes, least-squares fit) and the contention factor
    (a fixed matmul loop timed alone versus on every rank at once);
-3. **runs for real**: ``warmup`` + ``steps`` training iterations of the schedule,
+3. **runs for real** (between two profiles, whose times are averaged so that a drift
+   of the machine's load affects profile and run alike): ``warmup`` + ``steps`` training iterations of the schedule,
    a barrier before each, keeping every timed iteration's events on a clock common
    to all ranks (each rank's iteration origin is ``perf_counter``, the system-wide
    monotonic clock on Linux, so the origins can be aligned);
@@ -388,6 +389,21 @@ def _machine(rank: int, world: int, sizes: list[int], warmup: int, repeats: int)
                     dist.recv(t, peer)
                     dist.send(t, peer)
             out["p2p_points"].append([t.numel() * 4, _median_time(ping, warmup, repeats) / 2])
+        # Cost of posting one non-blocking send or receive (the runtime posts between
+        # compute actions; the simulator's posts take no time, so it is added to the
+        # action that follows). Both directions, the largest size, in lockstep.
+        t = torch.zeros(max(1, sizes[-1] // 4), dtype=torch.float32)
+        posts = []
+        for i in range(warmup + repeats):
+            for sender in (0, 1):
+                dist.barrier()
+                t0 = time.perf_counter()
+                w = dist.isend(t, peer) if rank == sender else dist.irecv(t, peer)
+                d = time.perf_counter() - t0
+                w.wait()
+                if i >= warmup:
+                    posts.append(d)
+        out["p2p_post_s"] = statistics.median(posts)
     dist.barrier()
     a = torch.randn(192, 192)
 
@@ -467,6 +483,13 @@ def _run_case(case: Case, rank: int, world: int, opts: dict) -> dict:
             losses.append(out.loss)
             for e in out.events:
                 rows.append(dict(e, step=k))
+    # Profile again after the run and average: the machine's load drifts, and a
+    # profile taken on both sides of the run sees conditions closer to the run's.
+    dist.barrier()
+    again = _profile_stage(pm, inputs, labels, opts["warmup"], opts["repeats"])
+    for k, v in again.items():
+        if k.endswith("_s"):
+            prof[k] = (prof[k] + v) / 2
     # One untimed iteration with memory tracking.
     dist.barrier()
     params = list(pm.parameters())
