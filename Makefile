@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/merak-sim demo --out out/demo
+	$(BIN)/merak-sim reproduce merak --out out/reproduce
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -84,34 +84,25 @@ class Kind(enum.Enum):
     ALL_REDUCE = "AR"
     OPTIMIZER = "OPT"
 
-    @property
-    def is_compute(self) -> bool:
-        """True for actions that occupy the compute stream."""
-        return self not in _COMM_KINDS
-
-    @property
-    def is_comm(self) -> bool:
-        """True for point-to-point sends and receives."""
-        return self in _COMM_KINDS
-
-    @property
-    def is_send(self) -> bool:
-        """True for sA and sG."""
-        return self in (Kind.SEND_ACT, Kind.SEND_GRAD)
-
-    @property
-    def is_recv(self) -> bool:
-        """True for rA and rG."""
-        return self in (Kind.RECV_ACT, Kind.RECV_GRAD)
-
-    @property
-    def per_microbatch(self) -> bool:
-        """True unless the action is once per iteration (AR, OPT)."""
-        return self not in (Kind.ALL_REDUCE, Kind.OPTIMIZER)
+    # The predicates below are read in every pass over every action, so they are
+    # plain attributes set once per member (after the class body) rather than
+    # set-membership tests that hash the member each time.
+    is_compute: bool  #: occupies the compute stream
+    is_comm: bool  #: a point-to-point send or receive
+    is_send: bool  #: sA or sG
+    is_recv: bool  #: rA or rG
+    per_microbatch: bool  #: False only for the once-per-iteration AR and OPT
 
 
 _COMM_KINDS = frozenset({Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD})
 _FORWARD_KINDS = frozenset({Kind.FORWARD, Kind.FORWARD_NOGRAD})
+for _k in Kind:
+    _k.is_comm = _k in _COMM_KINDS
+    _k.is_compute = not _k.is_comm
+    _k.is_send = _k in (Kind.SEND_ACT, Kind.SEND_GRAD)
+    _k.is_recv = _k in (Kind.RECV_ACT, Kind.RECV_GRAD)
+    _k.per_microbatch = _k not in (Kind.ALL_REDUCE, Kind.OPTIMIZER)
+del _k
 
 # chunk prefix, kind code, micro-batch. Longest codes first so "F*" wins over "F".
 _TOKEN_RE = re.compile(r"^(\d*)(F\*|OPT|AR|sA|rA|sG|rG|F|R|B|I|W)(\d*)$")
