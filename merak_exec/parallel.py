@@ -19,7 +19,7 @@ from torch import nn
 from merak_exec.capture import to_chain
 from merak_exec.mesh import ExecError, Mesh, build_mesh
 from merak_exec.runtime import PipelineRuntime, StepOutput
-from merak_exec.stages import LayerChain, build_stage, split_from_points, uniform_split
+from merak_exec.stages import LayerChain, build_stage, partition_split, split_from_points
 from merak_exec.tensor_parallel import (
     FAMILY_MAPPINGS,
     SubPipelined,
@@ -89,7 +89,9 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
                 optimizer_fn: Callable[[list], torch.optim.Optimizer] | None = None,
                 seq_len: int, split_points: list[int] | None = None,
                 tp_mapping: TPMapping | str | None = None, mesh: Mesh | None = None,
-                record: bool = True, dtype: torch.dtype | None = None) -> ParallelModel:
+                record: bool = True, dtype: torch.dtype | None = None,
+                partition: str = "uniform",
+                layer_times_s: tuple[float, float, float] | None = None) -> ParallelModel:
     """Parallelise ``model`` for ``config`` on the current torch.distributed world.
 
     Args:
@@ -100,7 +102,11 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
         optimizer_fn: builds the optimizer from the local parameters (default AdamW,
             lr 1e-4).
         seq_len: sequence length of every micro-batch (fixes the boundary shape).
-        split_points: explicit layer indices where stages begin (default: uniform).
+        split_points: explicit layer indices where stages begin (override the
+            partitioner).
+        partition: "uniform", "parameters" or "time" (merak_sim's partitioner, the one
+            the simulator uses); "time" needs ``layer_times_s``.
+        layer_times_s: (embedding, block, head) forward+backward seconds.
         tp_mapping: a :class:`TPMapping` or a family name ("gpt", "llama", "bert");
             default from the model's family.
         mesh: reuse existing groups.
@@ -115,7 +121,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     if split_points is not None:
         ranges = split_from_points(chain, split_points, G)
     else:
-        ranges = uniform_split(chain, G)
+        ranges = partition_split(chain, G, partition, layer_times_s)
     S = config.pp
     my = [c * S + mesh.pp_rank for c in range(config.virtual_stages)]
     chunks = [build_stage(chain, ranges, g, lambda x: x % S) for g in my]

@@ -60,11 +60,24 @@ class LayerChain:
 
 
 def uniform_split(chain: LayerChain, num_stages: int) -> list[range]:
-    """Contiguous layer ranges, one per model stage, balancing the heavy layers.
+    """Contiguous layer ranges, one per model stage, with equal block counts: the
+    simulator's :func:`merak_sim.partition.uniform` (remainder to the middle stages)."""
+    return partition_split(chain, num_stages, "uniform")
 
-    The first stage also holds every light layer before the first heavy one, the
-    last every light layer after the last heavy one.
+
+def partition_split(chain: LayerChain, num_stages: int, method: str = "uniform",
+                    layer_times_s: tuple[float, float, float] | None = None) -> list[range]:
+    """Stage ranges from the cost-model partitioner (:mod:`merak_sim.partition`).
+
+    ``method``: "uniform"; "parameters" (balance the chain's measured parameter
+    counts, the layers before the first block counted on stage 0 and those after the
+    last on the last stage); "time" (balance seconds, ``layer_times_s`` = (embedding,
+    block, head) forward+backward seconds, e.g. from :mod:`merak_exec.profiler`).
+    The first stage also holds every light layer before the first block, the last
+    every light layer after the last block.
     """
+    from merak_sim import partition as P
+
     n = len(chain.layers)
     heavy = chain.heavy or list(range(n))
     if num_stages > len(heavy):
@@ -72,13 +85,37 @@ def uniform_split(chain: LayerChain, num_stages: int) -> list[range]:
             f"cannot cut {len(heavy)} blocks into {num_stages} pipeline stages; use fewer "
             "stages (pp * virtual stages) or a deeper model"
         )
-    base, extra = divmod(len(heavy), num_stages)
-    bounds, i = [0], 0
-    for s in range(num_stages - 1):
-        i += base + (1 if s < extra else 0)
-        bounds.append(heavy[i])
-    bounds.append(n)
-    return [range(bounds[s], bounds[s + 1]) for s in range(num_stages)]
+
+    def numel(idx) -> float:
+        seen, total = set(), 0
+        for i in idx:
+            for p in chain.layers[i].parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.numel()
+        return float(total)
+
+    if method == "uniform":
+        part = P.uniform(len(heavy), num_stages)
+    elif method == "parameters":
+        part = P.balanced([numel([i]) for i in heavy], num_stages,
+                          numel(range(0, heavy[0])), numel(range(heavy[-1] + 1, n)),
+                          "parameters")
+    elif method == "time":
+        if layer_times_s is None:
+            raise ExecError("partition 'time' needs layer_times_s=(embedding, block, head) "
+                            "seconds; profile the model first (merak-exec profile)")
+        emb, blk, head = layer_times_s
+        part = P.time_balanced([blk] * len(heavy), num_stages, emb, head)
+    else:
+        raise ExecError(f"unknown partition method {method!r}; choose uniform, parameters "
+                        "or time")
+    out = []
+    for s, (a, b) in enumerate(part.ranges):
+        start = 0 if s == 0 else heavy[a]
+        stop = n if s == num_stages - 1 else heavy[b]
+        out.append(range(start, stop))
+    return out
 
 
 def split_from_points(chain: LayerChain, points: list[int], num_stages: int) -> list[range]:

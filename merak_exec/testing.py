@@ -166,7 +166,9 @@ def run_case(case: dict, steps: int = 3) -> dict:
     seq = mcfg.n_positions
     batches = data(mcfg, pc.global_batch_size, seq, steps)
     model = build_model(kind, n_layer)
-    pm = parallelize(model, pc, seq_len=seq, optimizer_fn=lambda ps: RecordingSGD(ps, lr=0.1))
+    pm = parallelize(model, pc, seq_len=seq, optimizer_fn=lambda ps: RecordingSGD(ps, lr=0.1),
+                     partition=case.get("partition", "uniform"),
+                     split_points=case.get("split_points"))
     losses = [pm.train_step(x, y).loss for x, y in batches]
     ref_losses, ref_chain, ref_grads = reference_run(kind, n_layer, batches, pc)
     grads = dict(zip([id(p) for p in pm.parameters()], pm.runtime.optimizer.last_grads,

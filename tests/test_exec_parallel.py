@@ -31,6 +31,9 @@ TWO = [
     C("pp2 shifted stage-aware", pp=2, schedule="shifted-critical-path",
       recompute="stage-aware"),
     C("pp2 pre-recompute none", pp=2, schedule="pre-recompute"),
+    dict(C("pp2 1f1b parameter-balanced", pp=2, recompute="full"), partition="parameters",
+         n_layer=5),
+    dict(C("pp2 1f1b explicit split", pp=2), split_points=[2]),
     C("pp2 last-no-recompute full", pp=2, schedule="last-no-recompute", recompute="full"),
     C("tp2 plain none", tp=2),
     C("tp2 sub-pipelined full", tp=2, recompute="full", **SUB),
@@ -73,7 +76,7 @@ FOUR = [
     C("export pp2xdp2 interleaved none", "custom", pp=2, dp=2, schedule="interleaved-1f1b",
       virtual_stages=2),
 ]
-for c in FOUR:
+for c in TWO + FOUR:
     if "n_layer" in c["config"]:
         c["n_layer"] = c["config"].pop("n_layer")
 
