@@ -16,10 +16,11 @@ each), every rank:
    (ping-pong over several sizes, least-squares fit) and the contention factor
    (a fixed matmul loop timed alone versus on every rank at once);
 3. **runs for real** (between two profiles, whose times are averaged so that a drift
-   of the machine's load affects profile and run alike): ``warmup`` + ``steps`` training iterations of the schedule,
-   a barrier before each, keeping every timed iteration's events on a clock common
-   to all ranks (each rank's iteration origin is ``perf_counter``, the system-wide
-   monotonic clock on Linux, so the origins can be aligned);
+   of the machine's load affects profile and run alike): ``warmup`` + ``steps``
+   training iterations of the schedule, a barrier before each, keeping every timed
+   iteration's events on a clock common to all ranks (each rank's iteration origin
+   is ``perf_counter``, the system-wide monotonic clock on Linux, so the origins can
+   be aligned; on CUDA the recorder times with events and one process is assumed);
 4. **measures memory** in one more, untimed iteration: the live bytes of tensors
    autograd saved for backward, of inputs kept by checkpointed layers and of stage
    inputs kept by F* (deduplicated by storage, freed when the graph drops them),
@@ -208,11 +209,21 @@ class _Tracker:
 
 
 # -- profiler step ---------------------------------------------------------------------
+def _sync() -> None:
+    """Wait for queued GPU work (timing GPU actions with a host clock needs it)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _median_time(fn, warmup: int, repeats: int, between=None) -> float:
     ts = []
     for i in range(warmup + repeats):
+        _sync()
         t = time.perf_counter()
         fn()
+        _sync()
         d = time.perf_counter() - t
         if between is not None:
             between()
@@ -281,9 +292,11 @@ def _profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
             # Lockstep: every rank times its action at the same moment, so each figure
             # carries the contention of all ranks computing at once (the steady state
             # of a pipeline) rather than whatever the other ranks happened to run.
+            _sync()
             dist.barrier()
             t = time.perf_counter()
             action()
+            _sync()
             d = time.perf_counter() - t
             if clear_grads:
                 for p in pm.parameters():
@@ -472,9 +485,11 @@ def _run_case(case: Case, rank: int, world: int, opts: dict) -> dict:
     rt = pm.runtime
     rows, wall, origins, losses = [], [], [], []
     for i, (ids, lab) in enumerate(data[:steps + warm]):
+        _sync()
         dist.barrier()
         t = time.perf_counter()
         out = pm.train_step(ids, lab)
+        _sync()
         d = time.perf_counter() - t
         if i >= warm:
             k = i - warm
@@ -523,7 +538,7 @@ def _worker(rank: int, world: int, port: int, cases: list, out_dir: str, opts: d
     try:
         from merak_exec.mesh import init_distributed
 
-        init_distributed(backend="gloo")
+        init_distributed(backend=opts.get("backend", "gloo"))
         sizes = opts["p2p_sizes"]
         machine = _machine(rank, world, sizes, opts["warmup"], max(5, opts["repeats"]))
         for c in cases:
@@ -543,7 +558,8 @@ def _worker(rank: int, world: int, port: int, cases: list, out_dir: str, opts: d
 
 
 DEFAULT_OPTS = {"steps": 5, "warmup_steps": 2, "warmup": 2, "repeats": 9,
-                "p2p_sizes": [4096, 65536, 262144, 1048576], "timeout_s": 120}
+                "p2p_sizes": [4096, 65536, 262144, 1048576], "timeout_s": 120,
+                "backend": "gloo"}
 
 
 def measure_cases(cases: list[Case], out_dir: str | Path, *, world: int = 2,
