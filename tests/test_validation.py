@@ -218,3 +218,15 @@ def test_cli(tmp_path, capsys):
     assert cli_main(["validate", "--run", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("merak-sim: error: run directory")
+
+
+def test_post_overhead_lengthens_the_iteration_but_not_the_actions(tmp_path):
+    d, sim0 = _synthetic_dir(tmp_path, _cfg(), _profile(2))
+    run = read_run(d)
+    slow = replace(run, profile={**run.profile, "machine": {**run.profile["machine"],
+                                                            "p2p_post_s": 1e-3}})
+    rep = validate(slow)
+    assert rep.predicted_iteration_s > sim0.iteration_time_s + 2e-3
+    assert rep.actions["error"].abs().max() < 1e-9  # the posts are not the actions' time
+    extra = rep.sim.meta["post_extra_s"]
+    assert extra[(0, "B0")] == pytest.approx(2e-3)  # sA1/rG0 posted right before B0
