@@ -274,24 +274,39 @@ class AnalyticCostModel:
 
     def _tp_exposed(self, lay: LayerCost, which: str, cluster: Cluster, config: Any,
                     pp_rank: int, compute_s: float) -> float:
+        """Exposed TP communication seconds of one pass of ``lay`` (see :meth:`_tp_comm`)."""
+        return self._tp_comm(lay, which, cluster, config, pp_rank, compute_s)[1]
+
+    def _tp_comm(self, lay: LayerCost, which: str, cluster: Cluster, config: Any,
+                 pp_rank: int, compute_s: float) -> tuple[float, float, float]:
+        """(total, exposed, bytes sent per GPU) of the TP collectives of one ``which``
+        ("fwd"/"bwd") pass of ``lay`` whose compute takes ``compute_s``. Total: every
+        collective alone and synchronous; exposed: what stays on the critical path
+        under the configured overlap (Merak T3: sub-pipelined hides all but the last
+        all-reduce of the pass, as far as the pass's compute allows)."""
         if config.tp == 1:
-            return 0.0
+            return 0.0, 0.0, 0.0
         nbytes, count = lay.tp_fwd if which == "fwd" else lay.tp_bwd
         if count == 0:
-            return 0.0
+            return 0.0, 0.0, 0.0
         ranks = group_ranks("tp", config, pp_rank)
         if config.sequence_parallel:
             one = (self._comm("all-gather", nbytes, ranks, cluster)
                    + self._comm("reduce-scatter", nbytes, ranks, cluster))
         else:
             one = self._comm("all-reduce", nbytes, ranks, cluster)
+        t = config.tp
+        # Ring algorithms: an all-reduce (or all-gather + reduce-scatter) sends
+        # 2 (t-1)/t of its payload from every GPU.
+        sent = count * 2.0 * (t - 1) / t * nbytes
+        total = count * one
         parts = config.tp_overlap_parts if config.tp_overlap == "sub-pipelined" else 1
         if parts == 1 or count < 2:
-            return count * one
+            return total, total, sent
         # Sub-pipelined: the last all-reduce of the pass is exposed; the others hide
         # behind the pass's compute (all but the first part's first sub-layer).
         hidden_room = compute_s * (1 - 1 / count)
-        return one + max(0.0, (count - 1) * one - hidden_room)
+        return total, one + max(0.0, (count - 1) * one - hidden_room), sent
 
     def check(self, model: ModelSpec, cluster: Cluster, config: Any) -> None:
         """Raise a one-line ValueError if ``config`` cannot run ``model`` on ``cluster``."""
@@ -366,24 +381,33 @@ class AnalyticCostModel:
         pp_rank = g % config.pp
         first, last = g == 0, g == n_st - 1
         tp, dp, mbs, sp = config.tp, config.dp, config.micro_batch_size, config.sequence_parallel
-        lay_f_comm = self._tp_exposed(lay, "fwd", cluster, config, pp_rank, lay.forward_s)
-        lay_b_comm = self._tp_exposed(lay, "bwd", cluster, config, pp_rank,
-                                      lay.backward_input_s + lay.backward_weight_s)
+        lay_f = self._tp_comm(lay, "fwd", cluster, config, pp_rank, lay.forward_s)
+        lay_b = self._tp_comm(lay, "bwd", cluster, config, pp_rank,
+                              lay.backward_input_s + lay.backward_weight_s)
+        lay_f_comm, lay_b_comm = lay_f[1], lay_b[1]
         fwd_layer = lay.forward_s + lay_f_comm
         rec_layer = (lay.forward_s if lay.recompute_s is None else lay.recompute_s) + lay_f_comm
         fwd = n * fwd_layer
         bin_ = n * (lay.backward_input_s + lay_b_comm)
         bw = n * lay.backward_weight_s
         flops = n * lay.flops
+        # TP collectives of the stage: (total, exposed, bytes) per pass; the exposed
+        # parts are exactly what the times above include.
+        tp_f = [n * lay_f[0], n * lay_f_comm, n * lay_f[2]]
+        tp_b = [n * lay_b[0], n * lay_b_comm, n * lay_b[2]]
+        tp_r = tuple(tp_f)  # the re-forward repeats the layers' collectives
         if first:
-            fwd += emb.forward_s + self._tp_exposed(emb, "fwd", cluster, config, pp_rank, 0.0)
+            emb_c = self._tp_comm(emb, "fwd", cluster, config, pp_rank, 0.0)
+            fwd += emb.forward_s + emb_c[1]
             bw += emb.backward_weight_s
+            tp_f = [a + b for a, b in zip(tp_f, emb_c, strict=True)]
         if last:
+            head_c = self._tp_comm(head, "bwd", cluster, config, pp_rank, 0.0)
             fwd += head.forward_s
-            bin_ += head.backward_input_s + self._tp_exposed(head, "bwd", cluster, config,
-                                                             pp_rank, 0.0)
+            bin_ += head.backward_input_s + head_c[1]
             bw += head.backward_weight_s
             flops += head.flops
+            tp_b = [a + b for a, b in zip(tp_b, head_c, strict=True)]
         back = bin_ + bw
         if config.recompute == "selective":
             back += n * lay.attn_core_s
@@ -446,4 +470,8 @@ class AnalyticCostModel:
             input_bytes=inp, weight_bytes=state.weight_bytes,
             grad_bytes=state.grad_bytes, optimizer_bytes=state.optimizer_bytes,
             p2p_bytes=p2p, flops=flops, layers=n,
+            tp_comm_fwd_s=tp_f[0], tp_exposed_fwd_s=tp_f[1], tp_bytes_fwd=tp_f[2],
+            tp_comm_bwd_s=tp_b[0], tp_exposed_bwd_s=tp_b[1], tp_bytes_bwd=tp_b[2],
+            tp_comm_recompute_s=tp_r[0], tp_exposed_recompute_s=tp_r[1],
+            tp_bytes_recompute=tp_r[2],
         )

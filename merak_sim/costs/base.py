@@ -6,10 +6,14 @@ order) the time of each action for one micro-batch and the bytes it holds. The
 simulator only reads this table (and the cluster, for link contention in full mode),
 so analytic and trace-driven models are interchangeable.
 
-Conventions: every time is in seconds on one GPU of the stage (tensor-parallel
-collectives included, as exposed under the configured TP overlap), every size in
-bytes per GPU, every FLOP count per micro-batch per GPU unless the name says
-otherwise.
+Conventions: every time is in seconds on one GPU of the stage, every size in bytes
+per GPU, every FLOP count per micro-batch per GPU unless the name says otherwise.
+Action times (``forward_s``, ``backward_s``, ``backward_input_s``, ``recompute_s``)
+are totals that *include* the exposed part of the stage's tensor-parallel (TP)
+collectives under the configured TP overlap; the ``tp_*`` fields say how much of each
+is TP communication, so consumers that only need durations (the fast evaluator, the
+planner) read the totals and stay exact, while the SimPy engine can draw the
+collectives and put them on links.
 """
 
 from __future__ import annotations
@@ -53,6 +57,28 @@ class StageCost:
         flops: model FLOPs of forward + backward of one micro-batch on one GPU
             (no recompute), for MFU.
         layers: number of transformer layers in the stage.
+    Tensor-parallel collectives (all 0 when tp = 1 or when a trace measured them
+    inside the compute times):
+        tp_comm_fwd_s: seconds of every TP collective of one forward of the stage
+            (Megatron: 2 all-reduces per layer, or an all-gather + reduce-scatter
+            pair each with sequence parallelism, plus the embedding's on the first
+            stage), each priced alone and run synchronously. Also applies to an F*
+            and to an explicit R (both cost ``forward_s``).
+        tp_exposed_fwd_s: the part of ``tp_comm_fwd_s`` that stays on the critical
+            path under the configured overlap, *included in* ``forward_s``. No
+            overlap: equal to ``tp_comm_fwd_s``. Sub-pipelined (Merak T3,
+            shared/reference/merak.md): the last all-reduce of each layer pass plus
+            whatever the others cannot hide behind the pass's compute; the rest,
+            ``tp_comm_fwd_s - tp_exposed_fwd_s``, runs concurrently with compute.
+        tp_comm_bwd_s / tp_exposed_bwd_s: the same for one backward (the LM head's
+            all-reduce included on the last stage). Backward TP collectives belong to
+            the input-gradient half: their exposed part is included in
+            ``backward_input_s`` and ``backward_s``; ``backward_weight_s`` has none.
+        tp_comm_recompute_s / tp_exposed_recompute_s: the same for ``recompute_s``
+            (the layers' re-forward; exposed part included in ``recompute_s``).
+        tp_bytes_fwd / tp_bytes_bwd / tp_bytes_recompute: bytes one GPU sends over
+            its links for those collectives (ring: 2 (t-1)/t of each all-reduce's
+            payload), for link occupancy in the simulator.
     """
 
     forward_s: float
@@ -72,6 +98,15 @@ class StageCost:
     p2p_bytes: float
     flops: float
     layers: int
+    tp_comm_fwd_s: float = 0.0
+    tp_exposed_fwd_s: float = 0.0
+    tp_comm_bwd_s: float = 0.0
+    tp_exposed_bwd_s: float = 0.0
+    tp_comm_recompute_s: float = 0.0
+    tp_exposed_recompute_s: float = 0.0
+    tp_bytes_fwd: float = 0.0
+    tp_bytes_bwd: float = 0.0
+    tp_bytes_recompute: float = 0.0
 
     @property
     def state_bytes(self) -> float:

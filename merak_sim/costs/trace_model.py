@@ -25,7 +25,12 @@ the analytic model does, so the two are interchangeable behind
 :class:`~merak_sim.costs.base.CostModel`.
 
 Trace times of a record with tp > 1 already include its TP communication (they were
-measured on a real TP group), so no TP collective is added on top of them.
+measured on a real TP group), so no TP collective is added on top of them and the
+table's ``tp_*`` fields (:class:`~merak_sim.costs.base.StageCost`) stay 0 for those
+layer kinds: the simulator then draws no separate TP collective for them. Layer kinds
+priced by the analytic fallback (or traced at tp = 1 and run at tp = 1) follow the
+analytic model, whose TP collectives (timed from the traces' collective records when
+present) fill the ``tp_*`` fields through the shared stage assembly.
 """
 
 from __future__ import annotations

@@ -232,14 +232,16 @@ def simulate(
                     for r, g in gpu_types.items()}
         tr = run_engine(prog, placement, capacity, opts, capacities=caps)
         eng = "simpy"
-    notes = list(cost_table.notes)
+    # A cost model's table already carries the cluster's notes (CostTable.notes);
+    # only a hand-made table may lack them, so add just the ones it does not have.
+    notes = list(dict.fromkeys(cost_table.notes))
     if clus is not None:
-        notes.extend(getattr(clus, "notes", ()))
+        notes += [n for n in getattr(clus, "notes", ()) if n not in notes]
     return build_result(
         tr, capacity=capacity, peak_flops=float(cost_table.peak_flops), engine=eng,
         global_batch=cfg.global_batch_size,
         seq_len=getattr(spec, "seq_len", None) if spec is not None else None,
-        config=cfg, notes=tuple(dict.fromkeys(notes)), meta=dict(cost_table.meta),
+        config=cfg, notes=tuple(notes), meta=dict(cost_table.meta),
         keep_trace=keep_trace)
 
 

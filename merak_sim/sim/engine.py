@@ -16,6 +16,22 @@ Modes:
   slowest member); data-parallel peers start each gradient reduction together.
   What-if knobs: a per-GPU slowdown factor, degraded links.
 
+Tensor-parallel collectives (tp > 1): every compute action that contains TP
+collectives (``Compiled.tp_s``) also occupies the "collective" stream for their total
+time, as one aggregated flow per action (not one per layer, to keep large runs fast)
+placed at the end of the action: the action's compute runs for ``d - tp_s``, the
+collective for the last ``tp_s`` seconds, of which the first ``tp_s - tp_exposed_s``
+overlap the compute (Merak's sub-pipelined TP, shared/reference/merak.md T3) and the
+last ``tp_exposed_s`` are exposed (already counted in ``d``). With contention on, the
+flow covers the directed links of the TP group's ring (one flow for the whole ring,
+since a ring collective runs at the pace of its slowest edge), so it shares bandwidth
+with pipeline transfers and data-parallel reductions on those links; if it is slowed,
+the action ends when the collective does. A flow alone on idle links is never slowed
+(its bandwidth demand is capped at the links' nominal capacity, because a calibrated
+cost table may price the TP group faster than the topology's nominal link), so with
+idle links the action takes exactly ``d``. With contention off the collective is only
+drawn (``[end - tp_s, end]``) and the action takes ``d``.
+
 With contention off every transfer takes its cost-table time and the engine performs
 exactly the additions and maxima of :func:`merak_sim.sim.evaluator.evaluate`.
 Determinism: SimPy orders simultaneous events by insertion; processes are created in
@@ -78,8 +94,11 @@ class Trace:
         buckets: per entity, (chunk, start, end) of overlapped gradient buckets.
         memory: per entity, its HBM.
         makespan: end of the last action or transfer.
-        waits: per entity, time spent waiting for tensor-parallel peers (full mode).
         events_processed: SimPy events processed (0 for the evaluator).
+        tp_comm: per entity, action id -> (start, end, delay) of the TP collectives
+            the fabric simulated (contention on); ``delay`` is how much contention
+            lengthened the action. Empty where not simulated: the collective then
+            spans the action's last ``min(tp_s, duration)`` seconds.
     """
 
     prog: Compiled
@@ -94,6 +113,7 @@ class Trace:
     memory: list[HBM]
     makespan: float
     events_processed: int = 0
+    tp_comm: list[dict[int, tuple[float, float, float]]] = field(default_factory=list)
 
 
 def _weights(topo: Topology, pl: Placement, pairs) -> tuple[tuple[str, float], ...]:
@@ -186,6 +206,51 @@ def run_engine(prog: Compiled, placement: Placement, capacity: float,
             route_cache[key] = links
         return links
 
+    def tp_links(s: int, d: int):
+        """(weighted links, demand cap) of the ring of the TP group (stage s, dp index
+        d); representative mode weights each link by every dp copy's ring edges."""
+        key = ("tp", s, d)
+        got = route_cache.get(key)
+        if got is None:
+            def edges(dd):
+                return [(pl.rank(s, dd, t), pl.rank(s, dd, (t + 1) % pl.tp))
+                        for t in range(pl.tp)]
+            own = edges(d)
+            every = own if full else [e for dd in range(pl.dp) for e in edges(dd)]
+            cnt: Counter = Counter()
+            for a, b in every:
+                for ln in topo.route(a, b):
+                    cnt[ln] += 1
+            names = dict.fromkeys(ln for a, b in own for ln in topo.route(a, b))
+            links = tuple((ln, float(cnt[ln])) for ln in names)
+            # Nominal (undegraded) capacity: a degraded link still slows the flow.
+            cap = min((topo.inter_Bps if ln.startswith("node") else topo.intra_Bps) / w
+                      for ln, w in links)
+            got = route_cache[key] = (links, cap)
+        return got
+
+    tp_s = prog.tp_s
+    tp_bytes = prog.tp_bytes
+    tp_store: dict = {}
+    use_tp = fabric is not None and pl.tp > 1 and any(tp_s)
+
+    def tp_run(d: float, x: int, s: int, d_idx: int):
+        """A compute action of ``d`` seconds whose TP collective runs on the fabric
+        during its last ``tp_s`` seconds (module docstring)."""
+        t0 = env.now
+        xt = tp_s[x] if tp_s[x] < d else d
+        links, cap = tp_links(s, d_idx)
+        demand = tp_bytes[x] / xt
+        base = env.timeout(d)
+        if d > xt:
+            yield env.timeout(d - xt)
+        c0 = env.now
+        fl = fabric.flow(links, xt, demand if demand < cap else cap)
+        yield base
+        if fl.slowed and not fl.done.triggered:
+            yield fl.done
+        tp_store[(s, d_idx, x)] = (c0, env.now, env.now - (t0 + d))
+
     def start_transfer(ci: int, tid: int):
         tr = prog.transfers[tid]
         st = xst[ci][tid]
@@ -219,6 +284,7 @@ def run_engine(prog: Compiled, placement: Placement, capacity: float,
         return start
 
     acts_all: list[list] = []
+    tp_all: list[dict] = []
     buckets_all: list = []
     memories: list[HBM] = []
     actions = prog.actions
@@ -238,6 +304,7 @@ def run_engine(prog: Compiled, placement: Placement, capacity: float,
         slow = float(opts.slowdown.get(grank, 1.0))
         hbm = memories[e]
         acts = acts_all[e]
+        tpw = tp_all[e]
         my_x = xst[ci]
         tpg = tp_groups[(s, d_idx)]
         dpg = dp_groups[(s, t_idx)]
@@ -312,20 +379,29 @@ def run_engine(prog: Compiled, placement: Placement, capacity: float,
                     yield ev
             d = dur[x] * slow
             a = actions[x]
+            on_fab = use_tp and tp_s[x] > 0 and tp_bytes[x] > 0
             if tpg is not None and a.kind is not Kind.OPTIMIZER:
                 pb = (lambda t0, dd, x=x: push_buckets(x, t0, dd)) if (
                     overlap and x in last_b) else None
-                ev = tpg.arrive(x, d, on_start=pb) if pb else tpg.arrive(x, d)
+                sf = ((lambda dd, x=x: env.process(tp_run(dd, x, s, d_idx)))
+                      if on_fab else None)
+                ev = tpg.arrive(x, d, start_fn=sf, on_start=pb)
                 t0 = yield ev
                 hbm.alloc(t0, alloc[x], x)
                 hbm.free(env.now, free[x])
                 acts.append((x, t0, env.now))
+                if on_fab:
+                    tpw[x] = tp_store[(s, d_idx, x)]
             else:
                 t0 = env.now
                 hbm.alloc(t0, alloc[x], x)
                 if overlap and x in last_b:
                     push_buckets(x, t0, d)
-                yield env.timeout(d)
+                if on_fab:
+                    yield from tp_run(d, x, s, d_idx)
+                    tpw[x] = tp_store[(s, d_idx, x)]
+                else:
+                    yield env.timeout(d)
                 hbm.free(env.now, free[x])
                 acts.append((x, t0, env.now))
             if a.kind is Kind.OPTIMIZER and overlap and opts.zero == 1:
@@ -338,6 +414,7 @@ def run_engine(prog: Compiled, placement: Placement, capacity: float,
         cap = capacities.get(ranks[_e], capacity) if capacities else capacity
         memories.append(HBM(cap, prog.state_bytes[s], opts.record_memory))
         acts_all.append([])
+        tp_all.append({})
         buckets_all.append(())
     for e in range(len(ents)):
         env.process(gpu(e))
@@ -369,4 +446,5 @@ def run_engine(prog: Compiled, placement: Placement, capacity: float,
     return Trace(prog=prog, placement=pl, mode=opts.mode, ranks=ranks,
                  stage_of=[s for s, _ in ents], copy_of=[ci for _, ci in ents],
                  acts=acts_all, xfers=xfers, buckets=[tuple(b) for b in buckets_all],
-                 memory=memories, makespan=makespan, events_processed=n_events)
+                 memory=memories, makespan=makespan, events_processed=n_events,
+                 tp_comm=tp_all)

@@ -237,7 +237,11 @@ class SyncGroup:
 
 
 class _Flow:
-    __slots__ = ("links", "demand", "remaining", "speed", "updated", "done", "gen", "fid")
+    """One flow on the fabric (``slowed``: its speed has dropped below 1 at least once,
+    so it may end after ``start + work``)."""
+
+    __slots__ = ("links", "demand", "remaining", "speed", "updated", "done", "gen", "fid",
+                 "slowed")
 
     def __init__(self, fid, links, demand, work, now, done):
         self.fid = fid
@@ -248,6 +252,7 @@ class _Flow:
         self.updated = now
         self.done = done
         self.gen = 0
+        self.slowed = False
 
 
 class Fabric:
@@ -273,13 +278,19 @@ class Fabric:
 
     def start(self, links: Iterable[tuple[str, float]], work_s: float, demand_Bps: float):
         """Start a flow over weighted ``links``; returns its completion event."""
+        return self.flow(links, work_s, demand_Bps).done
+
+    def flow(self, links: Iterable[tuple[str, float]], work_s: float, demand_Bps: float
+             ) -> _Flow:
+        """Start a flow like :meth:`start` and return it (its ``done`` event, and
+        ``slowed``: whether contention has slowed it so far)."""
         env = self.env
         done = env.event()
         links = tuple(links)
         if work_s <= 0 or not links or demand_Bps <= 0:
             t = env.timeout(max(work_s, 0.0))
             t.callbacks.append(lambda _e: done.succeed())
-            return done
+            return _Flow(-1, (), 0.0, 0.0, env.now, done)
         fid = self._next_id
         self._next_id += 1
         self.flows_started += 1
@@ -291,7 +302,7 @@ class Fabric:
             self._on.setdefault(link, {})[fid] = f
         affected[fid] = f
         self._respeed(affected)
-        return done
+        return f
 
     def _touching(self, links) -> dict[int, _Flow]:
         out: dict[int, _Flow] = {}
@@ -319,6 +330,8 @@ class Fabric:
                         sp = s
             if sp == f.speed and f.gen:
                 continue
+            if sp < 1.0:
+                f.slowed = True
             f.speed = sp
             f.gen += 1
             rem = f.remaining if f.remaining > 0 else 0.0

@@ -13,6 +13,15 @@ an explicit R ran for that micro-batch); W costs ``backward_weight_s``; AR sums
 the boundary between model stages g and g+1 (activation forward or gradient back)
 takes ``stages[g].send_activation_s`` and carries ``stages[g].p2p_bytes``.
 
+Tensor-parallel collectives: each compute action also carries the TP collective time
+it contains (:mod:`merak_sim.costs.base`, ``tp_*`` fields): F, F* and R the stage's
+forward collectives; B and I the backward ones plus ``c_s`` times the re-forward's;
+W, AR and OPT none. ``tp_s`` is the collectives' total (alone, synchronous),
+``tp_exposed_s`` the part already included in ``duration_s`` (the rest overlaps the
+action's compute under sub-pipelined TP), ``tp_bytes`` what one GPU sends. Durations
+are unchanged by them: the engine only uses them to draw the collective and to put it
+on the links.
+
 Memory (bytes per GPU): model state of every chunk is resident from the start; F
 allocates ``kept_bytes(c_s)`` when it starts, F* allocates ``input_bytes``, R grows the
 micro-batch to ``activation_bytes``; B (or W after I) frees what the micro-batch held
@@ -77,6 +86,12 @@ class Compiled:
         recompute_flops: per rank, extra FLOPs of recomputation in one iteration.
         recompute_fraction: per rank, the checkpointed fraction c_s used.
         num_actions: total IR actions (fused parts counted, every send and receive).
+        tp_s: per action id, seconds of its tensor-parallel collectives (alone,
+            synchronous; module docstring); empty when compiled elsewhere (all 0).
+        tp_exposed_s: per action id, the part of ``tp_s`` included in ``duration_s``.
+        tp_recompute_exposed_s: per action id, the part of ``tp_exposed_s`` that
+            belongs to recomputation (included in ``recompute_s``).
+        tp_bytes: per action id, bytes one GPU sends for those collectives.
     """
 
     schedule: Schedule
@@ -96,6 +111,10 @@ class Compiled:
     recompute_flops: tuple[float, ...]
     recompute_fraction: tuple[float, ...]
     num_actions: int
+    tp_s: tuple[float, ...] = ()
+    tp_exposed_s: tuple[float, ...] = ()
+    tp_recompute_exposed_s: tuple[float, ...] = ()
+    tp_bytes: tuple[float, ...] = ()
 
     @property
     def num_ranks(self) -> int:
@@ -164,6 +183,10 @@ def compile_program(
     rec: list[float] = []
     alloc: list[float] = []
     free: list[float] = []
+    tp_t: list[float] = []
+    tp_x: list[float] = []
+    tp_rx: list[float] = []
+    tp_b: list[float] = []
     ops_all = []
     ar_chunks = []
     last_bwd = []
@@ -187,11 +210,19 @@ def compile_program(
             actions.append(a)
             rank_of.append(rank)
             d = r_s = al = fr = 0.0
+            tt = tx = trx = tb = 0.0
             if k.per_microbatch:
                 sc = st[sched.model_stage(a)]
                 key = (a.chunk, a.microbatch)
                 cs = 0.0 if (rank, a.chunk, a.microbatch) in explicit_r else c[rank]
                 fwd_flops = sc.flops / 3.0  # forward ~ 1/3 of forward+backward FLOPs
+                if k in (Kind.FORWARD, Kind.FORWARD_NOGRAD, Kind.RECOMPUTE):
+                    tt, tx, tb = sc.tp_comm_fwd_s, sc.tp_exposed_fwd_s, sc.tp_bytes_fwd
+                elif k in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
+                    tt = sc.tp_comm_bwd_s + cs * sc.tp_comm_recompute_s
+                    trx = cs * sc.tp_exposed_recompute_s
+                    tx = sc.tp_exposed_bwd_s + trx
+                    tb = sc.tp_bytes_bwd + cs * sc.tp_bytes_recompute
                 if k is Kind.FORWARD:
                     d = sc.forward_s
                     al = sc.kept_bytes(c[rank])
@@ -204,6 +235,7 @@ def compile_program(
                     rank_flops += sc.flops
                 elif k is Kind.RECOMPUTE:
                     d = r_s = sc.forward_s
+                    trx = tx
                     al = max(0.0, sc.activation_bytes - held.get(key, 0.0))
                     held[key] = held.get(key, 0.0) + al
                     rank_rflops += fwd_flops
@@ -229,6 +261,10 @@ def compile_program(
             rec.append(float(r_s))
             alloc.append(float(al))
             free.append(float(fr))
+            tp_t.append(float(tt))
+            tp_x.append(float(tx))
+            tp_rx.append(float(trx))
+            tp_b.append(float(tb))
             if k is Kind.ALL_REDUCE:
                 ops.append((OP_AR, aid, -1))
             else:
@@ -266,4 +302,8 @@ def compile_program(
         recompute_flops=tuple(rflops),
         recompute_fraction=tuple(c),
         num_actions=n_actions,
+        tp_s=tuple(tp_t),
+        tp_exposed_s=tuple(tp_x),
+        tp_recompute_exposed_s=tuple(tp_rx),
+        tp_bytes=tuple(tp_b),
     )

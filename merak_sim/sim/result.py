@@ -5,8 +5,10 @@ Breakdown per GPU (seconds, summing to the iteration time):
 - recompute: explicit re-forwards (R) and the checkpointed part of backwards;
 - exposed communication: time the compute stream waits while a transfer it needs is
   in flight (from the later of "wait began" and "transfer began" to the transfer's
-  end), a data-parallel reduction on the compute stream, and the wait for an
-  overlapped reduction before the optimizer step;
+  end), a data-parallel reduction on the compute stream, the wait for an
+  overlapped reduction before the optimizer step, and the exposed part of every
+  action's tensor-parallel collectives (``Compiled.tp_exposed_s``, plus whatever link
+  contention added to the action);
 - bubble: everything else (waiting for a peer stage to produce, for tensor-parallel
   peers, and idling after the rank's last action).
 
@@ -14,6 +16,13 @@ FLOP/s: model FLOP/s per GPU counts each micro-batch's forward + backward once
 (6 * params * tokens style, from the cost table); hardware FLOP/s adds
 recomputation (a re-forward is counted as one third of forward + backward FLOPs).
 MFU = model FLOP/s per GPU / peak FLOP/s of the GPU.
+
+Events: one row per compute action (stream "compute"), transfer (stream "p2p") and
+data-parallel reduction (stream "collective", kind "ALL_REDUCE"), plus, for tp > 1, one
+row per compute action for its tensor-parallel collectives: stream "collective", kind
+:data:`TP_KIND` ("TP_COLLECTIVE"), action the compute action's token, bytes sent per
+GPU, spanning the time the collectives occupy the links (the action's last ``tp_s``
+seconds, or what the fabric simulated under contention).
 
 pandas and matplotlib are imported lazily by the methods that need them.
 """
@@ -31,7 +40,11 @@ from merak_sim.schedule.ir import Kind
 from .engine import Trace
 from .program import OP_COMPUTE
 
-__all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "EVENT_COLUMNS", "build_result"]
+__all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "EVENT_COLUMNS", "TP_KIND",
+           "build_result"]
+
+#: Events-table kind of an action's tensor-parallel collectives (stream "collective").
+TP_KIND = "TP_COLLECTIVE"
 
 #: Column order of the events table shared by simulated and measured timelines.
 EVENT_COLUMNS = ("rank", "stage", "chunk", "stream", "kind", "action", "microbatch",
@@ -187,11 +200,20 @@ class SimResult:
         ent_of = {}
         for e, (s, ci) in enumerate(zip(tr.stage_of, tr.copy_of, strict=False)):
             ent_of[(s, ci)] = e
+        tp_s = prog.tp_s
+        tp_b = prog.tp_bytes
         for e, rows in enumerate(tr.acts):
             rank, s = tr.ranks[e], tr.stage_of[e]
             rb = tr.buckets[e]
+            sim_tp = tr.tp_comm[e] if tr.tp_comm else {}
             for aid, st, en in rows:
                 a = acts[aid]
+                if tp_s and tp_s[aid] > 0:
+                    w = sim_tp.get(aid)
+                    cs, ce = (w[0], w[1]) if w is not None else (
+                        en - min(tp_s[aid], en - st), en)
+                    yield (rank, s, a.chunk, "collective", TP_KIND, str(a), a.microbatch,
+                           cs, ce, tp_b[aid])
                 if a.kind is Kind.ALL_REDUCE and rb:
                     for ch, bs, be in rb:
                         yield (rank, s, max(ch, 0), "collective", a.kind.name, str(a), -1,
@@ -283,8 +305,9 @@ class SimResult:
             for kind, g in sub.groupby("kind"):
                 bars = list(zip(g["start_s"] * 1e3, (g["end_s"] - g["start_s"]) * 1e3,
                                 strict=True))
-                y = i - 0.4 if kind != "ALL_REDUCE" else i + 0.05
-                h = 0.8 if kind != "ALL_REDUCE" else 0.35
+                coll = kind in ("ALL_REDUCE", TP_KIND)
+                y = i - 0.4 if not coll else i + 0.05
+                h = 0.8 if not coll else 0.35
                 ax.broken_barh(bars, (y, h), facecolors=colors.get(kind, "grey"),
                                edgecolor="white", linewidth=0.3, label=kind)
         handles, labels = ax.get_legend_handles_labels()
@@ -347,6 +370,9 @@ def _breakdown(tr: Trace, e: int) -> tuple[float, float, float]:
     dur = prog.duration_s
     rec = prog.recompute_s
     acts = prog.actions
+    tpx = prog.tp_exposed_s
+    tprx = prog.tp_recompute_exposed_s
+    sim_tp = tr.tp_comm[e] if tr.tp_comm else {}
     consumed = {}
     for code, x, y in prog.ops[s]:
         if code == OP_COMPUTE and y >= 0:
@@ -371,7 +397,19 @@ def _breakdown(tr: Trace, e: int) -> tuple[float, float, float]:
             elif a.kind is Kind.OPTIMIZER and tr.buckets[e]:
                 comm += wait
         d = en - st
-        if dur[aid] > 0 and rec[aid] > 0:
+        x_tp = tpx[aid] if tpx else 0.0
+        if x_tp > 0 or (sim_tp and aid in sim_tp):
+            # Exposed TP collectives (plus any contention delay) are communication;
+            # the rest splits into compute and recompute as the contention-free parts.
+            w = sim_tp.get(aid)
+            c = min(d, x_tp + (w[2] if w is not None else 0.0))
+            comm += c
+            d -= c
+            base = dur[aid] - x_tp
+            r = d * (rec[aid] - tprx[aid]) / base if base > 0 and rec[aid] > 0 else 0.0
+            recomp += r
+            comp += d - r
+        elif dur[aid] > 0 and rec[aid] > 0:
             r = d * rec[aid] / dur[aid]
             recomp += r
             comp += d - r
