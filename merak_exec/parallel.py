@@ -146,6 +146,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
         if n == 0 and any(len(r) > 2 for r in ranges):
             raise ExecError("the tensor-parallel mapping matched no linear layer; check its "
                             "module names against model.named_modules()")
+        _retie_and_vocab_loss(chain, ranges, chunks, mesh)
         if config.tp_overlap == "sub-pipelined":
             groups = _part_groups(mesh, config)
             for c in chunks:
@@ -161,6 +162,25 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     rt = PipelineRuntime(chunks, sched, mesh, opt, specs, tied_params=tied, record=record)
     return ParallelModel(mesh=mesh, chain=chain, ranges=ranges, chunks=chunks, runtime=rt,
                          config=config)
+
+
+def _retie_and_vocab_loss(chain: LayerChain, ranges, chunks, mesh: Mesh) -> None:
+    """After TP: tied parameters held by one rank share their (identically sliced)
+    shard again; a head split by vocabulary gets the vocab-parallel cross entropy."""
+    from merak_exec.tensor_parallel import vocab_parallel_lm_loss
+
+    local = {li: layer for c in chunks for li, layer in zip(ranges[c.index], c.layers,
+                                                             strict=True)}
+    for (i, ni), (j, nj) in chain.tied:
+        if i in local and j in local:
+            mod_path, _, pname = nj.rpartition(".")
+            owner = local[j].get_submodule(mod_path) if mod_path else local[j]
+            setattr(owner, pname, local[i].get_parameter(ni))
+    for c in chunks:
+        if c.is_last:
+            for m in c.modules():
+                if hasattr(m, "vocab_start"):
+                    c.loss_fn = vocab_parallel_lm_loss(m.vocab_start, mesh.tp_group)
 
 
 def _boundary_specs(chain: LayerChain, ranges: list[range], mbs: int, seq: int,

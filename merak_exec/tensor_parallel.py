@@ -6,6 +6,11 @@ the tp group. A row-parallel linear keeps the matching input columns: its output
 a partial sum, all-reduced in the forward; its bias is added once, after the sum.
 (Shoeybi et al., "Megatron-LM", 2019, section 3.)
 
+The vocabulary can be split too (Megatron): a vocab-parallel embedding sums the
+partial lookups of the ranks, and the LM head stays split by vocabulary with a
+vocab-parallel cross entropy (all-reduced max, sum of exponentials and target logit),
+so the full logits are never gathered.
+
 A per-family *mapping* names which modules become column- or row-parallel and which
 attributes hold per-rank head counts to divide by tp (Merak's "feature dict",
 shared/reference/merak.md, system item 2). Users pass their own mapping for other
@@ -33,7 +38,8 @@ from torch import nn
 from merak_exec.mesh import ExecError
 
 __all__ = ["TPMapping", "FAMILY_MAPPINGS", "ColumnParallelLinear", "RowParallelLinear",
-           "apply_tensor_parallel", "SubPipelined", "current_tp_group"]
+           "VocabParallelEmbedding", "vocab_parallel_lm_loss", "apply_tensor_parallel",
+           "SubPipelined", "current_tp_group"]
 
 _local = threading.local()
 
@@ -134,6 +140,76 @@ class RowParallelLinear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
+class VocabParallelEmbedding(nn.Module):
+    """Embedding whose vocabulary rows are split across the tp group: each rank looks
+    up the ids in its range, zeroes the rest, and the partial results are summed."""
+
+    def __init__(self, emb: nn.Embedding, group, tp: int, rank: int) -> None:
+        super().__init__()
+        V = emb.num_embeddings
+        if V % tp:
+            raise ExecError(f"vocabulary {V} is not divisible by tp={tp}; pad the vocabulary "
+                            "to a multiple of tp")
+        n = V // tp
+        self.group, self.start, self.end = group, rank * n, (rank + 1) * n
+        self.weight = nn.Parameter(emb.weight.detach()[self.start:self.end].clone())
+        pad = emb.padding_idx  # its row gets no gradient, as in nn.Embedding
+        self.padding_idx = pad - self.start if pad is not None and \
+            self.start <= pad < self.end else None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids -> embeddings (summed over tp)."""
+        outside = (ids < self.start) | (ids >= self.end)
+        local = (ids - self.start).masked_fill(outside, 0)
+        y = F.embedding(local, self.weight, padding_idx=self.padding_idx)
+        y = y.masked_fill(outside.unsqueeze(-1), 0.0)
+        return _ReduceFromTP.apply(y, current_tp_group(self.group))
+
+
+class _VocabParallelCE(torch.autograd.Function):
+    """Cross entropy over logits split by vocabulary across tp (Megatron's): global max
+    and sum of exponentials by all-reduce; never gathers the full logits."""
+
+    @staticmethod
+    def forward(ctx, logits, target, start, group, ignore_index):
+        logits = logits.float()
+        m = logits.max(dim=-1).values
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        z = logits - m.unsqueeze(-1)
+        n = z.shape[-1]
+        inside = (target >= start) & (target < start + n)
+        idx = (target - start).clamp(0, n - 1)
+        tgt = z.gather(-1, idx.unsqueeze(-1)).squeeze(-1) * inside
+        e = z.exp()
+        se = e.sum(-1)
+        dist.all_reduce(tgt, group=group)
+        dist.all_reduce(se, group=group)
+        valid = target != ignore_index
+        loss = (se.log() - tgt) * valid
+        count = valid.sum().clamp_min(1)
+        ctx.save_for_backward(e / se.unsqueeze(-1), idx, inside, valid)
+        ctx.count = count
+        return loss.sum() / count
+
+    @staticmethod
+    def backward(ctx, g):
+        p, idx, inside, valid = ctx.saved_tensors
+        grad = p.clone()
+        grad.scatter_add_(-1, idx.unsqueeze(-1), -inside.unsqueeze(-1).to(grad.dtype))
+        grad = grad * (valid.unsqueeze(-1) * (g / ctx.count))
+        return grad, None, None, None, None
+
+
+def vocab_parallel_lm_loss(start: int, group, ignore_index: int = -100):
+    """A loss_fn(logits_shard [b, s, V/tp], labels [b, s]) for a vocab-parallel head."""
+
+    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return _VocabParallelCE.apply(logits, labels, start, current_tp_group(group),
+                                      ignore_index)
+
+    return loss_fn
+
+
 @dataclass(frozen=True)
 class TPMapping:
     """Which modules to shard and which attributes to divide, by name suffix.
@@ -144,24 +220,32 @@ class TPMapping:
         row: suffixes made row-parallel.
         divide: attribute names (on any module) holding per-rank counts to divide by tp,
             e.g. "n_head"; each must be divisible.
+        vocab_embedding: embeddings split by vocabulary (VocabParallelEmbedding).
+        vocab_head: LM-head linears split by vocabulary (their loss becomes the
+            vocab-parallel cross entropy).
     """
 
     column: tuple[str, ...]
     row: tuple[str, ...]
     divide: tuple[str, ...] = field(default_factory=tuple)
+    vocab_embedding: tuple[str, ...] = field(default_factory=tuple)
+    vocab_head: tuple[str, ...] = field(default_factory=tuple)
 
 
 FAMILY_MAPPINGS: dict[str, TPMapping] = {
     # the built-in GPT (merak_exec.models.gpt)
     "gpt": TPMapping(column=("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.fc_in"),
-                     row=("attn.o_proj", "mlp.fc_out"), divide=("n_head",)),
+                     row=("attn.o_proj", "mlp.fc_out"), divide=("n_head",),
+                     vocab_embedding=("wte",), vocab_head=("lm_head",)),
     # HuggingFace GPT2LMHeadModel (Conv1D layers, fused q/k/v; heads inferred via -1)
     "gpt2": TPMapping(column=("attn.c_attn:3", "mlp.c_fc"), row=("attn.c_proj", "mlp.c_proj"),
-                      divide=("split_size", "num_heads")),
+                      divide=("split_size", "num_heads"), vocab_embedding=("wte",),
+                      vocab_head=("lm_head",)),
     # HuggingFace LlamaForCausalLM (heads are inferred from tensor shapes there)
     "llama": TPMapping(column=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                "mlp.gate_proj", "mlp.up_proj"),
-                       row=("self_attn.o_proj", "mlp.down_proj"), divide=()),
+                       row=("self_attn.o_proj", "mlp.down_proj"), divide=(),
+                       vocab_embedding=("embed_tokens",), vocab_head=("lm_head",)),
     # HuggingFace BERT
     "bert": TPMapping(column=("attention.self.query", "attention.self.key",
                               "attention.self.value", "intermediate.dense"),
@@ -186,14 +270,26 @@ def apply_tensor_parallel(module: nn.Module, mapping: TPMapping, group, tp: int,
                     raise ExecError(f"{attr}={v} of {name or 'model'} is not divisible by "
                                     f"tp={tp}; choose tp dividing it")
                 setattr(sub, attr, v // tp)
+        def matches(specs, name=name) -> bool:
+            return any(name == x or name.endswith("." + x) for x in specs)
+
+        if isinstance(sub, nn.Embedding) and matches(mapping.vocab_embedding):
+            parent_name, _, child = name.rpartition(".")
+            parent = module.get_submodule(parent_name) if parent_name else module
+            setattr(parent, child, VocabParallelEmbedding(sub, group, tp, rank))
+            count += 1
+            continue
         if not _is_linear(sub):
             continue
         new = None
-        for spec in mapping.column:
+        if matches(mapping.vocab_head):
+            new = ColumnParallelLinear(sub, group, tp, rank)
+            new.vocab_start = rank * new.weight.shape[0]
+        for spec in mapping.column if new is None else ():
             suffix, _, k = spec.partition(":")
             if name == suffix or name.endswith("." + suffix):
                 new = ColumnParallelLinear(sub, group, tp, rank, fused=int(k or 1))
-        if new is None and any(name == s or name.endswith("." + s) for s in mapping.row):
+        if new is None and matches(mapping.row):
             new = RowParallelLinear(sub, group, tp, rank)
         if new is None:
             continue

@@ -157,7 +157,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def run_case(case: dict, steps: int = 3) -> dict:
     """Train under one configuration; return max relative errors vs the reference."""
     from merak_exec.parallel import parallelize
-    from merak_exec.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from merak_exec.tensor_parallel import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+    )
     from merak_sim.config import ParallelConfig
 
     pc = ParallelConfig(**case["config"])
@@ -184,7 +188,12 @@ def run_case(case: dict, steps: int = 3) -> dict:
                     ref_chain.layers[li]
                 rp_full = ref_owner.get_parameter(pname)
                 rg_full = ref_grads[id(rp_full)]
-                if isinstance(owner, (ColumnParallelLinear, RowParallelLinear)):
+                if isinstance(owner, VocabParallelEmbedding):
+                    rp = type(owner)(ref_owner, None, tp, tr).weight
+                    g_owner = copy.deepcopy(ref_owner)
+                    g_owner.weight.data.copy_(rg_full)
+                    rg = type(owner)(g_owner, None, tp, tr).weight
+                elif isinstance(owner, (ColumnParallelLinear, RowParallelLinear)):
                     # Shard the reference the same way (same class, same slicing code).
                     kw = ({"fused": owner.fused}
                           if isinstance(owner, ColumnParallelLinear) else {})
