@@ -105,21 +105,22 @@ def throughput(dry: bool, steps: int) -> dict:
                 ts.append(time.perf_counter() - t)
         return ts
 
-    # plain loop first, then free it, then ours (both fit easily in 141 GB)
-    torch.manual_seed(0)
-    plain = GPT(cfg).to(dev, dt)
-    opt = torch.optim.AdamW(plain.parameters(), lr=1e-4)
-    x_dev, y_dev = ids.to(dev), labels.to(dev)
+    def run_plain() -> tuple[list[float], int]:
+        torch.manual_seed(0)
+        plain = GPT(cfg).to(dev, dt)
+        opt = torch.optim.AdamW(plain.parameters(), lr=1e-4)
+        x_dev, y_dev = ids.to(dev), labels.to(dev)
 
-    def plain_step():
-        for x, y in zip(x_dev.split(mbs), y_dev.split(mbs), strict=True):
-            (lm_loss(plain(x), y) / M).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        def plain_step():
+            for x, y in zip(x_dev.split(mbs), y_dev.split(mbs), strict=True):
+                (lm_loss(plain(x), y) / M).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
-    t_plain = timed(plain_step, steps)
-    n_params = sum(p.numel() for p in plain.parameters())
-    del plain, opt
+        return timed(plain_step, steps), sum(p.numel() for p in plain.parameters())
+
+    # plain loop first (its model freed on return), then ours
+    t_plain, n_params = run_plain()
     if not dry:
         torch.cuda.empty_cache()
     torch.manual_seed(0)
