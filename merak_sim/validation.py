@@ -441,11 +441,12 @@ def plot_side_by_side(report: ValidationReport, path: str | Path | None = None):
     return fig
 
 
-def summarize(reports: list[ValidationReport], speedup: tuple[str, str] | None = None) -> dict:
+def summarize(reports: list[ValidationReport],
+              speedup: tuple[str, str] | list[tuple[str, str]] | None = None) -> dict:
     """Suite figures against the issue's targets: iteration median / worst absolute
     error, per-action median absolute error (all runs pooled), worst activation error,
-    and optionally the measured versus simulated speed-up of run ``speedup[1]`` over
-    ``speedup[0]`` (names)."""
+    and optionally the speed-up of run ``new`` over run ``base`` for each ``(base,
+    new)`` name pair (median over the pairs, measured and simulated)."""
     it = [abs(r.iteration_error) for r in reports]
     acts = [e for r in reports for e in r.action_abs_errors]
     out = {"runs": len(reports),
@@ -455,11 +456,15 @@ def summarize(reports: list[ValidationReport], speedup: tuple[str, str] | None =
            "activation_worst_abs_error": max(float(r.memory["activation_error"].abs().max())
                                              for r in reports)}
     if speedup is not None:
+        pairs = [speedup] if isinstance(speedup, tuple) else list(speedup)
         by = {r.name: r for r in reports}
-        if speedup[0] in by and speedup[1] in by:
-            b, n = by[speedup[0]], by[speedup[1]]
-            out["speedup_measured"] = b.measured_iteration_s / n.measured_iteration_s - 1.0
-            out["speedup_predicted"] = b.predicted_iteration_s / n.predicted_iteration_s - 1.0
+        got = [(by[b], by[n]) for b, n in pairs if b in by and n in by]
+        if got:
+            ms = [b.measured_iteration_s / n.measured_iteration_s - 1.0 for b, n in got]
+            ps = [b.predicted_iteration_s / n.predicted_iteration_s - 1.0 for b, n in got]
+            out["speedup_pairs"] = len(got)
+            out["speedup_measured"] = statistics.median(ms)
+            out["speedup_predicted"] = statistics.median(ps)
             out["speedup_gap_points"] = 100 * (out["speedup_predicted"]
                                                - out["speedup_measured"])
     return out
