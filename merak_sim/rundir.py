@@ -169,7 +169,9 @@ def read_run(path: str | Path, profile: str | Path | None = None) -> MeasuredRun
 
 _TIME_KEYS = ("forward_s", "forward_plain_s", "backward_ckpt_s", "backward_s",
               "forward_nograd_s", "reforward_s", "backward_input_s", "backward_weight_s",
-              "bare_forward_nograd_s", "all_reduce_s", "optimizer_s")
+              "bare_forward_nograd_s", "all_reduce_s", "optimizer_s", "forward_solo_s",
+              "backward_ckpt_solo_s", "backward_solo_s", "forward_nograd_solo_s",
+              "reforward_solo_s", "backward_input_solo_s", "backward_weight_solo_s")
 
 
 def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Path:
@@ -194,7 +196,8 @@ def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Pa
     stages = []
     for s in range(pp):
         group = [r["profile"] for r in ranks if r["pp_rank"] == s]
-        st = {k: statistics.median(g[k] for g in group) for k in _TIME_KEYS}
+        st = {k: statistics.median(g[k] for g in group) for k in _TIME_KEYS
+              if all(k in g for g in group)}
         first = next(r["profile"] for r in ranks if r["pp_rank"] == s)
         for k, v in first.items():
             st.setdefault(k, v)

@@ -19,7 +19,9 @@ Pricing (:func:`cost_table_from_profile`): every figure is a measured parameter 
 this machine, none is fitted to the run being validated. Action times come from the
 profiler step, which times each action through the runtime's own code (its Python
 overhead per action included) while all ranks are busy (thread contention included);
-point-to-point transfers use the gloo latency and bandwidth fitted from ping-pongs.
+point-to-point transfers use the gloo latency and bandwidth fitted from ping-pongs,
+posting a send or receive costs its measured time, and a pipeline stage computing
+while the others idle runs at its measured alone speed (:func:`_contention`).
 The :class:`~merak_sim.costs.base.StageCost` contract has one forward time for F, F*
 and R; the measured F* (no-grad) and R (re-forward) differ from F, so the prediction
 (:func:`simulate_run`) re-times those actions of the compiled program from the
@@ -143,6 +145,8 @@ def simulate_run(run: MeasuredRun, refined: bool = True):
                     a = prog.actions[x]
                     post_extra[(a.stage, str(a))] = pending * post_s
                     pending = 0
+    if cfg.dp * cfg.tp == 1 and cfg.pp > 1:
+        dur = _contention(prog, dur, st, post_extra)
     prog = replace(prog, duration_s=tuple(dur))
     tr = evaluator_trace(prog, Placement(cfg.dp, cfg.tp, cfg.pp), table.memory_capacity_bytes,
                          zero=cfg.zero)
@@ -150,6 +154,50 @@ def simulate_run(run: MeasuredRun, refined: bool = True):
                         engine="evaluator", global_batch=cfg.global_batch_size,
                         seq_len=run.seq_len, config=cfg, notes=table.notes,
                         meta={"prediction": "refined", "post_extra_s": post_extra})
+
+
+_SOLO_KEY = {"FORWARD": "forward_s", "FORWARD_NOGRAD": "forward_nograd_s",
+             "RECOMPUTE": "reforward_s", "BACKWARD_INPUT": "backward_input_s",
+             "BACKWARD_WEIGHT": "backward_weight_s"}
+
+
+def _contention(prog, dur: list[float], stages: list[dict], post_extra: dict,
+                iterations: int = 4) -> list[float]:
+    """Durations under measured contention: an action costs its alone time plus the
+    measured slowdown of all ranks computing at once, scaled by the fraction of it
+    that overlaps another rank's compute in the simulated timeline (fixed point of a
+    few evaluations, starting from the all-busy times). Only pipeline ranks without
+    replicas vary: data- and tensor-parallel replicas always run together."""
+    from merak_sim.sim.evaluator import evaluate, plan
+
+    ratio = []
+    for i, a in enumerate(prog.actions):
+        p = stages[a.stage]
+        key = _SOLO_KEY.get(a.kind.name)
+        if a.kind.name == "BACKWARD":
+            key = "backward_ckpt_s" if prog.recompute_s[i] > 0 else "backward_s"
+        t, so = (p.get(key), p.get(key[:-2] + "_solo_s")) if key else (None, None)
+        ratio.append(so / t if t and so else 1.0)
+    if all(abs(r - 1.0) < 1e-12 for r in ratio):
+        return dur
+    post = [post_extra.get((a.stage, str(a)), 0.0) for a in prog.actions]
+    busy = [d - q for d, q in zip(dur, post, strict=True)]
+    pl = plan(prog)
+    cur = list(dur)
+    for _ in range(iterations):
+        ev = evaluate(replace(prog, duration_s=tuple(cur)), pl)
+        spans: dict[int, list[tuple[float, float]]] = {}
+        for x, r in enumerate(prog.rank_of_action):
+            spans.setdefault(r, []).append((ev.start[x], ev.end[x]))
+        nxt = []
+        for x, r in enumerate(prog.rank_of_action):
+            s0, e0 = ev.start[x], ev.end[x]
+            ov = sum(max(0.0, min(e0, e1) - max(s0, s1)) for q, sp in spans.items() if q != r
+                     for s1, e1 in sp)
+            f = min(1.0, ov / (e0 - s0)) if e0 > s0 else 1.0
+            nxt.append(post[x] + busy[x] * (ratio[x] + (1.0 - ratio[x]) * f))
+        cur = nxt
+    return cur
 
 
 # -- the measured side -------------------------------------------------------------------
@@ -214,11 +262,12 @@ def gpt_param_bytes(model: dict, pp: int, tp: int, bytes_per_param: int = 4) -> 
     """Analytic parameter bytes per pipeline stage of the built-in GPT (pre-LN blocks
     with biases, learned positions, tied head; the last stage keeps its own copy of the
     tied embedding when it lives on another rank; TP shards qkv / fc columns with their
-    biases and proj / fc2 rows without)."""
+    biases, proj / fc2 rows without, and the vocabulary rows of the embedding)."""
     h, V, P, L = model["n_embd"], model["vocab_size"], model["n_positions"], model["n_layer"]
     sharded = (3 * h * h + h * h + 4 * h * h + 4 * h * h + 3 * h + 4 * h) // tp
     block = sharded + 2 * h + 4 * h  # + proj / fc2 biases and two layer norms
-    emb, head = V * h + P * h, 2 * h
+    # The vocabulary is split over TP ranks (vocab-parallel embedding and head).
+    emb, head = (V // tp) * h + P * h, 2 * h
     ranges = _uniform_ranges(L + 2, list(range(1, L + 1)), pp)
     out = []
     for s, r in enumerate(ranges):
@@ -226,7 +275,7 @@ def gpt_param_bytes(model: dict, pp: int, tp: int, bytes_per_param: int = 4) -> 
         n += emb if 0 in r else 0
         n += head if (L + 1) in r else 0
         if (L + 1) in r and 0 not in r:
-            n += V * h
+            n += (V // tp) * h
         out.append(n * bytes_per_param)
         del s
     return out

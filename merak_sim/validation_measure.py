@@ -305,6 +305,37 @@ def _profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
                 ts.append(d)
         return statistics.median(ts)
 
+    world = dist.get_world_size()
+    # Alone: one rank times while the others wait at a barrier (what a pipeline stage
+    # sees in warm-up and cool-down). Not under TP: its actions need every TP rank.
+    solo_ok = world > 1 and pm.config.tp == 1
+
+    def timed_solo(setup, action, clear_grads=True):
+        ts = []
+        for i in range(warmup + repeats):
+            for r in range(world):
+                dist.barrier()
+                if r != dist.get_rank():
+                    continue
+                setup()
+                _sync()
+                t = time.perf_counter()
+                action()
+                _sync()
+                d = time.perf_counter() - t
+                if clear_grads:
+                    for p in pm.parameters():
+                        p.grad = None
+                if i >= warmup:
+                    ts.append(d)
+        dist.barrier()
+        return statistics.median(ts)
+
+    def both(key, setup, action, clear_grads=True):
+        out[key] = timed(setup, action, clear_grads)
+        out[key[:-2] + "_solo_s"] = (timed_solo(setup, action, clear_grads) if solo_ok
+                                     else out[key])
+
     c_layers = chunk.recompute_layers
     heavy = sum(chunk._heavy)
     out: dict = {"recompute_layers": c_layers, "heavy_layers": heavy,
@@ -320,27 +351,25 @@ def _profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
         return g
 
     st = lambda: box["st"]  # noqa: E731 - short accessor used below
-    out["forward_s"] = timed(reset, lambda: fwd(Kind.FORWARD))
+    both("forward_s", reset, lambda: fwd(Kind.FORWARD))
     out["forward_plain_s"] = timed(reset, with_layers(0, lambda: fwd(Kind.FORWARD)))
-    out["backward_ckpt_s"] = timed(lambda: fwd(Kind.FORWARD),
-                                   lambda: rt._backward(A[Kind.BACKWARD], st()))
-    out["backward_s"] = timed(with_layers(0, lambda: fwd(Kind.FORWARD)),
-                              lambda: rt._backward(A[Kind.BACKWARD], st()))
-    out["forward_nograd_s"] = timed(reset, lambda: fwd(Kind.FORWARD_NOGRAD))
-    out["reforward_s"] = timed(lambda: fwd(Kind.FORWARD_NOGRAD),
-                               lambda: rt._recompute(A[Kind.RECOMPUTE], st(), labels))
-    out["backward_input_s"] = timed(with_layers(0, lambda: fwd(Kind.FORWARD)),
-                                    lambda: rt._backward_input(A[Kind.BACKWARD_INPUT], st()),
-                                    clear_grads=False)
+    both("backward_ckpt_s", lambda: fwd(Kind.FORWARD),
+         lambda: rt._backward(A[Kind.BACKWARD], st()))
+    both("backward_s", with_layers(0, lambda: fwd(Kind.FORWARD)),
+         lambda: rt._backward(A[Kind.BACKWARD], st()))
+    both("forward_nograd_s", reset, lambda: fwd(Kind.FORWARD_NOGRAD))
+    both("reforward_s", lambda: fwd(Kind.FORWARD_NOGRAD),
+         lambda: rt._recompute(A[Kind.RECOMPUTE], st(), labels))
+    both("backward_input_s", with_layers(0, lambda: fwd(Kind.FORWARD)),
+         lambda: rt._backward_input(A[Kind.BACKWARD_INPUT], st()), clear_grads=False)
     reset()
 
     def iw_setup():
         with_layers(0, lambda: fwd(Kind.FORWARD))()
         rt._backward_input(A[Kind.BACKWARD_INPUT], box["st"])
 
-    out["backward_weight_s"] = timed(iw_setup,
-                                     lambda: rt._backward_weight(A[Kind.BACKWARD_WEIGHT],
-                                                                 st()))
+    both("backward_weight_s", iw_setup,
+         lambda: rt._backward_weight(A[Kind.BACKWARD_WEIGHT], st()))
     # Bare module time: the stage's layers without the runtime around them.
     xb = (inputs[0],) if chunk.is_first else x_in
 

@@ -230,3 +230,20 @@ def test_post_overhead_lengthens_the_iteration_but_not_the_actions(tmp_path):
     assert rep.actions["error"].abs().max() < 1e-9  # the posts are not the actions' time
     extra = rep.sim.meta["post_extra_s"]
     assert extra[(0, "B0")] == pytest.approx(2e-3)  # sA1/rG0 posted right before B0
+
+
+def test_contention_model_uses_alone_times_where_a_stage_runs_alone(tmp_path):
+    d, sim0 = _synthetic_dir(tmp_path, _cfg(schedule="gpipe"), _profile(2))
+    run = read_run(d)
+    stages = [dict(s, **{k[:-2] + "_solo_s": 0.5 * s[k] for k in (
+        "forward_s", "backward_s", "backward_ckpt_s", "forward_nograd_s", "reforward_s",
+        "backward_input_s", "backward_weight_s")}) for s in run.profile["stages"]]
+    fast = validate(replace(run, profile={**run.profile, "stages": stages}))
+    assert fast.predicted_iteration_s < sim0.iteration_time_s
+    ev = fast.sim.events()
+    f0 = ev[(ev["stage"] == 0) & (ev["action"] == "F0")].iloc[0]
+    # GPipe: stage 0's first forward runs while stage 1 idles -> the alone time
+    assert f0["end_s"] - f0["start_s"] == pytest.approx(0.5 * stages[0]["forward_s"], rel=1e-6)
+    # the time of an action that overlaps the other stage's compute lies in between
+    f1 = ev[(ev["stage"] == 0) & (ev["action"] == "F1")].iloc[0]
+    assert 0.5 * stages[0]["forward_s"] < f1["end_s"] - f1["start_s"] <= stages[0]["forward_s"]
