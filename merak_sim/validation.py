@@ -21,7 +21,8 @@ profiler step, which times each action through the runtime's own code (its Pytho
 overhead per action included) while all ranks are busy (thread contention included);
 point-to-point transfers use the gloo latency and bandwidth fitted from ping-pongs,
 posting a send or receive costs its measured time, and a pipeline stage computing
-while the others idle runs at its measured alone speed (:func:`_contention`).
+while the others idle runs at its measured alone speed (:func:`_contention`), and
+the tied-embedding all-reduce waits for both of its ranks (:func:`_sync_tied_all_reduce`).
 The :class:`~merak_sim.costs.base.StageCost` contract has one forward time for F, F*
 and R; the measured F* (no-grad) and R (re-forward) differ from F, so the prediction
 (:func:`simulate_run`) re-times those actions of the compiled program from the
@@ -147,6 +148,8 @@ def simulate_run(run: MeasuredRun, refined: bool = True):
                     pending = 0
     if cfg.dp * cfg.tp == 1 and cfg.pp > 1:
         dur = _contention(prog, dur, st, post_extra)
+    if cfg.pp > 1:
+        dur = _sync_tied_all_reduce(prog, dur)
     prog = replace(prog, duration_s=tuple(dur))
     tr = evaluator_trace(prog, Placement(cfg.dp, cfg.tp, cfg.pp), table.memory_capacity_bytes,
                          zero=cfg.zero)
@@ -198,6 +201,28 @@ def _contention(prog, dur: list[float], stages: list[dict], post_extra: dict,
             nxt.append(post[x] + busy[x] * (ratio[x] + (1.0 - ratio[x]) * f))
         cur = nxt
     return cur
+
+
+def _sync_tied_all_reduce(prog, dur: list[float]) -> list[float]:
+    """The built-in GPT ties its embedding and head, so AR on the first and last
+    pipeline ranks starts with one collective between them (merak_exec sums the tied
+    gradients there): it cannot finish before the later rank arrives. The program
+    prices each rank's AR alone, so the earlier rank's AR is lengthened by the wait
+    (AR is followed only by OPT, so nothing else moves)."""
+    from merak_sim.schedule.ir import Kind
+    from merak_sim.sim.evaluator import evaluate, plan
+
+    S = prog.num_ranks
+    ar = {r: x for x, (a, r) in enumerate(zip(prog.actions, prog.rank_of_action, strict=True))
+          if a.kind is Kind.ALL_REDUCE and r in (0, S - 1)}
+    if len(ar) < 2:
+        return dur
+    ev = evaluate(replace(prog, duration_s=tuple(dur)), plan(prog))
+    latest = max(ev.start[x] for x in ar.values())
+    out = list(dur)
+    for x in ar.values():
+        out[x] += latest - ev.start[x]
+    return out
 
 
 # -- the measured side -------------------------------------------------------------------
