@@ -113,6 +113,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
         record: record per-action events.
         dtype: training dtype (default fp32 on CPU, the config's dtype on CUDA).
     """
+    _check_supported(config)
     mesh = mesh or build_mesh(config)
     _check_heads(model, config.tp)
     chain, family = to_chain(model, seq_len=seq_len)
@@ -197,6 +198,19 @@ def _boundary_specs(chain: LayerChain, ranges: list[range], mbs: int, seq: int,
         else:
             out[g] = [((mbs, seq, chain.hidden_size), dtype)]
     return out
+
+
+def _check_supported(config: ParallelConfig) -> None:
+    """Config features the simulator models but this runtime does not execute yet."""
+    if config.zero:
+        raise ExecError("zero=1 (optimizer sharding) is simulated but not executed by "
+                        "merak_exec yet; use zero=0")
+    if config.sequence_parallel:
+        raise ExecError("sequence parallelism is simulated but not executed by merak_exec "
+                        "yet; set sequence_parallel=False")
+    if config.recompute == "selective":
+        raise ExecError("selective recompute is simulated but not executed by merak_exec "
+                        "yet; use none, full or stage-aware")
 
 
 def _check_heads(model, tp: int) -> None:
