@@ -276,7 +276,7 @@ def scenario_resume(rank: int, arg: dict) -> dict:
     from merak_exec.models import GPT, GPTConfig
     from merak_exec.trainer import Trainer, TrainingArguments, init
 
-    init(pp=2, schedule="1f1b", recompute="full")
+    init(**arg.get("layout", {"pp": 2}), schedule="1f1b", recompute="full")
     mcfg = GPTConfig(vocab_size=64, n_positions=8, n_embd=16, n_layer=4, n_head=4,
                      dropout=0.1)
     g = torch.Generator().manual_seed(5)
@@ -285,7 +285,7 @@ def scenario_resume(rank: int, arg: dict) -> dict:
     out = arg["dir"]
 
     def run(seed, steps, save=0, resume=None):
-        torch.manual_seed(seed)
+        torch.manual_seed(seed + 1000 * torch.distributed.get_rank())  # ranks differ
         args = TrainingArguments(output_dir=out, per_device_train_batch_size=1,
                                  gradient_accumulation_steps=4, max_steps=steps,
                                  learning_rate=1e-2, save_steps=save,

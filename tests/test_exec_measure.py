@@ -25,6 +25,23 @@ def test_events_cover_every_action_in_the_shared_schema(tmp_path):
     assert {e["pid"] for e in d["traceEvents"]} == {0, 1}
 
 
+def test_gantt_draws_one_bar_per_compute_or_collective_event():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from merak_exec.result import RunResult
+
+    ev = [dict(rank=r, stage=r, chunk=0, stream=s, kind=k, action=a, microbatch=m,
+               start_s=t, end_s=t + 1.0, bytes=0)
+          for r, s, k, a, m, t in [(0, "compute", "FORWARD", "F0", 0, 0.0),
+                                   (0, "p2p", "SEND_ACT", "sA0", 0, 1.0),
+                                   (1, "compute", "FORWARD", "F0", 0, 1.5),
+                                   (1, "collective", "ALL_REDUCE", "AR", -1, 3.0)]]
+    ax = RunResult(events=ev, step_times_s=[3.0, 1.0, 2.0]).gantt()
+    assert len(ax.patches) == 3
+    assert RunResult(events=ev, step_times_s=[3.0, 1.0, 2.0]).iteration_time_s == 2.0
+
+
 def test_profiler_writes_a_readable_merak_trace(tmp_path):
     import torch
 

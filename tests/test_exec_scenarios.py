@@ -5,9 +5,12 @@ import pytest
 from merak_exec.testing import launch_scenario
 
 
-def test_resume_reproduces_uninterrupted_losses_and_bad_checkpoints_fail(tmp_path):
-    codes, res = launch_scenario(2, "scenario_resume", {"dir": str(tmp_path)}, str(tmp_path))
-    assert codes == [0, 0], res
+@pytest.mark.parametrize("layout", [{"pp": 2}, {"tp": 2, "dp": 2}], ids=["pp2", "tp2xdp2"])
+def test_resume_reproduces_uninterrupted_losses_and_bad_checkpoints_fail(tmp_path, layout):
+    world = layout.get("pp", 1) * layout.get("tp", 1) * layout.get("dp", 1)
+    codes, res = launch_scenario(world, "scenario_resume",
+                                 {"dir": str(tmp_path), "layout": layout}, str(tmp_path))
+    assert codes == [0] * world, res
     for r in res:
         assert "exception" not in r, r.get("exception")
         assert r["first"] == r["full"][:2]
