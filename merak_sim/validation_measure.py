@@ -412,40 +412,70 @@ def _profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
 
 
 def _machine(rank: int, world: int, sizes: list[int], warmup: int, repeats: int) -> dict:
-    """gloo ping-pong between ranks 0 and 1 (one-way time = half the round trip, fitted
-    as alpha + bytes * beta) and the contention factor of ``world`` busy processes."""
+    """gloo point-to-point between ranks 0 and 1 and the contention factor of ``world``
+    busy processes.
+
+    One-way time as the runtime meets it when a transfer is exposed: the receiver has
+    posted its ``irecv`` and waits on it, the sender stamps the moment it posts
+    ``isend``, the receiver the moment its wait returns; both stamps are
+    ``perf_counter``, one clock for every process on the machine. Fitted as
+    alpha + bytes * beta (least squares over the medians per size). The blocking
+    ping-pong (half a round trip) is kept as a diagnostic.
+    """
     import torch
     import torch.distributed as dist
 
-    out: dict = {"p2p_points": []}
-    if world >= 2 and rank < 2:
-        peer = 1 - rank
-        for n in sizes:
-            t = torch.zeros(max(1, n // 4), dtype=torch.float32)
+    out: dict = {"p2p_points": [], "pingpong_points": []}
+    two = world >= 2 and rank < 2
+    peer = 1 - rank if two else -1
+    for n in sizes if world >= 2 else []:
+        t = torch.zeros(max(1, n // 4), dtype=torch.float32)
+        stamps = []
+        for _ in range(warmup + repeats):
+            dist.barrier()
+            w = dist.irecv(t, 0) if rank == 1 else None
+            dist.barrier()
+            stamp = 0.0
+            if rank == 0:
+                stamp = time.perf_counter()
+                dist.isend(t, 1).wait()
+            elif rank == 1:
+                w.wait()
+                stamp = time.perf_counter()
+            stamps.append(stamp)
+        allv: list = [None] * world
+        dist.all_gather_object(allv, stamps)
+        lat = [b - a for a, b in zip(allv[0][warmup:], allv[1][warmup:], strict=True)]
+        out["p2p_points"].append([t.numel() * 4, statistics.median(lat)])
 
-            def ping(t=t):
-                if rank == 0:
-                    dist.send(t, peer)
-                    dist.recv(t, peer)
-                else:
-                    dist.recv(t, peer)
-                    dist.send(t, peer)
-            out["p2p_points"].append([t.numel() * 4, _median_time(ping, warmup, repeats) / 2])
-        # Cost of posting one non-blocking send or receive (the runtime posts between
-        # compute actions; the simulator's posts take no time, so it is added to the
-        # action that follows). Both directions, the largest size, in lockstep.
+        def ping(t=t):
+            if rank == 0:
+                dist.send(t, peer)
+                dist.recv(t, peer)
+            elif rank == 1:
+                dist.recv(t, peer)
+                dist.send(t, peer)
+        dist.barrier()
+        out["pingpong_points"].append([t.numel() * 4,
+                                       _median_time(ping, warmup, repeats) / 2])
+    # Cost of posting one non-blocking send or receive (the runtime posts between
+    # compute actions; the simulator's posts take no time, so it is added to the
+    # action that follows). Both directions, the largest size, in lockstep.
+    if world >= 2:
         t = torch.zeros(max(1, sizes[-1] // 4), dtype=torch.float32)
         posts = []
         for i in range(warmup + repeats):
             for sender in (0, 1):
                 dist.barrier()
+                if not two:
+                    continue
                 t0 = time.perf_counter()
                 w = dist.isend(t, peer) if rank == sender else dist.irecv(t, peer)
                 d = time.perf_counter() - t0
                 w.wait()
                 if i >= warmup:
                     posts.append(d)
-        out["p2p_post_s"] = statistics.median(posts)
+        out["p2p_post_s"] = statistics.median(posts) if posts else 0.0
     dist.barrier()
     a = torch.randn(192, 192)
 
@@ -586,7 +616,7 @@ def _worker(rank: int, world: int, port: int, cases: list, out_dir: str, opts: d
     os._exit(0)  # skip gloo teardown (known exit-time aborts); results are written
 
 
-DEFAULT_OPTS = {"steps": 5, "warmup_steps": 2, "warmup": 2, "repeats": 9,
+DEFAULT_OPTS = {"steps": 9, "warmup_steps": 2, "warmup": 2, "repeats": 9,
                 "p2p_sizes": [4096, 65536, 262144, 1048576], "timeout_s": 120,
                 "backend": "gloo"}
 
