@@ -107,9 +107,21 @@ def test_tp_events_stream_and_durations(engine):
         # The collective ends with its action (no contention).
         assert row.end_s == comp.loc[(row.rank, row.action), "end_s"]
         assert row.bytes > 0
-    # Chrome trace puts them on the collective thread.
-    ev = [e for e in res.chrome_trace()["traceEvents"] if e.get("cat") == TP_KIND]
-    assert len(ev) == len(tp) and {e["tid"] for e in ev} == {2}
+    # Chrome trace: on the rank's TP-collective thread.
+    trace = res.chrome_trace()["traceEvents"]
+    ev = [e for e in trace if e.get("cat") == TP_KIND]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace
+             if e["name"] == "thread_name"}
+    assert len(ev) == len(tp)
+    assert {names[(e["pid"], e["tid"])] for e in ev} == {"collective (tp)"}
+
+
+def test_gantt_draws_tp_collectives(tmp_path):
+    cfg = _cfg()
+    res = simulate(config=cfg, cost_table=_table(cfg), contention=False)
+    fig = res.plot_gantt(tmp_path / "g.png")
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert TP_KIND in labels and (tmp_path / "g.png").stat().st_size > 0
 
 
 def test_exposed_comm_counts_exposed_tp_sync_vs_subpipelined():

@@ -246,8 +246,9 @@ class SimResult:
 
     def chrome_trace(self) -> dict:
         """Chrome trace-event JSON (opens in Perfetto / chrome://tracing): one complete
-        ("X") event per action, one process per GPU, one thread per stream."""
-        tids = {"compute": 0, "p2p": 1, "collective": 2}
+        ("X") event per action, one process per GPU, one thread per stream (the
+        "collective" stream's TP collectives on a thread of their own)."""
+        tids = {"compute": 0, "p2p": 1, "collective": 2, "collective (tp)": 3}
         out = []
         seen = set()
         for row in self._event_rows():
@@ -259,8 +260,11 @@ class SimResult:
                 for name, t in tids.items():
                     out.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": t,
                                 "args": {"name": name}})
+            # TP collectives get their own track: they may overlap a data-parallel
+            # bucket in time, and Chrome-trace slices on one track must nest.
+            tid = tids["collective (tp)"] if kind == TP_KIND else tids[stream]
             out.append({"name": action, "cat": kind, "ph": "X", "pid": rank,
-                        "tid": tids[stream], "ts": st * 1e6, "dur": (en - st) * 1e6,
+                        "tid": tid, "ts": st * 1e6, "dur": (en - st) * 1e6,
                         "args": {"stage": s, "chunk": ch, "microbatch": mb,
                                  "bytes": nbytes}})
         return {"traceEvents": out, "displayTimeUnit": "ms",
@@ -300,6 +304,7 @@ class SimResult:
         ranks = sorted(df["rank"].unique())[:max_ranks]
         fig, ax = plt.subplots(figsize=(12, 0.45 * len(ranks) + 1.5))
         colors = {k.name: c for k, c in KIND_COLORS.items()}
+        colors.setdefault(TP_KIND, "#9467bd")
         for i, r in enumerate(ranks):
             sub = df[df["rank"] == r]
             for kind, g in sub.groupby("kind"):
