@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import os
 import sys
 import time
 from pathlib import Path
@@ -77,12 +78,14 @@ def _csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def report(reports, summary: dict, machine: dict, seconds: float, command: str) -> str:
+def report(reports, summary: dict, machine: dict, seconds: float, command: str,
+           load: list[float] | None = None) -> str:
     """The markdown report: suite table, targets, per-run details."""
     pct = lambda x: f"{x * 100:+.1f} %"  # noqa: E731
     lines = ["# CPU validation: prediction versus measurement", "",
              f"Command: `{command}` ({seconds:.0f} s, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).", "",
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; 1-minute load average "
+             f"{' -> '.join(f'{x:.1f}' for x in (load or []))} on 2 cores).", "",
              "Machine parameters measured by the profiler step: gloo p2p one-way "
              f"alpha {machine.get('p2p_alpha_s', 0) * 1e6:.0f} us, "
              f"{machine.get('p2p_s_per_byte', 0) * 1e9:.3f} ns/byte; contention factor "
@@ -133,9 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = out / "cpu_validation_runs"
     cases = suite(a.quick)
     t = time.perf_counter()
+    load = [os.getloadavg()[0]]  # other work on this shared 2-core machine, for the record
     if not a.no_measure:
         measure_cases(cases, runs, steps=a.steps, repeats=a.repeats)
     secs = time.perf_counter() - t
+    load.append(os.getloadavg()[0])
     reports = [validate(runs / c.name) for c in cases]
     for r in reports:
         r.plot(runs / f"{r.name}.png")
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python benchmarks/cpu_validation.py " + " ".join(argv if argv is not None
                                                              else sys.argv[1:])
     atomic_write_text(out / "cpu_validation.md", report(reports, summary, machine, secs,
-                                                        cmd.strip()))
+                                                        cmd.strip(), load))
     atomic_write_text(out / "cpu_validation.csv", _csv([r.summary() for r in reports]))
     for r in reports:
         s = r.summary()
