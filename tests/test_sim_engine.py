@@ -354,7 +354,8 @@ def test_mixed_gpu_types_priced_by_peak_ratio():
        overlap=hst.booleans(), buckets=hst.integers(1, 4))
 def test_property_engine_equals_evaluator(name, S, mult, seed, overlap, buckets):
     v = 2 if name == "interleaved-1f1b" and S >= 2 else 1
-    M = max(S, 4) * mult
+    # A multiple of S (interleaving needs it) and >= max(S, 4) (the shifted schedule).
+    M = S * -(-4 // S) * mult
     sched = generate(name, S, M, v)
     prog = compile_program(sched, random_table(S * v, seed),
                            tuple(random.Random(seed).random() for _ in range(S)))
