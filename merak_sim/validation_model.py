@@ -1,0 +1,200 @@
+"""The prediction side of the validation loop: price a measured run's configuration
+from its stage profile and simulate it.
+
+Pricing (:func:`cost_table_from_profile`): every figure is a measured parameter of
+this machine, none is fitted to the run being validated. Action times come from the
+profiler step (:mod:`merak_sim.validation_profile`), which times each action through
+the runtime's own code (its Python overhead per action included) while all ranks are
+busy (thread contention included); point-to-point transfers use gloo's one-way
+latency and bandwidth fitted from timed transfers.
+
+The :class:`~merak_sim.costs.base.StageCost` contract has one forward time for F, F*
+and R, and its programs post sends and receives in no time; :func:`simulate_run`
+therefore compiles the program from the contract and then re-times it from the
+profile before evaluating it with the exact evaluator ("refined"): F* and R take
+their measured times, each post its measured cost (added to the compute action that
+follows it), a pipeline stage computing while the others idle runs at its measured
+alone speed (:func:`_contention`), and the tied-embedding all-reduce waits for both
+of its ranks (:func:`_sync_tied_all_reduce`). The contract-only prediction
+(``refined=False``) is kept for comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from merak_sim.config import ParallelConfig
+from merak_sim.costs.base import CostTable, StageCost
+from merak_sim.rundir import MeasuredRun
+
+__all__ = ["ValidationError", "effective_config", "cost_table_from_profile",
+           "simulate_run"]
+
+
+class ValidationError(ValueError):
+    """Validation input that does not fit together (message names the fix)."""
+
+
+# -- pricing ---------------------------------------------------------------------------
+def _p2p_time(machine: dict, nbytes: float) -> float:
+    if nbytes <= 0:
+        return 0.0
+    return float(machine.get("p2p_alpha_s", 0.0)) + nbytes * float(
+        machine.get("p2p_s_per_byte", 0.0))
+
+
+def effective_config(run: MeasuredRun) -> ParallelConfig:
+    """The run's ParallelConfig with the checkpoint fractions the runtime really used
+    (it checkpoints ``round(c * layers)`` whole layers, so c = 0.75 of 2 layers is 1.0)."""
+    cfg = ParallelConfig.from_dict(run.config)
+    eff = tuple(float(s["recompute_fraction"]) for s in run.profile["stages"])
+    if len(eff) != cfg.pp:
+        raise ValidationError(f"profile has {len(eff)} stages but the run has pp={cfg.pp}; "
+                              "use a profile measured for this configuration")
+    if any(c > 0 for c in eff) and tuple(cfg.recompute_per_stage(cfg.build_schedule())) != eff:
+        cfg = replace(cfg, recompute="stage-aware", recompute_fractions=eff)
+    return cfg
+
+
+def cost_table_from_profile(profile: dict, config: ParallelConfig) -> CostTable:
+    """A CostTable whose every entry is a measured figure of ``profile`` (module
+    docstring); one StageCost per pipeline stage (no virtual stages)."""
+    if config.virtual_stages != 1:
+        raise ValidationError("validation profiles hold one chunk per rank; use "
+                              "virtual_stages=1")
+    machine = profile.get("machine", {})
+    stages = []
+    for p in profile["stages"]:
+        c = float(p["recompute_fraction"])
+        extra = (p["backward_ckpt_s"] - p["backward_s"]) / c if c > 0 else p["reforward_s"]
+        stages.append(StageCost(
+            forward_s=p["forward_s"], backward_s=p["backward_s"],
+            backward_input_s=p["backward_input_s"], backward_weight_s=p["backward_weight_s"],
+            recompute_s=max(0.0, extra), send_activation_s=_p2p_time(machine, p["p2p_bytes"]),
+            grad_allreduce_s=p["all_reduce_s"], optimizer_s=p["optimizer_s"],
+            activation_bytes=p["activation_bytes"], checkpoint_bytes=p["checkpoint_bytes"],
+            input_bytes=p["input_bytes"], weight_bytes=p["param_bytes"],
+            grad_bytes=p["param_bytes"], optimizer_bytes=p["optimizer_bytes"],
+            p2p_bytes=p["p2p_bytes"], flops=0.0, layers=int(p["heavy_layers"])))
+    return CostTable(stages=tuple(stages), memory_capacity_bytes=float(2**40), peak_flops=1.0,
+                     notes=("priced from a measured stage profile (merak-stage-profile/1)",),
+                     meta={"source": "stage-profile"})
+
+
+def simulate_run(run: MeasuredRun, refined: bool = True):
+    """Simulate the run's configuration from its profile (exact evaluator). With
+    ``refined``, F* and R take their measured times instead of the F time (module
+    docstring). Returns a :class:`~merak_sim.sim.result.SimResult`."""
+    from merak_sim.schedule.ir import Kind
+    from merak_sim.sim.api import evaluator_trace, simulate
+    from merak_sim.sim.entities import Placement
+    from merak_sim.sim.program import OP_POST, compile_program
+    from merak_sim.sim.result import build_result
+
+    cfg = effective_config(run)
+    table = cost_table_from_profile(run.profile, cfg)
+    if not refined:
+        return simulate(config=cfg, cost_table=table, engine="evaluator")
+    sched = cfg.build_schedule()
+    prog = compile_program(sched, table, cfg.recompute_per_stage(sched))
+    st = run.profile["stages"]
+    dur = list(prog.duration_s)
+    for i, a in enumerate(prog.actions):
+        if a.kind is Kind.FORWARD_NOGRAD:
+            dur[i] = st[a.stage]["forward_nograd_s"]
+        elif a.kind is Kind.RECOMPUTE:
+            dur[i] = st[a.stage]["reforward_s"]
+    # Posting a send or receive costs the runtime time on the rank's thread; the
+    # program's posts are instantaneous, so each post's measured cost is added to the
+    # compute action that follows it (and remembered, to compare actions alone).
+    post_s = float(run.profile.get("machine", {}).get("p2p_post_s", 0.0))
+    post_extra: dict[tuple[int, str], float] = {}
+    if post_s > 0:
+        for ops in prog.ops:
+            pending = 0
+            for code, x, _y in ops:
+                if code == OP_POST:
+                    pending += 1
+                    continue
+                if pending:
+                    dur[x] += pending * post_s
+                    a = prog.actions[x]
+                    post_extra[(a.stage, str(a))] = pending * post_s
+                    pending = 0
+    if cfg.dp * cfg.tp == 1 and cfg.pp > 1:
+        dur = _contention(prog, dur, st, post_extra)
+    if cfg.pp > 1:
+        dur = _sync_tied_all_reduce(prog, dur)
+    prog = replace(prog, duration_s=tuple(dur))
+    tr = evaluator_trace(prog, Placement(cfg.dp, cfg.tp, cfg.pp), table.memory_capacity_bytes,
+                         zero=cfg.zero)
+    return build_result(tr, capacity=table.memory_capacity_bytes, peak_flops=1.0,
+                        engine="evaluator", global_batch=cfg.global_batch_size,
+                        seq_len=run.seq_len, config=cfg, notes=table.notes,
+                        meta={"prediction": "refined", "post_extra_s": post_extra})
+
+
+_SOLO_KEY = {"FORWARD": "forward_s", "FORWARD_NOGRAD": "forward_nograd_s",
+             "RECOMPUTE": "reforward_s", "BACKWARD_INPUT": "backward_input_s",
+             "BACKWARD_WEIGHT": "backward_weight_s"}
+
+
+def _contention(prog, dur: list[float], stages: list[dict], post_extra: dict,
+                iterations: int = 4) -> list[float]:
+    """Durations under measured contention: an action costs its alone time plus the
+    measured slowdown of all ranks computing at once, scaled by the fraction of it
+    that overlaps another rank's compute in the simulated timeline (fixed point of a
+    few evaluations, starting from the all-busy times). Only pipeline ranks without
+    replicas vary: data- and tensor-parallel replicas always run together."""
+    from merak_sim.sim.evaluator import evaluate, plan
+
+    ratio = []
+    for i, a in enumerate(prog.actions):
+        p = stages[a.stage]
+        key = _SOLO_KEY.get(a.kind.name)
+        if a.kind.name == "BACKWARD":
+            key = "backward_ckpt_s" if prog.recompute_s[i] > 0 else "backward_s"
+        t, so = (p.get(key), p.get(key[:-2] + "_solo_s")) if key else (None, None)
+        ratio.append(so / t if t and so else 1.0)
+    if all(abs(r - 1.0) < 1e-12 for r in ratio):
+        return dur
+    post = [post_extra.get((a.stage, str(a)), 0.0) for a in prog.actions]
+    busy = [d - q for d, q in zip(dur, post, strict=True)]
+    pl = plan(prog)
+    cur = list(dur)
+    for _ in range(iterations):
+        ev = evaluate(replace(prog, duration_s=tuple(cur)), pl)
+        spans: dict[int, list[tuple[float, float]]] = {}
+        for x, r in enumerate(prog.rank_of_action):
+            spans.setdefault(r, []).append((ev.start[x], ev.end[x]))
+        nxt = []
+        for x, r in enumerate(prog.rank_of_action):
+            s0, e0 = ev.start[x], ev.end[x]
+            ov = sum(max(0.0, min(e0, e1) - max(s0, s1)) for q, sp in spans.items() if q != r
+                     for s1, e1 in sp)
+            f = min(1.0, ov / (e0 - s0)) if e0 > s0 else 1.0
+            nxt.append(post[x] + busy[x] * (ratio[x] + (1.0 - ratio[x]) * f))
+        cur = nxt
+    return cur
+
+
+def _sync_tied_all_reduce(prog, dur: list[float]) -> list[float]:
+    """The built-in GPT ties its embedding and head, so AR on the first and last
+    pipeline ranks starts with one collective between them (merak_exec sums the tied
+    gradients there): it cannot finish before the later rank arrives. The program
+    prices each rank's AR alone, so the earlier rank's AR is lengthened by the wait
+    (AR is followed only by OPT, so nothing else moves)."""
+    from merak_sim.schedule.ir import Kind
+    from merak_sim.sim.evaluator import evaluate, plan
+
+    S = prog.num_ranks
+    ar = {r: x for x, (a, r) in enumerate(zip(prog.actions, prog.rank_of_action, strict=True))
+          if a.kind is Kind.ALL_REDUCE and r in (0, S - 1)}
+    if len(ar) < 2:
+        return dur
+    ev = evaluate(replace(prog, duration_s=tuple(dur)), plan(prog))
+    latest = max(ev.start[x] for x in ar.values())
+    out = list(dur)
+    for x in ar.values():
+        out[x] += latest - ev.start[x]
+    return out
