@@ -149,6 +149,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
                             "module names against model.named_modules()")
         _retie_and_vocab_loss(chain, ranges, chunks, mesh)
         if config.tp_overlap == "sub-pipelined":
+            _check_no_dropout(chunks)
             groups = _part_groups(mesh, config)
             for c in chunks:
                 c.subpipe = SubPipelined(groups)
@@ -157,6 +158,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
         c.set_recompute_fraction(fractions[mesh.pp_rank])
     tied = _tied_params(chain, ranges, chunks, S)
     _sync_initial_weights(mesh, chunks, tied)
+    _sync_tp_rng(mesh)
     params = [p for c in chunks for p in c.parameters() if p.requires_grad]
     opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(params)
     specs = _boundary_specs(chain, ranges, config.micro_batch_size, seq_len, dtype)
@@ -242,6 +244,41 @@ def _sync_initial_weights(mesh: Mesh, chunks, tied) -> None:
         with torch.no_grad():
             for p in tied:
                 dist.broadcast(p.data, src=src, group=mesh.tied_group)
+
+
+def _check_no_dropout(chunks) -> None:
+    """Sub-pipelined TP runs a micro-batch's parts in threads that share the process's
+    random generator, so dropout masks would depend on thread timing (and differ
+    between tp ranks): refuse instead of training silently wrong."""
+    for c in chunks:
+        for name, m in c.named_modules():
+            p = m.p if isinstance(m, nn.Dropout) else None
+            for attr in ("dropout", "attention_dropout"):
+                v = getattr(m, attr, None)
+                if isinstance(v, float):
+                    p = max(p or 0.0, v)
+            if p:
+                raise ExecError(f"sub-pipelined TP needs dropout 0, but {name or 'a layer'} "
+                                f"has dropout {p}; set dropout to 0 or tp_overlap='none'")
+
+
+def _sync_tp_rng(mesh: Mesh) -> None:
+    """Tensor-parallel ranks compute the replicated parts of a layer (embeddings,
+    norms, residual adds) redundantly, so their dropout masks there must agree: start
+    every tp rank from tp rank 0's RNG state. Each rank holds an equal shard, so the
+    sharded parts draw equally many numbers and the streams stay aligned."""
+    import torch.distributed as dist
+
+    if mesh.tp_group is None:
+        return
+    src = mesh.global_rank(mesh.pp_rank, tp_rank=0)
+    state = torch.get_rng_state()
+    dist.broadcast(state, src=src, group=mesh.tp_group)
+    torch.set_rng_state(state)
+    if mesh.device.type == "cuda":
+        cstate = torch.cuda.get_rng_state(mesh.device).to(mesh.device)
+        dist.broadcast(cstate, src=src, group=mesh.tp_group)
+        torch.cuda.set_rng_state(cstate.cpu(), mesh.device)
 
 
 def _part_groups(mesh: Mesh, config: ParallelConfig) -> list:

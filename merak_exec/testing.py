@@ -464,3 +464,43 @@ def scenario_events(rank: int, arg: dict) -> dict:
             "streams": sorted(set(df["stream"])),
             "p2p_bytes": sorted(set(df.loc[df["stream"] == "p2p", "bytes"].tolist())),
             "trace_events": sum(1 for e in trace["traceEvents"] if e["ph"] == "X")}
+
+
+def scenario_tp_dropout(rank: int, arg: dict) -> dict:
+    """tp=2 with dropout 0.1 and different seeds per rank: after 3 steps the
+    replicated parameters (LayerNorms, row-parallel biases, position table) must still
+    be identical on both tp ranks."""
+    from merak_exec.models import GPT, GPTConfig
+    from merak_exec.parallel import parallelize
+    from merak_exec.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
+    from merak_sim.config import ParallelConfig
+
+    torch.manual_seed(0)
+    mcfg = GPTConfig(vocab_size=64, n_positions=8, n_embd=16, n_layer=2, n_head=4,
+                     dropout=0.1)
+    model = GPT(mcfg)
+    torch.manual_seed(100 + rank)  # ranks' RNG streams differ before parallelize
+    from merak_exec.mesh import ExecError
+
+    try:
+        parallelize(GPT(mcfg), ParallelConfig(tp=2, micro_batch_size=2, global_batch_size=4,
+                                              dtype="fp32", tp_overlap="sub-pipelined"),
+                    seq_len=8)
+        sub_err = None
+    except ExecError as e:
+        sub_err = str(e)
+    pc = ParallelConfig(tp=2, micro_batch_size=2, global_batch_size=4, dtype="fp32")
+    pm = parallelize(model, pc, seq_len=8)
+    for x, y in data(mcfg, 4, 8, 3):
+        pm.train_step(x, y)
+    rep = {}
+    for c in pm.chunks:
+        for mod_name, mod in c.named_modules():
+            if isinstance(mod, (ColumnParallelLinear, VocabParallelEmbedding)):
+                continue
+            for n, p in mod.named_parameters(recurse=False):
+                if isinstance(mod, torch.nn.Module) and n == "weight" and \
+                        type(mod).__name__ == "RowParallelLinear":
+                    continue
+                rep[f"{mod_name}.{n}"] = p.detach().double().sum().item()
+    return {"replicated": rep, "subpipelined_error": sub_err}

@@ -68,3 +68,14 @@ def test_cli_bad_degrees_exit_2_with_one_line(tmp_path):
                        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "final loss" in r.stdout and (tmp_path / "t.json").exists()
+
+
+def test_tp_replicas_stay_identical_with_dropout(tmp_path):
+    codes, res = launch_scenario(2, "scenario_tp_dropout", {}, str(tmp_path))
+    assert codes == [0, 0], res
+    assert "exception" not in res[0], res[0]
+    # sub-pipelined TP refuses dropout (threads share the generator)
+    assert "sub-pipelined TP needs dropout 0" in res[0]["subpipelined_error"]
+    a, b = res[0]["replicated"], res[1]["replicated"]
+    assert len(a) >= 10 and a.keys() == b.keys()
+    assert a == b
