@@ -94,12 +94,13 @@ def report(reports, summary: dict, machine: dict, seconds: float, command: str,
              "pair, "
              "used for the speed-up only; the targets are computed over the distinct "
              "configurations.", "",
-             "| run | measured ms | predicted ms | error | contract-only error | "
+             "| run | measured ms (min-max) | predicted ms | error | contract-only error | "
              "action median abs error | activation worst error | bubble err ms | comm err ms |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         s = r.summary()
-        lines.append(f"| {s['run']} | {s['measured_ms']:.1f} | {s['predicted_ms']:.1f} | "
+        lines.append(f"| {s['run']} | {s['measured_ms']:.1f} ({s['measured_min_ms']:.0f}-"
+                     f"{s['measured_max_ms']:.0f}) | {s['predicted_ms']:.1f} | "
                      f"{pct(s['error'])} | {pct(s['contract_error'])} | "
                      f"{s['action_median_abs_error'] * 100:.1f} % | "
                      f"{s['activation_max_abs_error'] * 100:.1f} % | {s['bubble_error_ms']:+.1f} | "

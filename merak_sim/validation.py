@@ -150,6 +150,8 @@ class ValidationReport:
         ranks: per-rank breakdown table (DataFrame).
         memory: per-stage memory table (DataFrame).
         sim: the SimResult; run: the MeasuredRun; step: the step drawn in charts.
+        measured_makespans_s: makespan of every timed iteration (the spread is the
+            measurement's own noise).
     """
 
     name: str
@@ -164,6 +166,7 @@ class ValidationReport:
     sim: Any = field(repr=False)
     run: MeasuredRun = field(repr=False)
     step: int = 0
+    measured_makespans_s: tuple[float, ...] = ()
 
     @property
     def iteration_error(self) -> float:
@@ -187,6 +190,9 @@ class ValidationReport:
                 "error": self.iteration_error,
                 "contract_error": _err(self.contract_iteration_s, self.measured_iteration_s),
                 "wall_ms": self.measured_wall_s * 1e3,
+                # spread of the timed iterations: how noisy the measurement itself was
+                "measured_min_ms": min(self.measured_makespans_s, default=float("nan")) * 1e3,
+                "measured_max_ms": max(self.measured_makespans_s, default=float("nan")) * 1e3,
                 "action_median_abs_error": statistics.median(ae) if ae else float("nan"),
                 "activation_max_abs_error": float(m["activation_error"].abs().max()),
                 "param_max_abs_error": float(m["param_error"].abs().max()),
@@ -201,7 +207,8 @@ class ValidationReport:
         lines = [f"## {self.name}", "",
                  f"iteration: measured {s['measured_ms']:.2f} ms, predicted "
                  f"{s['predicted_ms']:.2f} ms, error {s['error'] * 100:+.1f} % (contract-only "
-                 f"{s['contract_error'] * 100:+.1f} %); wall step {s['wall_ms']:.2f} ms", "",
+                 f"{s['contract_error'] * 100:+.1f} %); wall step {s['wall_ms']:.2f} ms; timed "
+                 f"iterations {s['measured_min_ms']:.1f}-{s['measured_max_ms']:.1f} ms", "",
                  "| stage | action kind | n | measured ms | predicted ms | median error |",
                  "|---|---|---|---|---|---|"]
         a = self.actions
@@ -288,6 +295,7 @@ def validate(run: MeasuredRun | str | Path, profile: str | Path | None = None) -
                     "predicted_param_bytes": params[s], "param_error": _err(params[s], mp)})
     return ValidationReport(
         name=run.path.name, config=cfg, measured_iteration_s=med,
+        measured_makespans_s=tuple(makespans),
         predicted_iteration_s=sim.iteration_time_s,
         contract_iteration_s=contract.iteration_time_s,
         measured_wall_s=statistics.median(run.wall_s), actions=act,
