@@ -91,11 +91,14 @@ def cli() -> None:
 @click.option("--save-every", default=0, show_default=True)
 @click.option("--resume", default=None, help="checkpoint to resume from")
 @click.option("--trace", "trace_path", default=None, help="write a Chrome trace (rank 0)")
+@click.option("--split-points", default=None,
+              help="comma-separated layer indices where stages begin (chain layers: "
+                   "0 = embedding, 1..L = blocks, L+1 = head)")
 @click.option("--meta/--no-meta", default=True, show_default=True,
               help="build the model on the meta device; materialise only local layers")
 def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_stages,
           schedule, recompute, tp_overlap, mbs, microbatches, steps, lr, save_dir, save_every,
-          resume, trace_path, meta) -> None:
+          resume, trace_path, split_points, meta) -> None:
     """Train a model on synthetic tokens with dp x tp x pp."""
     import torch
 
@@ -113,7 +116,8 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_
         output_dir=save_dir or "merak_out", per_device_train_batch_size=mbs,
         gradient_accumulation_steps=microbatches, max_steps=steps, learning_rate=lr,
         save_steps=save_every if save_dir else 0, resume_from_checkpoint=resume,
-        trace_path=trace_path)
+        trace_path=trace_path,
+        split_points=[int(x) for x in split_points.split(",")] if split_points else None)
     res = merak_exec.Trainer(model=model, args=args, train_dataset=ds).train()
     if torch.distributed.get_rank() == 0 and res.step_times_s:
         click.echo(f"median step {res.iteration_time_s * 1e3:.2f} ms, final loss "
