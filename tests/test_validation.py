@@ -255,3 +255,20 @@ def test_tied_all_reduce_ends_together_on_first_and_last_stage(tmp_path):
     ar = ev[ev["kind"] == "ALL_REDUCE"].set_index("stage")
     assert ar.loc[0, "end_s"] == pytest.approx(ar.loc[1, "end_s"])
     assert ar.loc[1, "start_s"] < ar.loc[0, "start_s"]  # 1F1B: the last stage is done first
+
+
+def test_min_statistic_uses_the_fastest_samples(tmp_path, capsys):
+    d, sim0 = _synthetic_dir(tmp_path, _cfg(), _profile(2))
+    run = read_run(d)
+    stages = [dict(s, forward_min_s=0.5 * s["forward_s"]) for s in run.profile["stages"]]
+    fast = replace(run, profile={**run.profile, "stages": stages})
+    low = validate(fast, statistic="min")
+    assert low.summary()["statistic"] == "min"
+    assert low.predicted_iteration_s < sim0.iteration_time_s
+    f = low.actions[low.actions["kind"] == "FORWARD"]
+    assert (f["predicted_s"] < f["measured_s"]).all()
+    assert validate(fast).predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
+    with pytest.raises(ValueError, match="statistic"):
+        validate(fast, statistic="mean")
+    assert cli_main(["validate", "--run", str(d), "--statistic", "min", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["statistic"] == "min"

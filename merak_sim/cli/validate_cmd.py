@@ -25,14 +25,18 @@ import click
               help="Write the side-by-side Gantt chart (PNG/SVG/PDF) here.")
 @click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
               help="Also write the markdown report here.")
+@click.option("--statistic", type=click.Choice(["median", "min"]), default="median",
+              show_default=True,
+              help="min: fastest samples on both sides (the lower envelope of a shared "
+                   "machine).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 def command(run_dir: str, profile: str | None, gantt: str | None, report_path: str | None,
-            as_json: bool) -> None:
+            statistic: str, as_json: bool) -> None:
     """Compare a measured run with its simulation (iteration, actions, memory)."""
     from merak_sim.io import atomic_write_text
     from merak_sim.validation import validate
 
-    rep = validate(run_dir, profile)
+    rep = validate(run_dir, profile, statistic=statistic)
     if gantt:
         rep.plot(gantt)
     md = rep.to_markdown()
