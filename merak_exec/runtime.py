@@ -33,7 +33,7 @@ import torch.distributed as dist
 from merak_exec.mesh import Mesh
 from merak_exec.result import Recorder
 from merak_exec.stages import StageModule
-from merak_sim.schedule.ir import Action, Fused, Kind, Schedule
+from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, iter_actions
 from merak_sim.schedule.lowering import comm_key, peer_of
 
 __all__ = ["PipelineRuntime", "StepOutput", "RankTimeoutError"]
@@ -53,6 +53,8 @@ class _MB:
     rng: tuple | None = None  # RNG state saved by F*
     gout: tuple | None = None  # gradients of the floating outputs, from downstream
     gx: tuple | None = None  # gradients of the floating inputs, to send upstream
+    modouts: list | None = None  # (module, output) of parameter owners (zero-bubble)
+    mod_grads: list | None = None  # (module, output, output gradient) after I
 
 
 @dataclass
@@ -107,6 +109,25 @@ class PipelineRuntime:
         self.recorder = Recorder(mesh, enabled=record)
         self.params = [p for c in chunks for p in c.parameters() if p.requires_grad]
         self.cuda = mesh.device.type == "cuda"
+        # Zero-bubble split (I then W): record the outputs of every module that owns
+        # parameters during forwards, so I can return their gradients along with the
+        # input gradient in one backward pass and W only runs each module's local
+        # weight-gradient step (not a second full backward).
+        self._capture: list | None = None
+        self._zb = any(x.kind is Kind.BACKWARD_INPUT for x in iter_actions(self.program))
+        self._shared: set[int] = set()
+        if self._zb:
+            seen: set[int] = set()
+            for c in chunks:
+                for m in c.modules():
+                    own = list(m.parameters(recurse=False))
+                    if own:
+                        m.register_forward_hook(self._record_output)
+                    for p in own:
+                        # a parameter owned by two modules (tied embedding and head on
+                        # one rank) also reaches the later module's output through its
+                        # input: its gradient needs the full backward, not a local step
+                        (self._shared if id(p) in seen else seen).add(id(p))
 
     # -- helpers ---------------------------------------------------------------------
     def _peer_global(self, a: Action) -> int:
@@ -206,7 +227,9 @@ class PipelineRuntime:
     def _forward(self, a: Action, st: dict, inputs, labels) -> None:
         mb = st.setdefault((a.chunk, a.microbatch), _MB())
         mb.x = self._input(a, st, inputs)
+        self._capture = [] if self._zb else None
         out = self.chunks[a.chunk](*mb.x)
+        mb.modouts, self._capture = self._capture, None
         self._finish_forward(a, mb, out, labels)
 
     def _forward_nograd(self, a: Action, st: dict, inputs, labels) -> None:
@@ -228,7 +251,9 @@ class PipelineRuntime:
             torch.set_rng_state(mb.rng[0])
             if self.cuda:
                 torch.cuda.set_rng_state(mb.rng[1], self.mesh.device)
+            self._capture = [] if self._zb else None
             out = self.chunks[a.chunk](*mb.x, use_checkpoint=False)
+            mb.modouts, self._capture = self._capture, None
         self._finish_forward(a, mb, out, labels)
         mb.act = None  # already sent by F*
 
@@ -260,24 +285,54 @@ class PipelineRuntime:
                                            for x in mb.x])
         mb.out = mb.x = mb.gout = None
 
+    def _split_ok(self, a: Action, mb: _MB) -> bool:
+        """The fast I/W split applies when every parameter-owning module of the stage
+        produced one tensor output in this micro-batch's forward and nothing was
+        checkpointed (a checkpointed layer's tensors are rebuilt inside I)."""
+        chunk = self.chunks[a.chunk]
+        return bool(mb.modouts) and chunk.recompute_layers == 0 and chunk.subpipe is None \
+            and all(isinstance(o, torch.Tensor) for _, o in mb.modouts)
+
     def _backward_input(self, a: Action, st: dict) -> None:
         mb = st[(a.chunk, a.microbatch)]
         outs, grads = self._grad_pairs(a, mb)
-        if not self.chunks[a.chunk].is_first:
-            xs = [x for x in mb.x if x.is_floating_point()]
-            gs = (torch.autograd.grad(outs, xs, grads, retain_graph=True, allow_unused=True)
-                  if outs else [None] * len(xs))
-            it = iter(gs)
+        first = self.chunks[a.chunk].is_first
+        xs = [] if first else [x for x in mb.x if x.is_floating_point()]
+        mods = ([(m, o) for m, o in mb.modouts if o.requires_grad]
+                if self._split_ok(a, mb) else [])
+        wanted = xs + [o for _, o in mods]
+        gs = (torch.autograd.grad(outs, wanted, grads, retain_graph=True, allow_unused=True)
+              if outs and wanted else [None] * len(wanted))
+        mb.mod_grads = [(m, o, g) for (m, o), g in zip(mods, gs[len(xs):], strict=True)
+                        if g is not None] if mods else None
+        if not first:
+            it = iter(gs[:len(xs)])
             mb.gx = self._input_grads(mb, [next(it) if x.is_floating_point() else None
                                            for x in mb.x])
 
     def _backward_weight(self, a: Action, st: dict) -> None:
         mb = st[(a.chunk, a.microbatch)]
         params = [p for p in self.chunks[a.chunk].parameters() if p.requires_grad]
-        outs, grads = self._grad_pairs(a, mb)
-        if outs and params:
-            torch.autograd.backward(outs, grads, inputs=params)
-        mb.out = mb.x = mb.gout = None
+        if mb.mod_grads is not None:
+            # each module's local weight-gradient step from its output gradient
+            for m, o, g in mb.mod_grads:
+                ps = [p for p in m.parameters(recurse=False)
+                      if p.requires_grad and id(p) not in self._shared]
+                if not ps:
+                    continue
+                for p, gp in zip(ps, torch.autograd.grad(o, ps, g, retain_graph=True,
+                                                          allow_unused=True), strict=True):
+                    if gp is not None:
+                        p.grad = gp if p.grad is None else p.grad + gp
+            shared = [p for p in params if id(p) in self._shared]
+            if shared:
+                outs, grads = self._grad_pairs(a, mb)
+                torch.autograd.backward(outs, grads, inputs=shared)
+        else:
+            outs, grads = self._grad_pairs(a, mb)
+            if outs and params:
+                torch.autograd.backward(outs, grads, inputs=params)
+        mb.out = mb.x = mb.gout = mb.modouts = mb.mod_grads = None
 
     def _drain_sends(self) -> None:
         for sa, ws, sev in self._sends:
@@ -285,6 +340,10 @@ class PipelineRuntime:
                 self._wait(w, f"send {sa} to rank {self._peer_global(sa)} to complete")
             self.recorder.comm_done(sev)
         self._sends = []
+
+    def _record_output(self, module, args, output) -> None:
+        if self._capture is not None and torch.is_grad_enabled():
+            self._capture.append((module, output))
 
     def _all_reduce_grads(self) -> None:
         """Tied-parameter sum over the tied group, then mean over dp (one flat buffer)."""

@@ -36,8 +36,10 @@ TWO = [
     dict(C("pp2 1f1b explicit split", pp=2), split_points=[2]),
     C("pp2 last-no-recompute full", pp=2, schedule="last-no-recompute", recompute="full"),
     C("tp2 plain none", tp=2),
+    C("tp2 zb-h1 (tied head on one rank)", tp=2, schedule="zb-h1"),
     C("tp2 sub-pipelined full", tp=2, recompute="full", **SUB),
     C("dp2 stage-aware", dp=2, recompute="stage-aware"),
+    C("dp2 zb-h1 full", dp=2, schedule="zb-h1", recompute="full"),
     # HuggingFace models built from a config (no downloads)
     C("hf-gpt2 pp2 shifted full", "gpt2", pp=2, schedule="shifted-critical-path",
       recompute="full"),
