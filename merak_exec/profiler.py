@@ -6,8 +6,10 @@ profiler measures on the current device (median of ``repeats`` after ``warmup``)
 
 - ``forward_s``: forward with grad (activations kept);
 - ``backward_s``: full backward of that forward;
-- ``backward_input_s`` / ``backward_weight_s``: the zero-bubble halves (gradient of
-  the input only, then of the weights only);
+- ``backward_input_s`` / ``backward_weight_s``: the zero-bubble halves as the runtime
+  runs them (I: the input gradient plus the output gradients of every
+  parameter-owning module in one pass; W: each module's local weight-gradient step);
+  their sum exceeds ``backward_s`` by the cost of splitting;
 - ``recompute_s``: a checkpointed forward (no-grad) plus its re-forward during
   backward minus the plain backward, i.e. what checkpointing adds;
 - ``activation_bytes``: bytes of the tensors autograd saves for backward (parameters
@@ -122,9 +124,11 @@ def _flops(fn) -> int:
     return int(fc.get_total_flops())
 
 
-def _time_once(timer, run, make_input, seed_grad, params) -> tuple[float, ...]:
+def _time_once(timer, run, make_input, seed_grad, params, layer) -> tuple[float, ...]:
     """One sample of (forward, backward, backward-input, backward-weight,
-    checkpointed forward+backward) times."""
+    checkpointed forward+backward) times. I and W are timed the way the runtime runs
+    them: I returns the input gradient and the output gradients of every
+    parameter-owning module in one pass; W runs each module's local weight step."""
     box: dict = {}
     x = make_input()
     tf = timer(lambda: box.__setitem__("y", run(x)))
@@ -132,16 +136,32 @@ def _time_once(timer, run, make_input, seed_grad, params) -> tuple[float, ...]:
     g = seed_grad(y)
     tb = timer(lambda: torch.autograd.backward(y, g))
     x2 = make_input()
-    y2 = run(x2)
+    rec: list = []
+    hooks = [m.register_forward_hook(lambda m, a, o: rec.append((m, o)))
+             for m in layer.modules() if any(True for _ in m.parameters(recurse=False))]
+    try:
+        y2 = run(x2)
+    finally:
+        for h in hooks:
+            h.remove()
     g2 = seed_grad(y2)
-    inputs = [x2] if x2.requires_grad else []
+    mods = [(m, o) for m, o in rec if isinstance(o, torch.Tensor) and o.requires_grad]
+    inputs = ([x2] if x2.requires_grad else []) + [o for _, o in mods]
+    got: dict = {}
 
     def bi():
-        if inputs:
-            torch.autograd.grad(y2, inputs, g2, retain_graph=True)
+        got["g"] = torch.autograd.grad(y2, inputs, g2, retain_graph=True, allow_unused=True)
 
     tbi = timer(bi)
-    tbw = timer(lambda: torch.autograd.backward(y2, g2, inputs=params)) if params else 0.0
+    outs = list(zip(mods, got["g"][len(inputs) - len(mods):], strict=True))
+
+    def bw():
+        for (m, o), go in outs:
+            ps = [p for p in m.parameters(recurse=False) if p.requires_grad]
+            if go is not None and ps:
+                torch.autograd.grad(o, ps, go, retain_graph=True, allow_unused=True)
+
+    tbw = timer(bw) if params else 0.0
     x3 = make_input()
     tr = timer(lambda: torch.autograd.backward(run(x3, ckpt=True), g2))
     return tf, tb, tbi, tbw, tr
@@ -162,7 +182,7 @@ def _profile_layer(name: str, count: int, layer: nn.Module, make_input, loss_fn,
 
     samples: dict[str, list[float]] = {k: [] for k in ("f", "b", "bi", "bw", "r")}
     for i in range(warmup + repeats):
-        t = _time_once(timer, run, make_input, seed_grad, params)
+        t = _time_once(timer, run, make_input, seed_grad, params, layer)
         for p in params:
             p.grad = None
         if i >= warmup:
