@@ -96,16 +96,26 @@ def cli() -> None:
                    "0 = embedding, 1..L = blocks, L+1 = head)")
 @click.option("--meta/--no-meta", default=True, show_default=True,
               help="build the model on the meta device; materialise only local layers")
+@click.option("--plan", "plan_path", default=None,
+              help="a merak-plan/1 file (from `merak-sim plan`/`dispatch`): its model and "
+                   "parallel configuration replace the model, degree and batch options")
 def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_stages,
           schedule, recompute, tp_overlap, mbs, microbatches, steps, lr, save_dir, save_every,
-          resume, trace_path, split_points, meta) -> None:
+          resume, trace_path, split_points, meta, plan_path) -> None:
     """Train a model on synthetic tokens with dp x tp x pp."""
     import torch
 
     import merak_exec
 
+    extra: dict = {}
+    if plan_path is not None:
+        (kind, layers, hidden, heads, vocab, seq), extra = _from_plan(plan_path)
+        dp, tp, pp = extra.pop("dp"), extra.pop("tp"), extra.pop("pp")
+        mbs, microbatches = extra.pop("micro_batch_size"), extra.pop("microbatches")
+        virtual_stages, schedule = extra.pop("virtual_stages"), extra.pop("schedule")
+        recompute, tp_overlap = extra.pop("recompute"), extra.pop("tp_overlap")
     merak_exec.init(dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages, schedule=schedule,
-                    recompute=recompute, tp_overlap=tp_overlap)
+                    recompute=recompute, tp_overlap=tp_overlap, **extra)
     g = torch.Generator().manual_seed(0)
     n = max(64, dp * mbs * microbatches * 4)
     toks = torch.randint(0, vocab, (n, seq + 1), generator=g)
@@ -120,8 +130,37 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_
         split_points=[int(x) for x in split_points.split(",")] if split_points else None)
     res = merak_exec.Trainer(model=model, args=args, train_dataset=ds).train()
     if torch.distributed.get_rank() == 0 and res.step_times_s:
-        click.echo(f"median step {res.iteration_time_s * 1e3:.2f} ms, final loss "
-                   f"{res.losses[-1]:.5f}")
+        click.echo(f"median step {res.iteration_time_s * 1e3:.2f} ms, first loss "
+                   f"{res.losses[0]:.5f}, final loss {res.losses[-1]:.5f}")
+
+
+def _from_plan(path: str) -> tuple[tuple, dict]:
+    """Model options and ParallelConfig fields from a plan file.
+
+    The backend trains decoder models: family "gpt" runs the built-in GPT, "llama"
+    HuggingFace LLaMA, both built from the plan's shape. The plan's dtype is the
+    simulated one; this CPU/GPU runtime trains in fp32.
+    """
+    from merak_exec.mesh import ExecError
+    from merak_sim.model import get_model
+    from merak_sim.plan import Plan
+
+    plan = Plan.load(path)
+    m = plan.model
+    spec = get_model(m["preset"]) if "preset" in m else get_model(m)
+    kinds = {"gpt": "gpt", "llama": "llama"}
+    if spec.family not in kinds:
+        raise ExecError(f"plan model family {spec.family!r} is simulate-only; merak-exec "
+                        "trains gpt and llama plans")
+    c = plan.parallel
+    fields = {"dp": c.dp, "tp": c.tp, "pp": c.pp, "micro_batch_size": c.micro_batch_size,
+              "microbatches": c.num_microbatches, "virtual_stages": c.virtual_stages,
+              "schedule": c.schedule, "recompute": c.recompute, "tp_overlap": c.tp_overlap,
+              "tp_overlap_parts": c.tp_overlap_parts, "recompute_c0": c.recompute_c0,
+              "recompute_fractions": c.recompute_fractions,
+              "sequence_parallel": c.sequence_parallel, "zero": c.zero}
+    shape = (kinds[spec.family], spec.layers, spec.hidden, spec.heads, spec.vocab, spec.seq_len)
+    return shape, fields
 
 
 @cli.command()
