@@ -79,9 +79,10 @@ def write_launch(
     plan_path = out / "plan.json"
     prog = _program(script, "plan.json")
     base = ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={gpus_per_node}"]
+    # $MASTER_ADDR stays unquoted so the shell expands it when the line is pasted.
     node_cmds = tuple(
-        shlex.join(base + [f"--node-rank={i}", "--master-addr=$MASTER_ADDR",
-                           f"--master-port={master_port}"] + prog)
+        f"{shlex.join(base)} --node-rank={i} --master-addr=$MASTER_ADDR "
+        f"--master-port={master_port} {shlex.join(prog)}"
         for i in range(nodes)
     )
     summary = (f"# plan: dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} schedule={cfg.schedule} "

@@ -73,3 +73,16 @@ def test_dispatch_cli_errors_are_one_line(tmp_path, capsys):
     assert len(err) == 1 and "format" in err[0]
     assert main(["dispatch", str(tmp_path / "missing.json"), "--nodes", "1",
                  "--gpus-per-node", "2"]) == 2
+
+
+def test_written_files_get_normal_permissions(tmp_path):
+    import os
+
+    from merak_sim.io import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
