@@ -96,7 +96,11 @@ class Tracker:
             weakref.finalize(t, self.live.drop, ptr)
 
     def _pack(self, t):
-        h = _Held(t)
+        # Hold a detached alias: a saved *output* packed with its grad_fn would form a
+        # cycle through the C++ graph that keeps retained graphs (zero-bubble I/W uses
+        # retain_graph) and their tensors alive forever; autograd restores grad_fn on
+        # unpack, as torch.autograd.graph.save_on_cpu relies on.
+        h = _Held(t.detach())
         ptr = self.live.add(t)
         if ptr is not None:
             weakref.finalize(h, self.live.drop, ptr)
