@@ -22,12 +22,11 @@ import torch
 
 
 def worker(rank: int, world: int, port: int, a: dict, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
-    torch.set_num_threads(1)
+    from merak_exec.mesh import init_distributed, loopback_env
+
+    loopback_env(rank, world, port)
     import torch.distributed as dist
 
-    from merak_exec.mesh import init_distributed
     from merak_exec.models import GPT, GPTConfig
     from merak_exec.parallel import parallelize
     from merak_sim.config import ParallelConfig

@@ -37,6 +37,16 @@ def default_timeout_s() -> float:
         raise ExecError("MERAK_TIMEOUT_S must be a number of seconds") from None
 
 
+def loopback_env(rank: int, world: int, port: int) -> None:
+    """Make this process rank ``rank`` of a ``world``-process group on 127.0.0.1:``port``
+    (the environment torchrun would set, gloo on the loopback device) with one torch
+    thread, as each of several processes sharing a small CPU machine should run.
+    Call :func:`init_distributed` afterwards."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+
+
 def init_distributed(timeout_s: float | None = None, backend: str | None = None) -> None:
     """Initialise the default process group from the launcher's environment.
 

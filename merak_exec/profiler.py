@@ -38,7 +38,8 @@ from torch.utils.checkpoint import checkpoint
 
 from merak_sim.io import atomic_write_text
 
-__all__ = ["LayerProfile", "Profile", "profile_chain", "write_trace", "TRACE_FORMAT"]
+__all__ = ["LayerProfile", "Profile", "profile_chain", "saved_tensor_bytes", "write_trace",
+           "TRACE_FORMAT"]
 
 TRACE_FORMAT = "merak-exec-profile/1"
 
@@ -99,7 +100,11 @@ class _Timer:
         return time.perf_counter() - t
 
 
-def _saved_bytes(fn, params: set[int]) -> tuple[object, int]:
+def saved_tensor_bytes(fn, params) -> tuple[object, int]:
+    """Run ``fn()`` and return (its result, bytes of the distinct storages autograd saved
+    for backward), skipping the storages of ``params`` (tensors). Views of one storage
+    count once; this is how every activation figure in the project is measured."""
+    params = {p.untyped_storage().data_ptr() for p in params}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
@@ -171,7 +176,6 @@ def _profile_layer(name: str, count: int, layer: nn.Module, make_input, loss_fn,
                    device, warmup: int, repeats: int) -> LayerProfile:
     timer = _Timer(device)
     params = [p for p in layer.parameters() if p.requires_grad]
-    pptrs = {p.untyped_storage().data_ptr() for p in layer.parameters()}
 
     def run(x, ckpt=False):
         y = checkpoint(layer, x, use_reentrant=False) if ckpt else layer(x)
@@ -192,7 +196,7 @@ def _profile_layer(name: str, count: int, layer: nn.Module, make_input, loss_fn,
     y = layer(x)
     out_bytes = y.numel() * y.element_size()
     # what one micro-batch keeps for backward, loss included for the head
-    _, act_bytes = _saved_bytes(lambda: run(x), pptrs)
+    _, act_bytes = saved_tensor_bytes(lambda: run(x), layer.parameters())
     x = make_input()
 
     def fb():

@@ -217,11 +217,10 @@ def run_case(case: dict, steps: int = 3) -> dict:
 
 def run_cases(rank: int, world: int, port: int, cases: list[dict], out_dir: str) -> None:
     """Process entry point: initialise gloo, run every case, write results."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+    from merak_exec.mesh import init_distributed, loopback_env
+
+    loopback_env(rank, world, port)
     os.environ.setdefault("MERAK_TIMEOUT_S", "60")
-    torch.set_num_threads(1)
-    from merak_exec.mesh import init_distributed
 
     results = []
     try:
@@ -259,11 +258,9 @@ def launch(world: int, cases: list[dict], out_dir: str, timeout_s: float = 600) 
 
 # -- scenario workers (resume, fault, bad input) ------------------------------------
 def _setup(rank: int, world: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
-    torch.set_num_threads(1)
-    from merak_exec.mesh import init_distributed
+    from merak_exec.mesh import init_distributed, loopback_env
 
+    loopback_env(rank, world, port)
     init_distributed(backend="gloo")
 
 

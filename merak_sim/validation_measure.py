@@ -161,12 +161,10 @@ def _run_case(case: Case, rank: int, world: int, opts: dict) -> dict:
 
 
 def _worker(rank: int, world: int, port: int, cases: list, out_dir: str, opts: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
-    os.environ.setdefault("MERAK_TIMEOUT_S", str(opts.get("timeout_s", 120)))
-    import torch
+    from merak_exec.mesh import loopback_env
 
-    torch.set_num_threads(1)
+    loopback_env(rank, world, port)
+    os.environ.setdefault("MERAK_TIMEOUT_S", str(opts.get("timeout_s", 120)))
     status: dict = {"rank": rank, "done": [], "error": None}
     try:
         from merak_exec.mesh import init_distributed

@@ -240,22 +240,28 @@ def profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
 
     fastest: dict = {}  # the fastest sample of the last timing (the lower envelope)
 
+    def sample(setup, action, clear_grads: bool, lockstep: bool) -> float:
+        """Seconds of one ``action()`` after ``setup()`` (a barrier first if lockstep)."""
+        setup()
+        sync()
+        if lockstep:
+            dist.barrier()
+        t = time.perf_counter()
+        action()
+        sync()
+        d = time.perf_counter() - t
+        if clear_grads:
+            for p in pm.parameters():
+                p.grad = None
+        return d
+
     def timed(setup, action, clear_grads=True):
         ts = []
         for i in range(warmup + repeats):
-            setup()
             # Lockstep: every rank times its action at the same moment, so each figure
             # carries the contention of all ranks computing at once (the steady state
             # of a pipeline) rather than whatever the other ranks happened to run.
-            sync()
-            dist.barrier()
-            t = time.perf_counter()
-            action()
-            sync()
-            d = time.perf_counter() - t
-            if clear_grads:
-                for p in pm.parameters():
-                    p.grad = None
+            d = sample(setup, action, clear_grads, lockstep=True)
             if i >= warmup:
                 ts.append(d)
         fastest["t"] = min(ts)
@@ -273,15 +279,7 @@ def profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
                 dist.barrier()
                 if r != dist.get_rank():
                     continue
-                setup()
-                sync()
-                t = time.perf_counter()
-                action()
-                sync()
-                d = time.perf_counter() - t
-                if clear_grads:
-                    for p in pm.parameters():
-                        p.grad = None
+                d = sample(setup, action, clear_grads, lockstep=False)
                 if i >= warmup:
                     ts.append(d)
         dist.barrier()

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from merak_exec.profiler import saved_tensor_bytes  # noqa: E402
 from merak_sim.model import ModelSpec  # noqa: E402
 from merak_sim.trace import (  # noqa: E402
     CollectiveRecord,
@@ -53,21 +54,6 @@ from merak_sim.trace import (  # noqa: E402
     Trace,
     write_trace,
 )
-
-
-def _saved_bytes(fn, params) -> int:
-    skip = {p.untyped_storage().data_ptr() for p in params}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in skip:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
 
 
 def _time(fn, *args) -> tuple[float, object]:
@@ -102,7 +88,7 @@ def measure_layer(kind, layer, make_input, loss, mbs, seq, warmup, repeats) -> L
                 samples[k].append(v)
     med = {k: statistics.median(v) for k, v in samples.items()}
     x = make_input()
-    act = _saved_bytes(lambda: _fwd(layer, loss, x), params)
+    _, act = saved_tensor_bytes(lambda: _fwd(layer, loss, x), params)
     return LayerRecord(
         kind=kind, micro_batch_size=mbs, seq_len=seq, forward_s=med["f"], backward_s=med["b"],
         recompute_s=med["r"], activation_bytes=float(act),
