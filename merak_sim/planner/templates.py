@@ -24,7 +24,6 @@ structure once and re-prices it with array arithmetic:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -40,15 +39,6 @@ __all__ = ["EvalTemplate", "MemoryTemplate", "eval_template", "memory_template",
            "stage_arrays"]
 
 _ZERO_STAGE = StageCost(*([0.0] * 16), layers=1)
-
-
-class _Xfer:
-    """A transfer as the evaluator reads it (only its duration)."""
-
-    __slots__ = ("duration_s",)
-
-    def __init__(self, d: float) -> None:
-        self.duration_s = d
 
 
 def stage_arrays(table: CostTable) -> dict[str, np.ndarray]:
@@ -111,9 +101,7 @@ class EvalTemplate:
         send = arrays["send_activation_s"][self.xfer_boundary].tolist()
         ar_chunks = tuple(tuple((ch, float(ar[ch * S + r])) for ch, _ in self.prog.ar_chunks[r])
                           for r in range(S))
-        return dataclasses.replace(self.prog, duration_s=tuple(dur.tolist()),
-                                   transfers=tuple(_Xfer(d) for d in send),
-                                   ar_chunks=ar_chunks)
+        return self.prog.repriced(tuple(dur.tolist()), send, ar_chunks)
 
     def evaluate(self, arrays: dict[str, np.ndarray], fractions: tuple[float, ...],
                  zero: int = 0, overlap_dp: bool = False, buckets: int = 4) -> float:

@@ -30,7 +30,7 @@ when it ends. Transient buffers inside one action are not modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from merak_sim.costs.base import CostTable
 from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, ScheduleError, iter_actions
@@ -120,6 +120,17 @@ class Compiled:
     def num_ranks(self) -> int:
         """Pipeline ranks."""
         return self.schedule.num_stages
+
+    def repriced(self, duration_s: tuple[float, ...], transfer_s: list[float],
+                 ar_chunks: tuple[tuple[tuple[int, float], ...], ...]) -> Compiled:
+        """The same program with new action durations, transfer times (one per
+        transfer, in order) and all-reduce chunks: how the planner re-prices one
+        compiled schedule for many cost tables without compiling it again. Transfer
+        byte counts are kept as compiled (the evaluator reads only times)."""
+        xfers = tuple(Transfer(t.key, t.src, t.dst, t.send, t.recv, d, t.nbytes)
+                      for t, d in zip(self.transfers, transfer_s, strict=True))
+        return replace(self, duration_s=duration_s, transfers=xfers,
+                       ar_chunks=ar_chunks)
 
 
 def compile_program(
