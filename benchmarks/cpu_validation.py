@@ -6,8 +6,9 @@ On this machine (cluster preset "local-cpu": gloo over loopback, 2 processes wit
 torch thread each on 2 cores) and a small built-in GPT (8 layers, hidden 128, 4
 heads, vocab 512, sequence 128, micro-batch 2, 4 micro-batches per pipeline), every
 configuration below is profiled (the profiler step of
-:mod:`merak_sim.validation_measure`), trained for real (2 warm-up + 9 timed
-iterations), simulated from its profile and compared (:mod:`merak_sim.validation`):
+:mod:`merak_sim.validation_measure`), trained for real (12 timed iterations in 3
+blocks, each between two profiles), simulated from its profiles and compared
+(:mod:`merak_sim.validation`):
 
 - pp2 with 1f1b, gpipe, zb-h1 (no recompute) and shifted-critical-path with
   stage-aware recompute;
@@ -143,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--quick", action="store_true", help="small GPT, 3 cases")
-    ap.add_argument("--steps", type=int, default=9, help="timed iterations per case")
+    ap.add_argument("--steps", type=int, default=12, help="timed iterations per case")
+    ap.add_argument("--blocks", type=int, default=3,
+                    help="blocks of timed iterations, with a profile before and after each")
     ap.add_argument("--repeats", type=int, default=9, help="profiler repeats per action")
     ap.add_argument("--no-measure", action="store_true",
                     help="re-validate the existing run directories only")
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     load = [os.getloadavg()[0]]  # other work on this shared 2-core machine, for the record
     if not a.no_measure:
-        measure_cases(cases, runs, steps=a.steps, repeats=a.repeats)
+        measure_cases(cases, runs, steps=a.steps, blocks=a.blocks, repeats=a.repeats)
     secs = time.perf_counter() - t
     load.append(os.getloadavg()[0])
     reports = [validate(runs / c.name) for c in cases]

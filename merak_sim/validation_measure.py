@@ -1,6 +1,6 @@
 """The measuring half of the validation loop: profile, run for real, write a run directory.
 
-For each configuration, on a gloo world of ``world`` processes (one torch thread
+For each configuration, on one gloo world of ``world`` processes (one torch thread
 each), every rank:
 
 1. builds the built-in GPT and :func:`merak_exec.parallel.parallelize` s it;
@@ -14,14 +14,21 @@ each), every rank:
    optimizer step, the median of ``repeats`` after ``warmup``; the bytes each
    micro-batch keeps for backward (saved-tensor hooks) with and without
    checkpointing; and, once per world, gloo point-to-point latency and bandwidth
-   (ping-pong over several sizes, least-squares fit) and the contention factor
-   (a fixed matmul loop timed alone versus on every rank at once);
-3. **runs for real** (between two profiles, whose times are averaged so that a drift
-   of the machine's load affects profile and run alike): ``warmup`` + ``steps``
-   training iterations of the schedule, a barrier before each, keeping every timed
-   iteration's events on a clock common to all ranks (each rank's iteration origin
-   is ``perf_counter``, the system-wide monotonic clock on Linux, so the origins can
-   be aligned; on CUDA the recorder times with events and one process is assumed);
+   (timed one-way transfers over several sizes, least-squares fit), the cost of
+   posting a send or receive, alone and against a pending send of a computing peer,
+   and the contention factor (a fixed matmul loop timed alone versus on every rank
+   at once);
+3. **runs for real**, interleaved with the profiles (profile, block of steps,
+   profile, ..., profile; ``blocks`` blocks, the first after ``warmup_steps``
+   untimed iterations, the others after one): ``steps`` timed training iterations of
+   the schedule, a barrier before each, keeping every timed iteration's events on a
+   clock common to all ranks (each rank's iteration origin is ``perf_counter``, the
+   system-wide monotonic clock on Linux, so the origins can be aligned; on CUDA the
+   recorder times with events and one process is assumed). The profiles are
+   averaged (the fastest sample kept for ``*_min_s``), so a drift of the machine's
+   load affects profile and run alike; and the cases take turns block by block
+   (round-robin), so it affects every case alike too (the speed-up of one case over
+   another is measured side by side);
 4. **measures memory** in one more, untimed iteration: the live bytes of tensors
    autograd saved for backward, of inputs kept by checkpointed layers and of stage
    inputs kept by F* (deduplicated by storage, freed when the graph drops them),
@@ -90,74 +97,112 @@ def _batches(model_cfg: dict, global_batch: int, steps: int, seed: int = 0):
     return out
 
 
-def _run_case(case: Case, rank: int, world: int, opts: dict) -> dict:
-    import torch
-    import torch.distributed as dist
+def _combine(profiles: list[dict]) -> dict:
+    """One profile from several of the same rank: the mean of each time, the fastest
+    of each ``*_min_s``, other entries (bytes, counts) from the first."""
+    import statistics
 
-    from merak_exec.models import GPT, GPTConfig
-    from merak_exec.parallel import parallelize
-    from merak_sim.config import ParallelConfig
+    out = dict(profiles[0])
+    for k, v in profiles[0].items():
+        if isinstance(v, float) and k.endswith("_min_s"):
+            out[k] = min(p[k] for p in profiles)
+        elif isinstance(v, float) and k.endswith("_s"):
+            out[k] = statistics.fmean(p[k] for p in profiles)
+    out["profiles_combined"] = len(profiles)
+    return out
 
-    pc = ParallelConfig.from_dict(case.config)
-    if pc.world_size != world:
-        raise MeasureError(f"case {case.name}: dp*tp*pp = {pc.world_size} but the world has "
-                           f"{world} processes")
-    mcfg = GPTConfig(**case.model)
-    seq = mcfg.n_positions
-    torch.manual_seed(0)
-    pm = parallelize(GPT(mcfg), pc, seq_len=seq)
-    steps, warm = opts["steps"], opts["warmup_steps"]
-    data = _batches(case.model, pc.global_batch_size, steps + warm + 2)
-    ids0, lab0 = data[0]
-    inputs, labels = pm.split_batch(ids0), pm.split_batch(lab0)
-    dist.barrier()
-    prof = profile_stage(pm, inputs, labels, opts["warmup"], opts["repeats"])
-    dist.barrier()
-    rt = pm.runtime
-    rows, wall, origins, losses = [], [], [], []
-    for i, (ids, lab) in enumerate(data[:steps + warm]):
-        sync()
+
+class _CaseRun:
+    """One configuration's measurement on this rank: its model, data and what has been
+    measured so far. The worker drives every case's :meth:`profile` and :meth:`block`
+    round-robin (see :func:`measure_cases`), then :meth:`finish` each."""
+
+    def __init__(self, case: Case, rank: int, world: int, opts: dict) -> None:
+        import torch
+
+        from merak_exec.models import GPT, GPTConfig
+        from merak_exec.parallel import parallelize
+        from merak_sim.config import ParallelConfig
+
+        pc = ParallelConfig.from_dict(case.config)
+        if pc.world_size != world:
+            raise MeasureError(f"case {case.name}: dp*tp*pp = {pc.world_size} but the world "
+                               f"has {world} processes")
+        self.case, self.rank, self.world, self.opts, self.pc = case, rank, world, opts, pc
+        mcfg = GPTConfig(**case.model)
+        self.seq = mcfg.n_positions
+        torch.manual_seed(0)
+        self.pm = parallelize(GPT(mcfg), pc, seq_len=self.seq)
+        steps, blocks = int(opts["steps"]), max(1, int(opts["blocks"]))
+        self.data = _batches(case.model, pc.global_batch_size,
+                             steps + int(opts["warmup_steps"]) + blocks + 1)
+        self.next = 1  # data[0] feeds the profiler, data[-1] the memory iteration
+        ids0, lab0 = self.data[0]
+        self.inputs, self.labels = self.pm.split_batch(ids0), self.pm.split_batch(lab0)
+        self.rows: list[dict] = []
+        self.wall: list[float] = []
+        self.origins: list[float] = []
+        self.losses: list[float] = []
+        self.profiles: list[dict] = []
+
+    def profile(self) -> None:
+        """One profiler step (every rank at once)."""
+        import torch.distributed as dist
+
         dist.barrier()
-        t = time.perf_counter()
-        out = pm.train_step(ids, lab)
-        sync()
-        d = time.perf_counter() - t
-        if i >= warm:
-            k = i - warm
-            wall.append(d)
-            origins.append(rt.recorder._t0)
-            losses.append(out.loss)
-            for e in out.events:
-                rows.append(dict(e, step=k))
-    # Profile again after the run and average: the machine's load drifts, and a
-    # profile taken on both sides of the run sees conditions closer to the run's.
-    dist.barrier()
-    again = profile_stage(pm, inputs, labels, opts["warmup"], opts["repeats"])
-    for k, v in again.items():
-        if k.endswith("_min_s"):
-            prof[k] = min(prof[k], v)
-        elif k.endswith("_s"):
-            prof[k] = (prof[k] + v) / 2
-    # One untimed iteration with memory tracking.
-    dist.barrier()
-    params = list(pm.parameters())
-    ids, lab = data[-1]
-    with Tracker(params) as tr:
-        pm.train_step(ids, lab)
-        act_peak = tr.live.peak
-    opt = rt.optimizer
-    mem = {"activation_peak_bytes": act_peak,
-           "param_bytes": sum(p.numel() * p.element_size() for p in params),
-           "grad_bytes": sum(p.numel() * p.element_size() for p in params),
-           "optimizer_bytes": sum(v.numel() * v.element_size() for s in opt.state.values()
-                                  for v in s.values() if hasattr(v, "numel") and v.dim() > 0)}
-    mine = {"rank": rank, "pp_rank": pm.mesh.pp_rank, "dp_rank": pm.mesh.dp_rank,
-            "tp_rank": pm.mesh.tp_rank, "profile": prof, "events": rows, "wall_s": wall,
-            "origins": origins, "losses": losses, "memory": mem}
-    allv: list = [None] * world
-    dist.all_gather_object(allv, mine)
-    del pm
-    return {"ranks": allv, "config": pc.to_dict(), "model": case.model, "seq_len": seq}
+        self.profiles.append(profile_stage(self.pm, self.inputs, self.labels,
+                                           self.opts["warmup"], self.opts["repeats"]))
+        dist.barrier()
+
+    def block(self, timed: int, warm: int) -> None:
+        """``warm`` untimed then ``timed`` timed training iterations, a barrier before
+        each; timed iterations keep their events on the rank's iteration origin."""
+        import torch.distributed as dist
+
+        rt = self.pm.runtime
+        for i in range(warm + timed):
+            ids, lab = self.data[min(self.next, len(self.data) - 2)]
+            self.next += 1
+            sync()
+            dist.barrier()
+            t = time.perf_counter()
+            out = self.pm.train_step(ids, lab)
+            sync()
+            d = time.perf_counter() - t
+            if i >= warm:
+                k = len(self.wall)
+                self.wall.append(d)
+                self.origins.append(rt.recorder._t0)
+                self.losses.append(out.loss)
+                self.rows += [dict(e, step=k) for e in out.events]
+
+    def finish(self) -> dict:
+        """Measure memory in one untimed iteration and gather every rank's figures."""
+        import torch.distributed as dist
+
+        pm = self.pm
+        dist.barrier()
+        params = list(pm.parameters())
+        ids, lab = self.data[-1]
+        with Tracker(params) as tr:
+            pm.train_step(ids, lab)
+            act_peak = tr.live.peak
+        opt = pm.runtime.optimizer
+        mem = {"activation_peak_bytes": act_peak,
+               "param_bytes": sum(p.numel() * p.element_size() for p in params),
+               "grad_bytes": sum(p.numel() * p.element_size() for p in params),
+               "optimizer_bytes": sum(v.numel() * v.element_size()
+                                      for s in opt.state.values() for v in s.values()
+                                      if hasattr(v, "numel") and v.dim() > 0)}
+        mine = {"rank": self.rank, "pp_rank": pm.mesh.pp_rank, "dp_rank": pm.mesh.dp_rank,
+                "tp_rank": pm.mesh.tp_rank, "profile": _combine(self.profiles),
+                "events": self.rows, "wall_s": self.wall, "origins": self.origins,
+                "losses": self.losses, "memory": mem}
+        allv: list = [None] * self.world
+        dist.all_gather_object(allv, mine)
+        self.pm = None
+        return {"ranks": allv, "config": self.pc.to_dict(), "model": self.case.model,
+                "seq_len": self.seq}
 
 
 def _worker(rank: int, world: int, port: int, cases: list, out_dir: str, opts: dict) -> None:
@@ -172,14 +217,24 @@ def _worker(rank: int, world: int, port: int, cases: list, out_dir: str, opts: d
         init_distributed(backend=opts.get("backend", "gloo"))
         sizes = opts["p2p_sizes"]
         machine = measure_machine(rank, world, sizes, opts["warmup"], max(5, opts["repeats"]))
-        for c in cases:
-            case = Case(**c)
-            res = _run_case(case, rank, world, opts)
+        runs = [_CaseRun(Case(**c), rank, world, opts) for c in cases]
+        # Round-robin over the cases, block by block: each case's profiles and timed
+        # iterations are spread over the whole measurement, so a slow spell of the
+        # shared machine falls on every case (and on profile and run) alike.
+        steps, warm = int(opts["steps"]), int(opts["warmup_steps"])
+        per = -(-steps // max(1, int(opts["blocks"])))
+        for b, first in enumerate(range(0, steps, per)):
+            for r in runs:
+                r.profile()
+                r.block(min(per, steps - first), warm if b == 0 else min(1, warm))
+        for r in runs:
+            r.profile()
+            res = r.finish()
             if rank == 0:
                 from merak_sim.rundir import write_measured
 
-                write_measured(Path(out_dir) / case.name, res, machine, opts)
-            status["done"].append(case.name)
+                write_measured(Path(out_dir) / r.case.name, res, machine, opts)
+            status["done"].append(r.case.name)
     except Exception:  # reported through the status file, judged by the parent
         status["error"] = traceback.format_exc()
     from merak_sim.io import atomic_write_text
@@ -188,7 +243,7 @@ def _worker(rank: int, world: int, port: int, cases: list, out_dir: str, opts: d
     os._exit(0)  # skip gloo teardown (known exit-time aborts); results are written
 
 
-DEFAULT_OPTS = {"steps": 9, "warmup_steps": 2, "warmup": 2, "repeats": 9,
+DEFAULT_OPTS = {"steps": 12, "blocks": 3, "warmup_steps": 2, "warmup": 2, "repeats": 9,
                 "p2p_sizes": [4096, 65536, 262144, 1048576], "timeout_s": 120,
                 "backend": "gloo"}
 

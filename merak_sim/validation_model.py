@@ -99,18 +99,29 @@ def profile_view(profile: dict, statistic: str = "median") -> dict:
             if k.endswith("_min_s"):
                 new[k[:-6] + "_s"] = v
         stages.append(new)
-    return {**profile, "stages": stages}
+    machine = dict(profile.get("machine", {}))
+    for k, v in list(machine.items()):
+        if k.endswith("_min_s"):
+            machine[k[:-6] + "_s"] = v
+    return {**profile, "stages": stages, "machine": machine}
 
 
-def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "median"):
+def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "median",
+                 action_s: dict | None = None):
     """Simulate the run's configuration from its profile (exact evaluator). With
     ``refined``, the program is re-timed from the profile (module docstring);
     ``statistic`` picks the profile's median or fastest samples (:func:`profile_view`).
-    Returns a :class:`~merak_sim.sim.result.SimResult`."""
+
+    ``action_s`` (a diagnostic, "replay"): ``{(stage, IR token): seconds}`` replacing
+    the profiled time of those compute actions, e.g. their durations measured in the
+    run itself; no contention model is applied on top (a measured duration holds the
+    contention it met), posts and the tied all-reduce are priced as usual. The gap
+    between this and the measured iteration is what the schedule, communication and
+    posting model alone get wrong. Returns a :class:`~merak_sim.sim.result.SimResult`."""
     from merak_sim.schedule.ir import Kind
     from merak_sim.sim.api import evaluator_trace, simulate
     from merak_sim.sim.entities import Placement
-    from merak_sim.sim.program import OP_POST, compile_program
+    from merak_sim.sim.program import compile_program
     from merak_sim.sim.result import build_result
 
     run = replace(run, profile=profile_view(run.profile, statistic))
@@ -127,25 +138,16 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "media
             dur[i] = st[a.stage]["forward_nograd_s"]
         elif a.kind is Kind.RECOMPUTE:
             dur[i] = st[a.stage]["reforward_s"]
+    if action_s:
+        for i, a in enumerate(prog.actions):
+            dur[i] = action_s.get((a.stage, str(a)), dur[i])
     # Posting a send or receive costs the runtime time on the rank's thread; the
     # program's posts are instantaneous, so each post's measured cost is added to the
     # compute action that follows it (and remembered, to compare actions alone).
-    post_s = float(run.profile.get("machine", {}).get("p2p_post_s", 0.0))
-    post_extra: dict[tuple[int, str], float] = {}
-    if post_s > 0:
-        for ops in prog.ops:
-            pending = 0
-            for code, x, _y in ops:
-                if code == OP_POST:
-                    pending += 1
-                    continue
-                if pending:
-                    dur[x] += pending * post_s
-                    a = prog.actions[x]
-                    post_extra[(a.stage, str(a))] = pending * post_s
-                    pending = 0
-    if cfg.dp * cfg.tp == 1 and cfg.pp > 1:
-        dur = _contention(prog, dur, st, post_extra)
+    dur, extra = _refine(prog, dur, st, run.profile.get("machine", {}),
+                         contended=cfg.dp * cfg.tp == 1 and cfg.pp > 1 and not action_s)
+    post_extra = {(prog.actions[x].stage, str(prog.actions[x])): v for x, v in extra.items()
+                  if v > 0}
     if cfg.pp > 1:
         dur = _sync_tied_all_reduce(prog, dur)
     prog = replace(prog, duration_s=tuple(dur))
@@ -154,7 +156,8 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "media
     return build_result(tr, capacity=table.memory_capacity_bytes, peak_flops=1.0,
                         engine="evaluator", global_batch=cfg.global_batch_size,
                         seq_len=run.seq_len, config=cfg, notes=table.notes,
-                        meta={"prediction": "refined", "post_extra_s": post_extra})
+                        meta={"prediction": "replay" if action_s else "refined",
+                              "post_extra_s": post_extra})
 
 
 _SOLO_KEY = {"FORWARD": "forward_s", "FORWARD_NOGRAD": "forward_nograd_s",
@@ -162,15 +165,8 @@ _SOLO_KEY = {"FORWARD": "forward_s", "FORWARD_NOGRAD": "forward_nograd_s",
              "BACKWARD_WEIGHT": "backward_weight_s"}
 
 
-def _contention(prog, dur: list[float], stages: list[dict], post_extra: dict,
-                iterations: int = 4) -> list[float]:
-    """Durations under measured contention: an action costs its alone time plus the
-    measured slowdown of all ranks computing at once, scaled by the fraction of it
-    that overlaps another rank's compute in the simulated timeline (fixed point of a
-    few evaluations, starting from the all-busy times). Only pipeline ranks without
-    replicas vary: data- and tensor-parallel replicas always run together."""
-    from merak_sim.sim.evaluator import evaluate, plan
-
+def _solo_ratios(prog, stages: list[dict]) -> list[float]:
+    """Per action id, its measured alone time over its all-busy time (1 if unknown)."""
     ratio = []
     for i, a in enumerate(prog.actions):
         p = stages[a.stage]
@@ -179,26 +175,100 @@ def _contention(prog, dur: list[float], stages: list[dict], post_extra: dict,
             key = "backward_ckpt_s" if prog.recompute_s[i] > 0 else "backward_s"
         t, so = (p.get(key), p.get(key[:-2] + "_solo_s")) if key else (None, None)
         ratio.append(so / t if t and so else 1.0)
-    if all(abs(r - 1.0) < 1e-12 for r in ratio):
-        return dur
-    post = [post_extra.get((a.stage, str(a)), 0.0) for a in prog.actions]
-    busy = [d - q for d, q in zip(dur, post, strict=True)]
+    return ratio
+
+
+def _post_groups(prog) -> tuple[dict, dict]:
+    """The posts of each rank grouped by the compute action that follows them:
+    ``{action id: (previous action id on the rank or -1, [(transfer id, is_send)])}``,
+    and for every transfer the action id after which its send is posted (-1: before
+    the rank's first action)."""
+    from merak_sim.sim.program import OP_POST
+
+    groups: dict[int, tuple[int, list]] = {}
+    send_after: dict[int, int] = {}
+    for ops in prog.ops:
+        prev, pending = -1, []
+        for code, x, y in ops:
+            if code == OP_POST:
+                pending.append((x, bool(y)))
+                if y:
+                    send_after[x] = prev
+                continue
+            if pending:
+                groups[x] = (prev, pending)
+                pending = []
+            prev = x
+    return groups, send_after
+
+
+def _refine(prog, base: list[float], stages: list[dict], machine: dict, contended: bool,
+            iterations: int = 8) -> tuple[list[float], dict[int, float]]:
+    """Durations with the measured costs that depend on what the other rank is doing
+    (a fixed point of a few exact evaluations, starting from the all-busy times):
+
+    - posts: each costs ``p2p_post_s``, except a receive whose send the peer already
+      posted while the peer computes during the post, which costs
+      ``p2p_post_blocked_s`` (gloo's
+      receive then waits for the peer's I/O thread to get a core; see
+      :func:`merak_sim.validation_profile._blocked_post`);
+    - contention (``contended``: pipeline ranks without replicas, which do not always
+      compute together): an action costs its alone time plus the measured slowdown of
+      all ranks computing at once, scaled by the fraction of it that overlaps another
+      rank's compute in the simulated timeline. Data- and tensor-parallel replicas
+      always run together, so their all-busy times stand.
+
+    Returns the durations and the post cost added to each action id."""
+    from merak_sim.sim.evaluator import evaluate, plan
+    from merak_sim.schedule.ir import Kind
+
+    post_s = float(machine.get("p2p_post_s", 0.0))
+    blocked_s = float(machine.get("p2p_post_blocked_s", post_s))
+    groups, send_after = _post_groups(prog)
+    ratio = _solo_ratios(prog, stages) if contended else [1.0] * len(base)
+    extra = {x: post_s * len(ops) for x, (_p, ops) in groups.items()}
+    if blocked_s == post_s and all(abs(r - 1.0) < 1e-12 for r in ratio):
+        return [d + extra.get(x, 0.0) for x, d in enumerate(base)], extra
     pl = plan(prog)
-    cur = list(dur)
+    ranks = prog.rank_of_action
+    is_ar = [a.kind is Kind.ALL_REDUCE for a in prog.actions]
+    cur = [d + extra.get(x, 0.0) for x, d in enumerate(base)]
     for _ in range(iterations):
         ev = evaluate(replace(prog, duration_s=tuple(cur)), pl)
         spans: dict[int, list[tuple[float, float]]] = {}
-        for x, r in enumerate(prog.rank_of_action):
-            spans.setdefault(r, []).append((ev.start[x], ev.end[x]))
+        for x, r in enumerate(ranks):
+            if not is_ar[x]:
+                spans.setdefault(r, []).append((ev.start[x], ev.end[x]))
+
+        def busy(rank: int, t0: float, t1: float, spans=spans) -> bool:
+            return any(s0 < t1 and e0 > t0 for s0, e0 in spans.get(rank, ()))
+
+        extra = {}
+        for x, (prev, ops) in groups.items():
+            t_post = ev.end[prev] if prev >= 0 else 0.0
+            cost = 0.0
+            for tid, is_send in ops:
+                tr = prog.transfers[tid]
+                sp = send_after.get(tid, -1)
+                pending = (ev.end[sp] if sp >= 0 else 0.0) <= t_post
+                # The peer computing at any moment of the post (it may start right
+                # away because this same post sends what it waited for) blocks it.
+                hit = not is_send and pending and busy(tr.src, t_post, t_post + blocked_s)
+                cost += blocked_s if hit else post_s
+            extra[x] = cost
         nxt = []
-        for x, r in enumerate(prog.rank_of_action):
-            s0, e0 = ev.start[x], ev.end[x]
-            ov = sum(max(0.0, min(e0, e1) - max(s0, s1)) for q, sp in spans.items() if q != r
-                     for s1, e1 in sp)
-            f = min(1.0, ov / (e0 - s0)) if e0 > s0 else 1.0
-            nxt.append(post[x] + busy[x] * (ratio[x] + (1.0 - ratio[x]) * f))
+        for x, r in enumerate(ranks):
+            f = 1.0
+            if ratio[x] != 1.0:
+                s0, e0 = ev.start[x], ev.end[x]
+                ov = sum(max(0.0, min(e0, e1) - max(s0, s1)) for q, sp in spans.items()
+                         if q != r for s1, e1 in sp)
+                f = min(1.0, ov / (e0 - s0)) if e0 > s0 else 1.0
+            nxt.append(extra.get(x, 0.0) + base[x] * (ratio[x] + (1.0 - ratio[x]) * f))
+        if nxt == cur:
+            break
         cur = nxt
-    return cur
+    return cur, extra
 
 
 def _sync_tied_all_reduce(prog, dur: list[float]) -> list[float]:

@@ -373,6 +373,62 @@ def profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
     return out
 
 
+def _busy(seconds: float) -> None:
+    """Compute (a small matmul loop) for about ``seconds``."""
+    import torch
+
+    a = torch.randn(160, 160)
+    t = time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        a @ a
+
+
+def _blocked_post(rank: int, two: bool, peer: int, nbytes: int, warmup: int,
+                  repeats: int) -> dict:
+    """Cost of posting a receive whose send the peer already posted while the peer
+    computes: ``p2p_post_blocked_s`` (mean) and ``p2p_post_blocked_min_s``.
+
+    On a machine with fewer free cores than busy threads (2 processes, each with a
+    compute thread and a gloo I/O thread, on 2 cores) gloo's ``irecv`` then often
+    waits for the peer's I/O thread to be scheduled: 0.1 ms or 2-6 ms, about half and
+    half, on the development machine, while the same post against an idle peer or
+    with no send pending takes 0.1-0.3 ms. The runtime meets it on the last pipeline
+    stage, which posts the next activation's receive right after a backward while the
+    previous stage computes. The distribution is bimodal, so the mean (what a sum of
+    several such posts per iteration tends to) is what the model uses.
+    """
+    import torch
+    import torch.distributed as dist
+
+    t = torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
+    posts = []
+    for i in range(warmup + repeats):
+        for receiver in (0, 1):
+            dist.barrier()
+            if not two:
+                continue
+            if rank == receiver:
+                _busy(2e-3)  # the peer posts its send and starts computing first
+                t0 = time.perf_counter()
+                w = dist.irecv(t, peer)
+                d = time.perf_counter() - t0
+                w.wait()
+                if i >= warmup:
+                    posts.append(d)
+            else:
+                w = dist.isend(t, peer)
+                _busy(10e-3)
+                w.wait()
+    allv: list = [None] * dist.get_world_size()
+    dist.all_gather_object(allv, posts)  # both directions, one figure for the world
+    posts = [x for v in allv for x in v]
+    if not posts:
+        return {}
+    return {"p2p_post_blocked_s": statistics.fmean(posts),
+            "p2p_post_blocked_min_s": min(posts),
+            "p2p_post_blocked_samples_s": sorted(posts)}
+
+
 def measure_machine(rank: int, world: int, sizes: list[int], warmup: int, repeats: int) -> dict:
     """gloo point-to-point between ranks 0 and 1 and the contention factor of ``world``
     busy processes.
@@ -438,6 +494,8 @@ def measure_machine(rank: int, world: int, sizes: list[int], warmup: int, repeat
                 if i >= warmup:
                     posts.append(d)
         out["p2p_post_s"] = statistics.median(posts) if posts else 0.0
+        out.update(_blocked_post(rank, two, peer, sizes[-2] if len(sizes) > 1 else sizes[-1],
+                                 warmup, max(repeats, 30)))
     dist.barrier()
     a = torch.randn(192, 192)
 

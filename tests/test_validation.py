@@ -272,3 +272,23 @@ def test_min_statistic_uses_the_fastest_samples(tmp_path, capsys):
         validate(fast, statistic="mean")
     assert cli_main(["validate", "--run", str(d), "--statistic", "min", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["summary"]["statistic"] == "min"
+
+
+def test_receive_posted_against_a_pending_send_of_a_computing_peer_costs_the_blocked_post(
+        tmp_path):
+    d, sim0 = _synthetic_dir(tmp_path, _cfg(), _profile(2))
+    run = read_run(d)
+    machine = {**run.profile["machine"], "p2p_post_s": 1e-4, "p2p_post_blocked_s": 5e-3}
+    rep = validate(replace(run, profile={**run.profile, "machine": machine}))
+    extra = rep.sim.meta["post_extra_s"]
+    # 1F1B, stage 1 after B0 posts sG0 / rA1: stage 0 posted sA1 after F1 and starts
+    # B0 as soon as sG0 lands, so the receive meets a pending send of a computing peer
+    assert extra[(1, "F1")] == pytest.approx(1e-4 + 5e-3)
+    # stage 0 after F1 posts sA1 / rG0: nothing was sent to it yet, plain posts
+    assert extra[(0, "B0")] == pytest.approx(2e-4)
+    assert rep.predicted_iteration_s > sim0.iteration_time_s + 5e-3
+    assert max(rep.action_abs_errors) < 1e-9  # post costs are not the actions' time
+    # without the blocked figure every post costs the plain figure
+    plain = validate(replace(run, profile={**run.profile, "machine": {
+        **run.profile["machine"], "p2p_post_s": 1e-4}}))
+    assert plain.sim.meta["post_extra_s"][(1, "F1")] == pytest.approx(2e-4)

@@ -26,7 +26,7 @@ def runs(tmp_path_factory):
     cases = [Case("scp", dict(BASE, pp=2, schedule="shifted-critical-path",
                               recompute="stage-aware"), TINY),
              Case("sub", dict(BASE, tp=2, tp_overlap="sub-pipelined"), TINY)]
-    return measure_cases(cases, out, steps=2, warmup_steps=1, repeats=2, warmup=1,
+    return measure_cases(cases, out, steps=2, blocks=2, warmup_steps=1, repeats=2, warmup=1,
                          timeout_s=600)
 
 
@@ -35,6 +35,10 @@ def test_measured_runs_validate(runs, tmp_path):
     for rep in reps:
         run = read_run(rep.run.path)
         assert run.steps == [0, 1] and len(run.wall_s) == 2
+        # two blocks of one timed step: profiled before, between and after them
+        assert all(s["profiles_combined"] == 3 for s in run.profile["stages"])
+        machine = run.profile["machine"]
+        assert machine["p2p_post_blocked_s"] >= machine["p2p_post_blocked_min_s"] > 0
         assert {m["rank"] for m in run.memory} == {0, 1}
         sched = rep.config.build_schedule()
         tokens = {(a.stage, str(a)) for p in sched.programs for a in iter_actions(p)
