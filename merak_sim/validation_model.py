@@ -219,8 +219,8 @@ def _refine(prog, base: list[float], stages: list[dict], machine: dict, contende
       always run together, so their all-busy times stand.
 
     Returns the durations and the post cost added to each action id."""
-    from merak_sim.sim.evaluator import evaluate, plan
     from merak_sim.schedule.ir import Kind
+    from merak_sim.sim.evaluator import evaluate, plan
 
     post_s = float(machine.get("p2p_post_s", 0.0))
     blocked_s = float(machine.get("p2p_post_blocked_s", post_s))
