@@ -172,7 +172,8 @@ _TIME_KEYS = ("forward_s", "forward_plain_s", "backward_ckpt_s", "backward_s",
               "bare_forward_nograd_s", "all_reduce_s", "optimizer_s", "forward_solo_s",
               "backward_ckpt_solo_s", "backward_solo_s", "forward_nograd_solo_s",
               "reforward_solo_s", "backward_input_solo_s", "backward_weight_solo_s")
-_TIME_KEYS = _TIME_KEYS + tuple(k[:-2] + "_min_s" for k in _TIME_KEYS)
+_TIME_KEYS = _TIME_KEYS + tuple(k[:-2] + suffix for k in _TIME_KEYS
+                                 for suffix in ("_min_s", "_mean_s"))
 
 
 def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Path:

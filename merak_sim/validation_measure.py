@@ -53,6 +53,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from merak_sim.validation_model import POST_BLOCK_WINDOW_S
 from merak_sim.validation_profile import Tracker, measure_machine, profile_stage, sync
 
 __all__ = ["Case", "MeasureError", "measure_cases", "small_gpt"]
@@ -109,6 +110,132 @@ def _combine(profiles: list[dict]) -> dict:
         elif isinstance(v, float) and k.endswith("_s"):
             out[k] = statistics.fmean(p[k] for p in profiles)
     out["profiles_combined"] = len(profiles)
+    return out
+
+
+_PROBE_CONFIG = dict(pp=2, schedule="1f1b", recompute="none", micro_batch_size=2,
+                     global_batch_size=8, dtype="fp32")
+
+
+def _busy_spans(events: list[dict], origin: float) -> list[tuple[float, float]]:
+    """Compute intervals of one rank's iteration on the absolute clock: each compute
+    action from the end of the receive it consumed (if it waited) to its end."""
+    recv_end = {(e["kind"], e["microbatch"]): e["end_s"] for e in events
+                if e["stream"] == "p2p" and e["kind"].startswith("RECV")}
+    out = []
+    for e in events:
+        if e["stream"] != "compute":
+            continue
+        start = e["start_s"]
+        for k in ("RECV_ACT", "RECV_GRAD"):
+            r = recv_end.get((k, e["microbatch"]))
+            if e["kind"] in ("FORWARD", "BACKWARD") and r is not None \
+                    and e["start_s"] <= r <= e["end_s"]:
+                start = max(start, r)
+        out.append((origin + start, origin + e["end_s"]))
+    return out
+
+
+def classify_posts(records: list[dict], spans: dict, window_s: float) -> dict:
+    """Split timed posts into plain ones and receives posted against a pending send of
+    a peer that computes within ``window_s`` of the post (the condition
+    :func:`merak_sim.validation_model._refine` prices as blocked). ``records``: per
+    post ``{"rank", "iter", "t0", "t1", "parts": [(kind, stage, microbatch)]}`` on one
+    clock; ``spans``: ``{(rank, iter): [(start, end)]}`` compute intervals. Returns
+    ``{"blocked": [(seconds, operations)], "plain": [(seconds, operations)]}``, one
+    entry per posting (a fused posting holds several operations)."""
+    sent = {}
+    for r in records:
+        for kind, stage, mb in r["parts"]:
+            if kind.startswith("SEND"):
+                sent[(r["iter"], kind, stage, mb)] = (r["rank"], r["t0"])
+    out: dict[str, list[float]] = {"blocked": [], "plain": []}
+    for r in records:
+        hit = False
+        for kind, stage, mb in r["parts"]:
+            if not kind.startswith("RECV"):
+                continue
+            src = (r["iter"], "SEND_ACT", stage - 1, mb) if kind == "RECV_ACT" else \
+                (r["iter"], "SEND_GRAD", stage + 1, mb)
+            if src not in sent:
+                continue
+            peer, t_send = sent[src]
+            if t_send <= r["t0"] and any(s0 < r["t0"] + window_s and e0 > r["t0"]
+                                         for s0, e0 in spans.get((peer, r["iter"]), ())):
+                hit = True
+        out["blocked" if hit else "plain"].append((r["t1"] - r["t0"], len(r["parts"])))
+    return out
+
+
+def _probe_posts(rank: int, world: int, iterations: int = 8) -> dict:
+    """Post costs measured through the runtime itself: a 2-stage 1F1B pipeline of the
+    suite's small GPT runs ``iterations`` untimed-for-the-suite iterations with every
+    posting timed, and :func:`classify_posts` splits them. A synthetic probe (one
+    ``irecv`` against a pending ``isend`` while the peer runs a matmul loop) blocked in
+    0-90 % of tries from one minute to the next on the development machine, while the
+    runtime's last stage met the block in most iterations: the figure has to come from
+    the runtime's own posting pattern. The window is the model's
+    (:data:`merak_sim.validation_model.POST_BLOCK_WINDOW_S`). Returns the counts and,
+    per operation, ``p2p_post_s`` (plain postings, through the runtime: it replaces
+    the lockstep figure of :func:`~merak_sim.validation_profile.measure_machine`),
+    ``p2p_post_blocked_s`` (mean) and ``p2p_post_blocked_min_s``; {} where the world
+    is not 2 ranks."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from merak_exec.models import GPT, GPTConfig
+    from merak_exec.parallel import parallelize
+    from merak_sim.config import ParallelConfig
+
+    if world != 2:
+        return {}
+    model = small_gpt()
+    pc = ParallelConfig.from_dict(_PROBE_CONFIG)
+    torch.manual_seed(0)
+    pm = parallelize(GPT(GPTConfig(**model)), pc, seq_len=model["n_positions"])
+    rt = pm.runtime
+    data = _batches(model, pc.global_batch_size, iterations + 2)
+    records: list[dict] = []
+    spans: dict = {}
+    box = {"iter": -1}
+    post = rt._post
+
+    def timed_post(parts, st):  # an instance attribute shadows the method
+        t0 = time.perf_counter()
+        post(parts, st)
+        records.append({"rank": rank, "iter": box["iter"], "t0": t0,
+                        "t1": time.perf_counter(),
+                        "parts": [(p.kind.name, p.stage, p.microbatch) for p in parts]})
+    rt._post = timed_post
+    try:
+        for i, (ids, lab) in enumerate(data):
+            box["iter"] = i - 2
+            dist.barrier()
+            out = pm.train_step(ids, lab)
+            if i >= 2:
+                spans[(rank, i - 2)] = _busy_spans(out.events, rt.recorder._t0)
+    finally:
+        del rt._post
+    records = [r for r in records if r["iter"] >= 0]
+    allv: list = [None] * world
+    dist.all_gather_object(allv, (records, spans))
+    recs = [r for rr, _ in allv for r in rr]
+    sp = {k: v for _, ss in allv for k, v in ss.items()}
+    got = classify_posts(recs, sp, POST_BLOCK_WINDOW_S)
+    out: dict = {"p2p_post_probe": {"blocked": len(got["blocked"]),
+                                    "plain": len(got["plain"])}}
+    if not got["plain"]:
+        return out
+    # The model charges every operation p2p_post_s and a blocked receive
+    # p2p_post_blocked_s instead: per-operation figures from per-posting times.
+    per_op = sum(t for t, _ in got["plain"]) / sum(n for _, n in got["plain"])
+    out["p2p_post_s"] = per_op
+    if got["blocked"]:
+        blocked = [t - (n - 1) * per_op for t, n in got["blocked"]]
+        out["p2p_post_blocked_s"] = statistics.fmean(blocked)
+        out["p2p_post_blocked_min_s"] = min(blocked)
     return out
 
 
@@ -217,6 +344,8 @@ def _worker(rank: int, world: int, port: int, cases: list, out_dir: str, opts: d
         init_distributed(backend=opts.get("backend", "gloo"))
         sizes = opts["p2p_sizes"]
         machine = measure_machine(rank, world, sizes, opts["warmup"], max(5, opts["repeats"]))
+        machine["p2p_post_lockstep_s"] = machine.get("p2p_post_s", 0.0)
+        machine.update(_probe_posts(rank, world))
         runs = [_CaseRun(Case(**c), rank, world, opts) for c in cases]
         # Round-robin over the cases, block by block: each case's profiles and timed
         # iterations are spread over the whole measurement, so a slow spell of the

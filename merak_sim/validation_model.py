@@ -81,36 +81,38 @@ def cost_table_from_profile(profile: dict, config: ParallelConfig) -> CostTable:
                      meta={"source": "stage-profile"})
 
 
-STATISTICS = ("median", "min")
+STATISTICS = ("mean", "median", "min")
 
 
-def profile_view(profile: dict, statistic: str = "median") -> dict:
-    """The profile with its action times taken as ``statistic``: "median" (as stored)
-    or "min", the fastest sample of each (``<key>_min_s``), i.e. the machine's lower
-    envelope, which other work on a shared machine can only lengthen."""
+def profile_view(profile: dict, statistic: str = "mean") -> dict:
+    """The profile with its action times taken as ``statistic``: "mean" (``<key>_mean_s``,
+    the default: an iteration sums many right-skewed action times, so its typical value
+    is close to the sum of their means), "median" (as stored under ``<key>_s``) or
+    "min", the fastest sample of each (``<key>_min_s``), i.e. the machine's lower
+    envelope, which other work on a shared machine can only lengthen. Profiles without
+    the requested figure keep the stored median."""
     if statistic not in STATISTICS:
-        raise ValidationError(f"unknown statistic {statistic!r}; choose median or min")
+        raise ValidationError(f"unknown statistic {statistic!r}; choose mean, median or min")
     if statistic == "median":
         return profile
-    stages = []
-    for st in profile["stages"]:
-        new = dict(st)
-        for k, v in st.items():
-            if k.endswith("_min_s"):
-                new[k[:-6] + "_s"] = v
-        stages.append(new)
-    machine = dict(profile.get("machine", {}))
-    for k, v in list(machine.items()):
-        if k.endswith("_min_s"):
-            machine[k[:-6] + "_s"] = v
-    return {**profile, "stages": stages, "machine": machine}
+    suffix = f"_{statistic}_s"
+
+    def view(d: dict) -> dict:
+        new = dict(d)
+        for k, v in d.items():
+            if k.endswith(suffix):
+                new[k[:-len(suffix)] + "_s"] = v
+        return new
+    return {**profile, "stages": [view(st) for st in profile["stages"]],
+            "machine": view(profile.get("machine", {}))}
 
 
-def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "median",
+def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean",
                  action_s: dict | None = None):
     """Simulate the run's configuration from its profile (exact evaluator). With
     ``refined``, the program is re-timed from the profile (module docstring);
-    ``statistic`` picks the profile's median or fastest samples (:func:`profile_view`).
+    ``statistic`` picks the profile's mean, median or fastest samples
+    (:func:`profile_view`).
 
     ``action_s`` (a diagnostic, "replay"): ``{(stage, IR token): seconds}`` replacing
     the profiled time of those compute actions, e.g. their durations measured in the
@@ -202,16 +204,27 @@ def _post_groups(prog) -> tuple[dict, dict]:
     return groups, send_after
 
 
+#: A receive posted against a pending send is priced as blocked when the peer computes
+#: within this long of the post: the peer may start the moment this post's own send
+#: reaches it, which on the loopback machine takes a transfer (about 0.2 ms) plus the
+#: wake-up of its thread, up to several scheduler ticks when the cores are busy.
+#: :func:`merak_sim.validation_measure._probe_posts` classifies measured posts with
+#: the same window.
+POST_BLOCK_WINDOW_S = 1e-3
+
+
 def _refine(prog, base: list[float], stages: list[dict], machine: dict, contended: bool,
             iterations: int = 8) -> tuple[list[float], dict[int, float]]:
     """Durations with the measured costs that depend on what the other rank is doing
     (a fixed point of a few exact evaluations, starting from the all-busy times):
 
     - posts: each costs ``p2p_post_s``, except a receive whose send the peer already
-      posted while the peer computes during the post, which costs
-      ``p2p_post_blocked_s`` (gloo's
-      receive then waits for the peer's I/O thread to get a core; see
-      :func:`merak_sim.validation_profile._blocked_post`);
+      posted while the peer computes within :data:`POST_BLOCK_WINDOW_S` of the post
+      (it may have waited for exactly this post's send), which costs
+      ``p2p_post_blocked_s``
+      (gloo's receive then often waits for a thread to get one of the busy cores;
+      measured through the runtime by :func:`merak_sim.validation_measure._probe_posts`
+      with the same rule);
     - contention (``contended``: pipeline ranks without replicas, which do not always
       compute together): an action costs its alone time plus the measured slowdown of
       all ranks computing at once, scaled by the fraction of it that overlaps another
@@ -246,16 +259,17 @@ def _refine(prog, base: list[float], stages: list[dict], machine: dict, contende
         extra = {}
         for x, (prev, ops) in groups.items():
             t_post = ev.end[prev] if prev >= 0 else 0.0
-            cost = 0.0
+            # The peer computing at the post or within POST_BLOCK_WINDOW_S of it (it may
+            # have been waiting for exactly this post's send) blocks the receive.
+            window = POST_BLOCK_WINDOW_S
+            hit = False
             for tid, is_send in ops:
                 tr = prog.transfers[tid]
                 sp = send_after.get(tid, -1)
                 pending = (ev.end[sp] if sp >= 0 else 0.0) <= t_post
-                # The peer computing at any moment of the post (it may start right
-                # away because this same post sends what it waited for) blocks it.
-                hit = not is_send and pending and busy(tr.src, t_post, t_post + blocked_s)
-                cost += blocked_s if hit else post_s
-            extra[x] = cost
+                hit = hit or (not is_send and pending and busy(tr.src, t_post,
+                                                               t_post + window))
+            extra[x] = post_s * len(ops) + (blocked_s - post_s if hit else 0.0)
         nxt = []
         for x, r in enumerate(ranks):
             f = 1.0

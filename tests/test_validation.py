@@ -269,7 +269,7 @@ def test_min_statistic_uses_the_fastest_samples(tmp_path, capsys):
     assert (f["predicted_s"] < f["measured_s"]).all()
     assert validate(fast).predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
     with pytest.raises(ValueError, match="statistic"):
-        validate(fast, statistic="mean")
+        validate(fast, statistic="mode")
     assert cli_main(["validate", "--run", str(d), "--statistic", "min", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["summary"]["statistic"] == "min"
 
@@ -292,3 +292,44 @@ def test_receive_posted_against_a_pending_send_of_a_computing_peer_costs_the_blo
     plain = validate(replace(run, profile={**run.profile, "machine": {
         **run.profile["machine"], "p2p_post_s": 1e-4}}))
     assert plain.sim.meta["post_extra_s"][(1, "F1")] == pytest.approx(2e-4)
+
+
+def test_mean_statistic_prices_from_the_profile_means(tmp_path):
+    d, sim0 = _synthetic_dir(tmp_path, _cfg(), _profile(2))
+    run = read_run(d)
+    # without mean figures the stored medians stand
+    assert validate(run).predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
+    stages = [dict(s, forward_mean_s=1.5 * s["forward_s"]) for s in run.profile["stages"]]
+    skewed = replace(run, profile={**run.profile, "stages": stages})
+    rep = validate(skewed)
+    assert rep.statistic == "mean"
+    assert rep.predicted_iteration_s > sim0.iteration_time_s
+    f = rep.actions[rep.actions["kind"] == "FORWARD"]
+    assert (f["predicted_s"] / f["measured_s"]).round(6).eq(1.5).all()
+    assert validate(skewed, statistic="median").predicted_iteration_s == pytest.approx(
+        sim0.iteration_time_s)
+
+
+def test_classify_posts_splits_receives_met_by_a_pending_send_of_a_computing_peer():
+    from merak_sim.validation_measure import classify_posts
+
+    rec = [
+        # stage 0 posts sA1 / rG0 at t=1: nothing sent to it yet -> plain
+        {"rank": 0, "iter": 0, "t0": 1.0, "t1": 1.0002,
+         "parts": [("SEND_ACT", 0, 1), ("RECV_GRAD", 0, 0)]},
+        # stage 1 posts sG0 / rA1 at t=2: sA1 pending since t=1, stage 0 computes from
+        # 2.0001 (woken by sG0) -> blocked
+        {"rank": 1, "iter": 0, "t0": 2.0, "t1": 2.003,
+         "parts": [("SEND_GRAD", 1, 0), ("RECV_ACT", 1, 1)]},
+        # stage 1 posts rA2 at t=3 before stage 0 sends it (t=3.5) -> plain
+        {"rank": 1, "iter": 0, "t0": 3.0, "t1": 3.0001, "parts": [("RECV_ACT", 1, 2)]},
+        {"rank": 0, "iter": 0, "t0": 3.5, "t1": 3.5001, "parts": [("SEND_ACT", 0, 2)]},
+    ]
+    spans = {(0, 0): [(2.0001, 2.02), (3.0, 3.4)], (1, 0): []}
+    got = classify_posts(rec, spans, window_s=1e-3)
+    assert got["blocked"] == [(pytest.approx(0.003), 2)]
+    assert sorted(t for t, _ in got["plain"]) == pytest.approx([0.0001, 0.0001, 0.0002])
+    assert sorted(n for _, n in got["plain"]) == [1, 1, 2]
+    # the peer idle within the window: the same post is plain
+    got = classify_posts(rec, {(0, 0): [(2.01, 2.02)]}, window_s=1e-3)
+    assert got["blocked"] == []

@@ -25,10 +25,11 @@ import click
               help="Write the side-by-side Gantt chart (PNG/SVG/PDF) here.")
 @click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
               help="Also write the markdown report here.")
-@click.option("--statistic", type=click.Choice(["median", "min"]), default="median",
+@click.option("--statistic", type=click.Choice(["mean", "median", "min"]), default="mean",
               show_default=True,
-              help="min: fastest samples on both sides (the lower envelope of a shared "
-                   "machine).")
+              help="mean: profile and action means against the median iteration; "
+                   "median: medians throughout; min: fastest samples on both sides (the "
+                   "lower envelope of a shared machine).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 def command(run_dir: str, profile: str | None, gantt: str | None, report_path: str | None,
             statistic: str, as_json: bool) -> None:
