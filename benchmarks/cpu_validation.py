@@ -7,8 +7,8 @@ torch thread each on 2 cores) and a small built-in GPT (8 layers, hidden 128, 4
 heads, vocab 512, sequence 128, micro-batch 2, 4 micro-batches per pipeline), every
 configuration below is profiled (the profiler step of
 :mod:`merak_sim.validation_measure`), trained for real (12 timed iterations in 6
-blocks, each between two profiles, the cases taking turns block by block), simulated from its profiles and compared
-(:mod:`merak_sim.validation`):
+blocks, each between two profiles, the cases taking turns block by block),
+simulated from its profiles and compared (:mod:`merak_sim.validation`):
 
 - pp2 with 1f1b, gpipe, zb-h1 (no recompute) and shifted-critical-path with
   stage-aware recompute;
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import os
 import sys
 import time
@@ -95,6 +96,11 @@ def _targets(summary: dict) -> list[str]:
     return lines
 
 
+def _probe(machine: dict) -> str:
+    p = machine.get("p2p_post_probe", {})
+    return f"{p.get('blocked', 0)} of {p.get('blocked', 0) + p.get('plain', 0)} postings blocked"
+
+
 def _repeatability(reports) -> list[str]:
     """The measurement's own noise: configurations measured more than once (``name``,
     ``name~1``, ...) and how far apart their measured iterations are; no prediction
@@ -117,20 +123,26 @@ def _repeatability(reports) -> list[str]:
 
 
 def report(reports, summary: dict, machine: dict, seconds: float, command: str,
-           load: list[float] | None = None, low=None, low_summary=None) -> str:
+           load: list[float] | None = None, low=None, low_summary=None,
+           when: str = "") -> str:
     """The markdown report: suite table, targets, per-run details."""
     pct = lambda x: f"{x * 100:+.1f} %"  # noqa: E731
     lines = ["# CPU validation: prediction versus measurement", "",
              f"Command: `{command}` ({seconds:.0f} s, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; 1-minute load average "
+             f"{when}; 1-minute load average "
              f"{' -> '.join(f'{x:.1f}' for x in (load or []))} on 2 cores).", "",
              "Machine parameters measured by the profiler step: gloo p2p one-way "
              f"alpha {machine.get('p2p_alpha_s', 0) * 1e6:.0f} us, "
              f"{machine.get('p2p_s_per_byte', 0) * 1e9:.3f} ns/byte; contention factor "
-             f"(matmul loop, all ranks busy / one rank) {machine.get('contention_factor', 1):.2f}.",
-             "", "Runs named `~1`, `~2` are back-to-back repeats of the baseline / Merak "
-             "pair, "
-             "used for the speed-up only; the targets are computed over the distinct "
+             f"(matmul loop, all ranks busy / one rank) {machine.get('contention_factor', 1):.2f}; "
+             f"posting through the runtime (1F1B probe, {_probe(machine)}): "
+             f"{machine.get('p2p_post_s', 0) * 1e3:.3f} ms per operation, a receive against "
+             "a pending send of a computing peer "
+             f"{machine.get('p2p_post_blocked_s', machine.get('p2p_post_s', 0)) * 1e3:.3f} ms "
+             "(mean).",
+             "", "Runs named `~1`, `~2` are repeats of the baseline / Merak pair (every case "
+             "takes turns with the others, block by block), used for the speed-up and the "
+             "repeatability table only; the targets are computed over the distinct "
              "configurations.", "",
              "Statistic: the profile's mean action times against the median timed iteration "
              "and each action's mean duration in the run (`merak-sim validate` default). "
@@ -190,6 +202,19 @@ def main(argv: list[str] | None = None) -> int:
         measure_cases(cases, runs, steps=a.steps, blocks=a.blocks, repeats=a.repeats)
     secs = time.perf_counter() - t
     load.append(os.getloadavg()[0])
+    cmd = "python benchmarks/cpu_validation.py " + " ".join(argv if argv is not None
+                                                             else sys.argv[1:])
+    # Where the measurement was taken: kept with the runs, so re-validating them
+    # (--no-measure) reports the measuring command, its time and the machine's load.
+    record = runs / "suite.json"
+    if a.no_measure and record.exists():
+        m = json.loads(record.read_text())
+        cmd, secs, load, when = m["command"], m["seconds"], m["load"], m["date"]
+    else:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        if not a.no_measure:
+            atomic_write_text(record, json.dumps({"command": cmd.strip(), "seconds": secs,
+                                                  "load": load, "date": when}))
     reports = [validate(runs / c.name) for c in cases]
     for r in reports:
         r.plot(runs / f"{r.name}.png")
@@ -202,13 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     summary.update({k: v for k, v in summarize(reports, pairs).items()
                     if k.startswith("speedup")})
     machine = reports[0].run.profile.get("machine", {})
-    cmd = "python benchmarks/cpu_validation.py " + " ".join(argv if argv is not None
-                                                             else sys.argv[1:])
     low_summary = summarize([r for r in low if "~" not in r.name])
     low_summary.update({k: v for k, v in summarize(low, pairs).items()
                         if k.startswith("speedup")})
     atomic_write_text(out / "cpu_validation.md", report(reports, summary, machine, secs,
-                                                        cmd.strip(), load, low, low_summary))
+                                                        cmd.strip(), load, low, low_summary,
+                                                        when))
     atomic_write_text(out / "cpu_validation.csv", _csv([r.summary() for r in reports]))
     for r in reports:
         s = r.summary()

@@ -47,7 +47,13 @@ OUT = Path(tempfile.mkdtemp(prefix="merak-nb04-"))"""),
 
 Each run directory holds the measured iterations (`events.csv`, `run.json`) and the
 profile of the machine (`profile.json`); `merak-sim validate --run DIR` prints the same
-report. Errors are predicted / measured - 1."""),
+report. Errors are predicted / measured - 1. Action times are means (an iteration
+sums many right-skewed action times, so its typical value is close to the sum of their
+means); the iteration is the median timed iteration. *Replay* re-runs the same
+simulation with every compute action at its mean duration measured in the run: its
+error is what the schedule, communication and posting model alone get wrong, the rest
+is the profile's (action times measured outside the run). *Repeats* (`~1`, `~2`) of
+the same configuration show the measurement's own noise."""),
     new_code_cell("""\
 names = sorted(p.name for p in RUNS.iterdir() if (p / "run.json").exists()) if RUNS.is_dir() else []
 everything = [validate(RUNS / n) for n in names]
@@ -59,9 +65,16 @@ if suite:
     targets = summarize(suite)
     targets.update({k: v for k, v in summarize(everything, pairs).items()
                     if k.startswith("speedup")})
-    show = table[["run", "measured_ms", "predicted_ms", "error", "action_median_abs_error",
-                  "activation_max_abs_error", "bubble_error_ms", "comm_error_ms"]]
+    show = table[["run", "measured_ms", "predicted_ms", "error", "replay_error",
+                  "action_median_abs_error", "activation_max_abs_error", "bubble_error_ms",
+                  "comm_error_ms"]]
     display(show.round(3))
+    repeats = pd.DataFrame([r.summary() for r in everything])
+    repeats["configuration"] = repeats["run"].str.split("~").str[0]
+    noise = repeats.groupby("configuration")["measured_ms"].agg(["count", "min", "max"])
+    noise = noise[noise["count"] > 1]
+    noise["spread"] = (noise["max"] - noise["min"]) / noise["min"]
+    display(noise.round(3))
     print({k: round(v, 4) if isinstance(v, float) else v for k, v in targets.items()})
     # every run compares every compute action and the parameters exactly
     assert all(len(r.actions) > 0 for r in suite)
@@ -100,8 +113,8 @@ cases = [Case("pp2-1f1b-full", dict(base, schedule="1f1b", recompute="full"), ti
 dirs = measure_cases(cases, OUT, steps=3, warmup_steps=1, repeats=3, warmup=1)
 live = [validate(d) for d in dirs]
 live_table = pd.DataFrame([r.summary() for r in live])
-display(live_table[["run", "measured_ms", "predicted_ms", "error", "action_median_abs_error",
-                    "activation_max_abs_error"]].round(3))
+display(live_table[["run", "measured_ms", "predicted_ms", "error", "replay_error",
+                    "action_median_abs_error", "activation_max_abs_error"]].round(3))
 for r in live:
     assert r.memory["param_error"].abs().max() == 0       # analytic count = real model
     assert r.memory["activation_error"].abs().max() < 0.25
