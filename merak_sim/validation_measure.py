@@ -14,10 +14,11 @@ each), every rank:
    optimizer step, the median of ``repeats`` after ``warmup``; the bytes each
    micro-batch keeps for backward (saved-tensor hooks) with and without
    checkpointing; and, once per world, gloo point-to-point latency and bandwidth
-   (timed one-way transfers over several sizes, least-squares fit), the cost of
-   posting a send or receive, alone and against a pending send of a computing peer,
-   and the contention factor (a fixed matmul loop timed alone versus on every rank
-   at once);
+   (timed one-way transfers over several sizes, least-squares fit), the contention
+   factor (a fixed matmul loop timed alone versus on every rank at once) and the
+   cost of posting sends and receives through the runtime (a fixed 2-stage 1F1B
+   probe, its postings split into plain ones and receives met by a pending send of a
+   computing peer, :func:`_probe_posts`);
 3. **runs for real**, interleaved with the profiles (profile, block of steps,
    profile, ..., profile; ``blocks`` blocks, the first after ``warmup_steps``
    untimed iterations, the others after one): ``steps`` timed training iterations of
@@ -149,7 +150,7 @@ def classify_posts(records: list[dict], spans: dict, window_s: float) -> dict:
         for kind, stage, mb in r["parts"]:
             if kind.startswith("SEND"):
                 sent[(r["iter"], kind, stage, mb)] = (r["rank"], r["t0"])
-    out: dict[str, list[float]] = {"blocked": [], "plain": []}
+    out: dict[str, list[tuple[float, int]]] = {"blocked": [], "plain": []}
     for r in records:
         hit = False
         for kind, stage, mb in r["parts"]:
@@ -168,9 +169,10 @@ def classify_posts(records: list[dict], spans: dict, window_s: float) -> dict:
 
 
 def _probe_posts(rank: int, world: int, iterations: int = 8) -> dict:
-    """Post costs measured through the runtime itself: a 2-stage 1F1B pipeline of the
-    suite's small GPT runs ``iterations`` untimed-for-the-suite iterations with every
-    posting timed, and :func:`classify_posts` splits them. A synthetic probe (one
+    """Post costs measured through the runtime itself, once per world: a fixed 2-stage
+    1F1B pipeline of the suite's small GPT (not any case being validated) runs 2 +
+    ``iterations`` iterations with every posting timed, and :func:`classify_posts`
+    splits the postings of the last ``iterations``. A synthetic probe (one
     ``irecv`` against a pending ``isend`` while the peer runs a matmul loop) blocked in
     0-90 % of tries from one minute to the next on the development machine, while the
     runtime's last stage met the block in most iterations: the figure has to come from

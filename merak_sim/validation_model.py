@@ -13,10 +13,13 @@ and R, and its programs post sends and receives in no time; :func:`simulate_run`
 therefore compiles the program from the contract and then re-times it from the
 profile before evaluating it with the exact evaluator ("refined"): F* and R take
 their measured times, each post its measured cost (added to the compute action that
-follows it), a pipeline stage computing while the others idle runs at its measured
-alone speed (:func:`_contention`), and the tied-embedding all-reduce waits for both
-of its ranks (:func:`_sync_tied_all_reduce`). The contract-only prediction
-(``refined=False``) is kept for comparison.
+follows it; a receive met by a pending send of a computing peer costs the measured
+blocked figure), a pipeline stage computing while the others idle runs at its
+measured alone speed (both by :func:`_refine`, which needs the simulated timeline),
+and the tied-embedding all-reduce waits for both of its ranks
+(:func:`_sync_tied_all_reduce`). The contract-only prediction (``refined=False``) is
+kept for comparison. Action times are the profile's means by default
+(:func:`profile_view`).
 """
 
 from __future__ import annotations
@@ -221,10 +224,9 @@ def _refine(prog, base: list[float], stages: list[dict], machine: dict, contende
     - posts: each costs ``p2p_post_s``, except a receive whose send the peer already
       posted while the peer computes within :data:`POST_BLOCK_WINDOW_S` of the post
       (it may have waited for exactly this post's send), which costs
-      ``p2p_post_blocked_s``
-      (gloo's receive then often waits for a thread to get one of the busy cores;
-      measured through the runtime by :func:`merak_sim.validation_measure._probe_posts`
-      with the same rule);
+      ``p2p_post_blocked_s`` (gloo's receive then often waits for a thread to get one
+      of the busy cores; measured through the runtime by
+      :func:`merak_sim.validation_measure._probe_posts` with the same rule);
     - contention (``contended``: pipeline ranks without replicas, which do not always
       compute together): an action costs its alone time plus the measured slowdown of
       all ranks computing at once, scaled by the fraction of it that overlaps another
