@@ -30,6 +30,7 @@ import csv
 import io
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -122,9 +123,45 @@ def _repeatability(reports) -> list[str]:
     return lines
 
 
+def _blocks(s: dict) -> str:
+    """Per block errors of one run, min / median / max ("-" without blocks)."""
+    if not s.get("blocks"):
+        return "-"
+    return " / ".join(f"{s[k] * 100:+.0f}" for k in ("block_error_min", "block_error_median",
+                                                     "block_error_max")) + " %"
+
+
+def _rounds(reports, pairs) -> list[str]:
+    """The speed-up round by round: block b of the baseline against block b of Merak
+    (in each pair measured seconds apart), each side also predicted from the profiler
+    steps bracketing its block. The spread is how far a single measured speed-up on
+    this machine can stray; the median gap is what the prediction gets wrong."""
+    by = {r.name: r for r in reports}
+    meas, pred, gaps = [], [], []
+    for b, n in pairs:
+        if b not in by or n not in by or by[b].blocks.empty or by[n].blocks.empty:
+            continue
+        xb, xn = by[b].blocks.set_index("block"), by[n].blocks.set_index("block")
+        for k in xb.index.intersection(xn.index):
+            m = xb.loc[k, "measured_s"] / xn.loc[k, "measured_s"] - 1
+            p = xb.loc[k, "predicted_s"] / xn.loc[k, "predicted_s"] - 1
+            meas.append(m)
+            pred.append(p)
+            gaps.append(100 * (p - m))
+    if not meas:
+        return []
+    med = statistics.median
+    return [f"Speed-up round by round ({len(meas)} rounds: block b of a baseline run "
+            "against block b of its Merak pair, each predicted from the profiler steps "
+            f"bracketing its block): measured {min(meas) * 100:+.1f} to "
+            f"{max(meas) * 100:+.1f} % (median {med(meas) * 100:+.1f} %), simulated "
+            f"{min(pred) * 100:+.1f} to {max(pred) * 100:+.1f} % (median "
+            f"{med(pred) * 100:+.1f} %), gap median {med(gaps):+.1f} points."]
+
+
 def report(reports, summary: dict, machine: dict, seconds: float, command: str,
            load: list[float] | None = None, low=None, low_summary=None,
-           when: str = "") -> str:
+           when: str = "", pairs=()) -> str:
     """The markdown report: suite table, targets, per-run details."""
     pct = lambda x: f"{x * 100:+.1f} %"  # noqa: E731
     lines = ["# CPU validation: prediction versus measurement", "",
@@ -149,21 +186,26 @@ def report(reports, summary: dict, machine: dict, seconds: float, command: str,
              "*Replay* re-runs the same simulation with every compute action at its mean "
              "duration measured in the run: its error is what the schedule, communication "
              "and posting model alone get wrong; the rest of the error comes from the "
-             "profile (action times measured outside the run).", "",
+             "profile (action times measured outside the run). *Per block*: each block "
+             "of timed iterations against the prediction from the two profiler steps "
+             "bracketing it (min / median / max over the blocks): their spread is the "
+             "machine's drift, a bias shared by every block is the model's or the "
+             "profile's.", "",
              "| run | measured ms (min-max) | predicted ms | error | replay error | "
-             "contract-only error | action median abs error | activation worst error | "
-             "bubble err ms | comm err ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "contract-only error | per block error | action median abs error | "
+             "activation worst error | bubble err ms | comm err ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         s = r.summary()
         lines.append(f"| {s['run']} | {s['measured_ms']:.1f} ({s['measured_min_ms']:.0f}-"
                      f"{s['measured_max_ms']:.0f}) | {s['predicted_ms']:.1f} | "
                      f"{pct(s['error'])} | {pct(s['replay_error'])} | "
-                     f"{pct(s['contract_error'])} | "
+                     f"{pct(s['contract_error'])} | {_blocks(s)} | "
                      f"{s['action_median_abs_error'] * 100:.1f} % | "
                      f"{s['activation_max_abs_error'] * 100:.1f} % | {s['bubble_error_ms']:+.1f} | "
                      f"{s['comm_error_ms']:+.1f} |")
-    lines += ["", *_targets(summary), "", *_repeatability(reports)]
+    lines += ["", *_targets(summary), "", *_repeatability(reports), "",
+              *_rounds(reports, pairs)]
     if low:
         lines += ["", "Lower envelope (`--statistic min`: the fastest profile samples against "
                   "the fastest timed iteration and the fastest occurrence of each action):", "",
@@ -232,13 +274,13 @@ def main(argv: list[str] | None = None) -> int:
                         if k.startswith("speedup")})
     atomic_write_text(out / "cpu_validation.md", report(reports, summary, machine, secs,
                                                         cmd.strip(), load, low, low_summary,
-                                                        when))
+                                                        when, pairs))
     atomic_write_text(out / "cpu_validation.csv", _csv([r.summary() for r in reports]))
     for r in reports:
         s = r.summary()
         print(f"{s['run']:24s} measured {s['measured_ms']:8.1f} ms  predicted "
               f"{s['predicted_ms']:8.1f} ms  error {s['error'] * 100:+6.1f} %  replay "
-              f"{s['replay_error'] * 100:+6.1f} %  actions "
+              f"{s['replay_error'] * 100:+6.1f} %  blocks {_blocks(s):18s}  actions "
               f"{s['action_median_abs_error'] * 100:5.1f} %  activation "
               f"{s['activation_max_abs_error'] * 100:4.1f} %")
     for k, v in summary.items():

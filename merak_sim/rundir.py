@@ -9,13 +9,16 @@ loop keeps a measured run in a directory of plain files::
                      "wall_s": [per timed iteration, rank 0's clock],
                      "losses": [...], "memory": [per global rank: activation_peak_bytes,
                      param_bytes, grad_bytes, optimizer_bytes, pp_rank],
-                     "meta": {...}}
+                     "step_block": [per timed iteration: the block of iterations it
+                     ran in (optional)], "meta": {...}}
       events.csv    the events of every timed iteration, columns EVENT_COLUMNS + step,
                     times in seconds from that iteration's earliest rank origin (one
                     clock for all ranks)
       profile.json  {"format": "merak-stage-profile/1", "stages": [per pipeline stage:
                      measured action seconds and kept bytes], "machine": {gloo p2p
-                     alpha/beta, contention factor, ...}, "ranks": raw per-rank figures}
+                     alpha/beta, contention factor, ...}, "ranks": raw per-rank figures,
+                     "samples": [optional, per profiler step k: {"stages": [the action
+                     times of that step alone]}; block b ran between steps b and b+1]}
 
 ``profile.json`` is what the validation prices the configuration from; it can be
 replaced by a profile from elsewhere (``merak-sim validate --profile``). Every file
@@ -35,7 +38,7 @@ from typing import Any
 from merak_sim.io import atomic_write_text
 
 __all__ = ["RUN_FORMAT", "PROFILE_FORMAT", "RunDirError", "MeasuredRun", "read_run",
-           "write_run", "write_measured", "EVENT_COLUMNS"]
+           "write_run", "write_measured", "combine_profiles", "EVENT_COLUMNS"]
 
 RUN_FORMAT = "merak-run/1"
 PROFILE_FORMAT = "merak-stage-profile/1"
@@ -64,6 +67,8 @@ class MeasuredRun:
         memory: per global rank, measured bytes (see module docstring).
         profile: the ``merak-stage-profile/1`` dict.
         meta: free-form provenance.
+        step_block: per timed iteration, the block of iterations it ran in (empty
+            for run directories written before blocks were recorded).
     """
 
     path: Path
@@ -76,6 +81,7 @@ class MeasuredRun:
     memory: list[dict]
     profile: dict
     meta: dict = field(default_factory=dict)
+    step_block: tuple[int, ...] = ()
 
     def events_frame(self, step: int | None = None):
         """Events as a DataFrame (one step, or all with a ``step`` column)."""
@@ -164,7 +170,8 @@ def read_run(path: str | Path, profile: str | Path | None = None) -> MeasuredRun
                        seq_len=int(run["seq_len"]), events=rows,
                        wall_s=[float(x) for x in run["wall_s"]],
                        losses=[float(x) for x in run.get("losses", [])],
-                       memory=list(run["memory"]), profile=prof, meta=run.get("meta", {}))
+                       memory=list(run["memory"]), profile=prof, meta=run.get("meta", {}),
+                       step_block=tuple(int(b) for b in run.get("step_block", ())))
 
 
 _TIME_KEYS = ("forward_s", "forward_plain_s", "backward_ckpt_s", "backward_s",
@@ -174,6 +181,25 @@ _TIME_KEYS = ("forward_s", "forward_plain_s", "backward_ckpt_s", "backward_s",
               "reforward_solo_s", "backward_input_solo_s", "backward_weight_solo_s")
 _TIME_KEYS = _TIME_KEYS + tuple(k[:-2] + suffix for k in _TIME_KEYS
                                  for suffix in ("_min_s", "_mean_s"))
+
+
+def combine_profiles(profiles: list[dict]) -> dict:
+    """One profile from several of the same rank or stage: the mean of each time, the
+    fastest of each ``*_min_s``, other entries (bytes, counts) from the first."""
+    out = dict(profiles[0])
+    for k, v in profiles[0].items():
+        if isinstance(v, float) and k.endswith("_min_s"):
+            out[k] = min(p[k] for p in profiles)
+        elif isinstance(v, float) and k.endswith("_s"):
+            out[k] = statistics.fmean(p[k] for p in profiles)
+    out["profiles_combined"] = len(profiles)
+    return out
+
+
+def _stage_times(group: list[dict]) -> dict:
+    """The action times of one stage: the median over the ranks holding it."""
+    return {k: statistics.median(g[k] for g in group) for k in _TIME_KEYS
+            if all(k in g for g in group)}
 
 
 def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Path:
@@ -198,8 +224,7 @@ def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Pa
     stages = []
     for s in range(pp):
         group = [r["profile"] for r in ranks if r["pp_rank"] == s]
-        st = {k: statistics.median(g[k] for g in group) for k in _TIME_KEYS
-              if all(k in g for g in group)}
+        st = _stage_times(group)
         first = next(r["profile"] for r in ranks if r["pp_rank"] == s)
         for k, v in first.items():
             st.setdefault(k, v)
@@ -209,8 +234,15 @@ def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Pa
                          for r in ranks],
                "provenance": {"host": platform.node(), "options": opts,
                               "date_unix_s": int(time.time())}}
+    n_samples = min(len(r.get("profile_samples", [])) for r in ranks)
+    if n_samples:
+        profile["samples"] = [
+            {"stages": [_stage_times([r["profile_samples"][k] for r in ranks
+                                      if r["pp_rank"] == s]) for s in range(pp)]}
+            for k in range(n_samples)]
     memory = [{"rank": r["rank"], "pp_rank": r["pp_rank"], **r["memory"]} for r in ranks]
     run = {"config": res["config"], "model": res["model"], "seq_len": res["seq_len"],
            "wall_s": ranks[0]["wall_s"], "losses": ranks[0]["losses"], "memory": memory,
+           "step_block": ranks[0].get("step_block", []),
            "meta": {"world": len(ranks), "backend": "gloo", "threads_per_rank": 1}}
     return write_run(path, run, events, profile)

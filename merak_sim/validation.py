@@ -13,6 +13,11 @@ machine, simulates the same configuration with the exact evaluator, and reports:
 - memory error per stage: the peak activation bytes (saved-tensor hooks in the real
   run) against the simulated peak minus the model state, and the parameter bytes
   against an analytic count of the built-in GPT's parameters on that stage;
+- per block of timed iterations (when the run recorded blocks and the profile kept
+  its samples): the block's median iteration against the prediction from the two
+  profiler steps bracketing it. The spread of these errors is the measurement's
+  noise (a shared machine's speed drifts); a bias common to every block is the
+  model's or the profile's;
 - a side-by-side Gantt chart, measured above, simulated below.
 
 Pricing and simulation live in :mod:`merak_sim.validation_model` (every figure a
@@ -29,12 +34,12 @@ simulator's own definition.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from merak_sim.config import ParallelConfig
-from merak_sim.rundir import MeasuredRun, read_run
+from merak_sim.rundir import MeasuredRun, combine_profiles, read_run
 from merak_sim.validation_model import (
     STATISTICS,
     ValidationError,
@@ -45,6 +50,7 @@ from merak_sim.validation_model import (
 
 __all__ = ["ValidationReport", "validate", "cost_table_from_profile", "simulate_run",
            "measured_breakdown", "gpt_param_bytes", "summarize", "plot_side_by_side",
+           "block_errors",
            "ValidationError", "effective_config", "STATISTICS"]
 
 _COMPUTE = ("FORWARD", "FORWARD_NOGRAD", "RECOMPUTE", "BACKWARD", "BACKWARD_INPUT",
@@ -156,6 +162,9 @@ class ValidationReport:
         sim: the SimResult; run: the MeasuredRun; step: the step drawn in charts.
         measured_makespans_s: makespan of every timed iteration (the spread is the
             measurement's own noise).
+        blocks: per block of timed iterations, its measured and predicted iteration
+            and error (DataFrame, empty when the run kept no blocks; see
+            :func:`block_errors`).
     """
 
     name: str
@@ -173,6 +182,7 @@ class ValidationReport:
     step: int = 0
     measured_makespans_s: tuple[float, ...] = ()
     statistic: str = "mean"
+    blocks: Any = None
 
     @property
     def iteration_error(self) -> float:
@@ -190,6 +200,9 @@ class ValidationReport:
         """Headline numbers as a flat dict."""
         ae = self.action_abs_errors
         m = self.memory
+        be = ([] if self.blocks is None or not len(self.blocks)
+              else list(self.blocks["error"]))
+        nan = float("nan")
         return {"run": self.name, "schedule": self.config.schedule,
                 "statistic": self.statistic,
                 "measured_ms": self.measured_iteration_s * 1e3,
@@ -207,7 +220,11 @@ class ValidationReport:
                 "bubble_error_ms": float((self.ranks["predicted_bubble_s"]
                                           - self.ranks["measured_bubble_s"]).mean() * 1e3),
                 "comm_error_ms": float((self.ranks["predicted_comm_s"]
-                                        - self.ranks["measured_comm_s"]).mean() * 1e3)}
+                                        - self.ranks["measured_comm_s"]).mean() * 1e3),
+                "blocks": len(be),
+                "block_error_min": min(be, default=nan),
+                "block_error_median": statistics.median(be) if be else nan,
+                "block_error_max": max(be, default=nan)}
 
     def to_markdown(self) -> str:
         """A readable report (markdown tables)."""
@@ -217,9 +234,18 @@ class ValidationReport:
                  f"{s['predicted_ms']:.2f} ms, error {s['error'] * 100:+.1f} % (contract-only "
                  f"{s['contract_error'] * 100:+.1f} %, replay of the measured action times "
                  f"{s['replay_error'] * 100:+.1f} %); wall step {s['wall_ms']:.2f} ms; timed "
-                 f"iterations {s['measured_min_ms']:.1f}-{s['measured_max_ms']:.1f} ms", "",
-                 "| stage | action kind | n | measured ms | predicted ms | median error |",
-                 "|---|---|---|---|---|---|"]
+                 f"iterations {s['measured_min_ms']:.1f}-{s['measured_max_ms']:.1f} ms", ""]
+        if s["blocks"]:
+            b = self.blocks
+            lines += [f"per block ({s['blocks']} blocks of timed iterations, each against the "
+                      "profiler steps bracketing it): errors "
+                      + ", ".join(f"{e * 100:+.1f} %" for e in b["error"])
+                      + f"; measured {b['measured_s'].min() * 1e3:.1f}-"
+                      f"{b['measured_s'].max() * 1e3:.1f} ms, predicted "
+                      f"{b['predicted_s'].min() * 1e3:.1f}-{b['predicted_s'].max() * 1e3:.1f}"
+                      " ms", ""]
+        lines += ["| stage | action kind | n | measured ms | predicted ms | median error |",
+                  "|---|---|---|---|---|---|"]
         a = self.actions
         for (st, kind), g in a.groupby(["stage", "kind"]):
             lines.append(f"| {st} | {kind} | {len(g)} | {g['measured_s'].median() * 1e3:.2f} | "
@@ -245,6 +271,39 @@ class ValidationReport:
         """Side-by-side Gantt (measured above, simulated below); see
         :func:`plot_side_by_side`."""
         return plot_side_by_side(self, path)
+
+
+def block_errors(run: MeasuredRun, makespans: dict[int, float],
+                 statistic: str = "mean"):
+    """Per block of timed iterations: its median (``statistic`` "min": fastest)
+    makespan against the prediction from the two profiler steps bracketing it (block
+    b ran between profiler steps b and b+1; their times averaged, their fastest
+    samples kept, as for the whole run). ``makespans``: ``{step: seconds}``. Returns a
+    DataFrame (block, steps, measured_s, predicted_s, error); empty when the run did
+    not record blocks or its profile kept no samples (older run directories, or a
+    profile from elsewhere)."""
+    import pandas as pd
+
+    cols = ["block", "steps", "measured_s", "predicted_s", "error"]
+    samples = run.profile.get("samples") or []
+    if not run.step_block or len(samples) < 2:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for b in sorted(set(run.step_block)):
+        ms = [makespans[k] for k, blk in enumerate(run.step_block)
+              if blk == b and k in makespans]
+        if not ms or b + 1 >= len(samples):
+            continue
+        pair = samples[b:b + 2]
+        stages = [{**st, **combine_profiles([p["stages"][s] for p in pair])}
+                  for s, st in enumerate(run.profile["stages"])]
+        prof = {**run.profile, "stages": stages}
+        pred = simulate_run(replace(run, profile=prof), refined=True,
+                            statistic=statistic).iteration_time_s
+        meas = min(ms) if statistic == "min" else statistics.median(ms)
+        rows.append({"block": b, "steps": len(ms), "measured_s": meas, "predicted_s": pred,
+                     "error": _err(pred, meas)})
+    return pd.DataFrame(rows, columns=cols)
 
 
 def validate(run: MeasuredRun | str | Path, profile: str | Path | None = None,
@@ -322,7 +381,8 @@ def validate(run: MeasuredRun | str | Path, profile: str | Path | None = None,
         contract_iteration_s=contract.iteration_time_s,
         replay_iteration_s=replay.iteration_time_s,
         measured_wall_s=statistics.median(run.wall_s), actions=act,
-        ranks=pd.DataFrame(rk), memory=pd.DataFrame(mem), sim=sim, run=run, step=step)
+        ranks=pd.DataFrame(rk), memory=pd.DataFrame(mem), sim=sim, run=run, step=step,
+        blocks=block_errors(run, dict(zip(steps, makespans, strict=True)), statistic))
 
 
 def plot_side_by_side(report: ValidationReport, path: str | Path | None = None):

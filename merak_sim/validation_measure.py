@@ -54,6 +54,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from merak_sim.rundir import combine_profiles
 from merak_sim.validation_model import POST_BLOCK_WINDOW_S
 from merak_sim.validation_profile import Tracker, measure_machine, profile_stage, sync
 
@@ -96,21 +97,6 @@ def _batches(model_cfg: dict, global_batch: int, steps: int, seed: int = 0):
     for _ in range(steps):
         ids = torch.randint(0, vocab, (global_batch, seq + 1), generator=g)
         out.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
-    return out
-
-
-def _combine(profiles: list[dict]) -> dict:
-    """One profile from several of the same rank: the mean of each time, the fastest
-    of each ``*_min_s``, other entries (bytes, counts) from the first."""
-    import statistics
-
-    out = dict(profiles[0])
-    for k, v in profiles[0].items():
-        if isinstance(v, float) and k.endswith("_min_s"):
-            out[k] = min(p[k] for p in profiles)
-        elif isinstance(v, float) and k.endswith("_s"):
-            out[k] = statistics.fmean(p[k] for p in profiles)
-    out["profiles_combined"] = len(profiles)
     return out
 
 
@@ -273,6 +259,7 @@ class _CaseRun:
         self.origins: list[float] = []
         self.losses: list[float] = []
         self.profiles: list[dict] = []
+        self.step_block: list[int] = []  # per timed iteration: the block it ran in
 
     def profile(self) -> None:
         """One profiler step (every rank at once)."""
@@ -303,6 +290,8 @@ class _CaseRun:
                 self.wall.append(d)
                 self.origins.append(rt.recorder._t0)
                 self.losses.append(out.loss)
+                # block b runs between profiles b and b+1 (profile() precedes each block)
+                self.step_block.append(len(self.profiles) - 1)
                 self.rows += [dict(e, step=k) for e in out.events]
 
     def finish(self) -> dict:
@@ -324,7 +313,8 @@ class _CaseRun:
                                       for s in opt.state.values() for v in s.values()
                                       if hasattr(v, "numel") and v.dim() > 0)}
         mine = {"rank": self.rank, "pp_rank": pm.mesh.pp_rank, "dp_rank": pm.mesh.dp_rank,
-                "tp_rank": pm.mesh.tp_rank, "profile": _combine(self.profiles),
+                "tp_rank": pm.mesh.tp_rank, "profile": combine_profiles(self.profiles),
+                "profile_samples": self.profiles, "step_block": self.step_block,
                 "events": self.rows, "wall_s": self.wall, "origins": self.origins,
                 "losses": self.losses, "memory": mem}
         allv: list = [None] * self.world

@@ -52,8 +52,11 @@ sums many right-skewed action times, so its typical value is close to the sum of
 means); the iteration is the median timed iteration. *Replay* re-runs the same
 simulation with every compute action at its mean duration measured in the run: its
 error is what the schedule, communication and posting model alone get wrong, the rest
-is the profile's (action times measured outside the run). *Repeats* (`~1`, `~2`) of
-the same configuration show the measurement's own noise."""),
+is the profile's (action times measured outside the run). *Per block*: each block of
+timed iterations against the prediction from the profiler steps taken just before and
+just after it; their spread is the machine's drift, a bias shared by every block is
+the model's or the profile's. *Repeats* (`~1`, `~2`) of the same configuration show
+the measurement's own noise."""),
     new_code_cell("""\
 names = sorted(p.name for p in RUNS.iterdir() if (p / "run.json").exists()) if RUNS.is_dir() else []
 everything = [validate(RUNS / n) for n in names]
@@ -66,6 +69,7 @@ if suite:
     targets.update({k: v for k, v in summarize(everything, pairs).items()
                     if k.startswith("speedup")})
     show = table[["run", "measured_ms", "predicted_ms", "error", "replay_error",
+                  "block_error_min", "block_error_median", "block_error_max",
                   "action_median_abs_error", "activation_max_abs_error", "bubble_error_ms",
                   "comm_error_ms"]]
     display(show.round(3))
@@ -82,6 +86,24 @@ if suite:
 else:
     targets = {}
     print("no committed suite runs: run benchmarks/cpu_validation.py")"""),
+    new_markdown_cell("""\
+Error block by block: each dot is one block of timed iterations against the profiler
+steps bracketing it, the bar the whole run's error. Where the dots straddle zero the
+miss is the machine's drift; where they sit on one side, the bias is systematic."""),
+    new_code_cell("""\
+blocked = [r for r in suite if not r.blocks.empty]
+if blocked:
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    for i, r in enumerate(blocked):
+        ax.scatter([i] * len(r.blocks), r.blocks["error"] * 100, s=14, color="tab:blue")
+        ax.hlines(r.iteration_error * 100, i - 0.3, i + 0.3, color="tab:red")
+    ax.axhline(0, color="grey", lw=0.6)
+    ax.set_xticks(range(len(blocked)), [r.name for r in blocked], rotation=30, ha="right")
+    ax.set_ylabel("error %")
+    ax.set_title("per block (dots) and whole run (bar)")
+    fig.tight_layout()
+    plt.show()
+    assert all(r.blocks["steps"].sum() == len(r.measured_makespans_s) for r in blocked)"""),
     new_markdown_cell("""\
 Per-kind errors across the suite: which actions the model gets wrong, and by how much."""),
     new_code_cell("""\

@@ -333,3 +333,29 @@ def test_classify_posts_splits_receives_met_by_a_pending_send_of_a_computing_pee
     # the peer idle within the window: the same post is plain
     got = classify_posts(rec, {(0, 0): [(2.01, 2.02)]}, window_s=1e-3)
     assert got["blocked"] == []
+
+
+def test_each_block_is_priced_from_the_profiler_steps_bracketing_it(tmp_path):
+    d, sim0 = _synthetic_dir(tmp_path, _cfg(), _profile(2))
+    run = read_run(d)
+    assert run.step_block == () and validate(run).blocks.empty  # older run directories
+    base = run.profile["stages"]
+    slow = [{k: 2 * v for k, v in st.items() if k.endswith("_s")} for st in base]
+    fast = [{k: v for k, v in st.items() if k.endswith("_s")} for st in base]
+    # block 0 between a fast and a slow profiler step, block 1 between two slow ones
+    prof = {**run.profile, "samples": [{"stages": fast}, {"stages": slow}, {"stages": slow}]}
+    rep = validate(replace(run, profile=prof, step_block=(0, 1)))
+    b = rep.blocks.set_index("block")
+    assert list(b.index) == [0, 1] and list(b["steps"]) == [1, 1]
+    assert b.loc[0, "measured_s"] == pytest.approx(sim0.iteration_time_s)
+    # block 1 is priced exactly as a run profiled slow throughout (p2p unchanged)
+    slow_run = replace(run, profile={**run.profile, "stages": [
+        {**st, **sl} for st, sl in zip(base, slow, strict=True)]})
+    slow_t = simulate_run(slow_run).iteration_time_s
+    assert 1.9 * sim0.iteration_time_s < slow_t < 2 * sim0.iteration_time_s
+    assert b.loc[1, "predicted_s"] == pytest.approx(slow_t, rel=1e-9)
+    assert b.loc[1, "error"] == pytest.approx(slow_t / sim0.iteration_time_s - 1, rel=1e-9)
+    assert sim0.iteration_time_s < b.loc[0, "predicted_s"] < slow_t
+    s = rep.summary()
+    assert s["blocks"] == 2 and s["block_error_max"] == pytest.approx(b.loc[1, "error"])
+    assert "per block (2 blocks" in rep.to_markdown()

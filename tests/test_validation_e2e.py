@@ -37,6 +37,11 @@ def test_measured_runs_validate(runs, tmp_path):
         assert run.steps == [0, 1] and len(run.wall_s) == 2
         # two blocks of one timed step: profiled before, between and after them
         assert all(s["profiles_combined"] == 3 for s in run.profile["stages"])
+        # each profiler step kept, each timed step's block recorded, one error per block
+        assert len(run.profile["samples"]) == 3 and run.step_block == (0, 1)
+        assert list(rep.blocks["block"]) == [0, 1] and (rep.blocks["steps"] == 1).all()
+        assert rep.summary()["blocks"] == 2
+        assert sorted(rep.blocks["measured_s"]) == sorted(rep.measured_makespans_s)
         probe = run.profile["machine"]["p2p_post_probe"]  # posts timed in the runtime
         assert probe["plain"] > 0 and probe["blocked"] + probe["plain"] >= 8 * 2
         assert {m["rank"] for m in run.memory} == {0, 1}

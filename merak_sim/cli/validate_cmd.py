@@ -4,7 +4,8 @@ Reads a run directory (``merak-run/1``: the measured iterations and the stage pr
 of the machine they ran on, see :mod:`merak_sim.rundir`), simulates the same
 configuration from the profile and prints the iteration-time error, the per-action
 error table, the per-rank compute / exposed-communication / bubble comparison and the
-memory error per stage. ``--json`` prints one JSON object (the summary plus the
+memory error per stage, and the error of each block of timed iterations against the
+profiler steps bracketing it. ``--json`` prints one JSON object (the summary plus the
 tables); ``--gantt`` writes the side-by-side chart (measured above, simulated below).
 A missing or malformed run directory is a one-line error with exit status 2.
 """
@@ -12,8 +13,20 @@ A missing or malformed run directory is a one-line error with exit status 2.
 from __future__ import annotations
 
 import json
+import math
 
 import click
+
+
+def _finite(x):
+    """``x`` with NaN and infinities as null (JSON has no NaN)."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
 
 
 @click.command("validate")
@@ -47,7 +60,8 @@ def command(run_dir: str, profile: str | None, gantt: str | None, report_path: s
         out = {"summary": rep.summary(), "config": rep.config.to_dict(),
                "actions": rep.actions.to_dict(orient="records"),
                "ranks": rep.ranks.to_dict(orient="records"),
-               "memory": rep.memory.to_dict(orient="records")}
-        click.echo(json.dumps(out, default=float))
+               "memory": rep.memory.to_dict(orient="records"),
+               "blocks": rep.blocks.to_dict(orient="records")}
+        click.echo(json.dumps(_finite(out), default=float))
     else:
         click.echo(md, nl=False)
