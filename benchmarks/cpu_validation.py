@@ -151,12 +151,16 @@ def _rounds(reports, pairs) -> list[str]:
     if not meas:
         return []
     med = statistics.median
+    sd = statistics.stdev(meas) if len(meas) > 1 else float("nan")
     return [f"Speed-up round by round ({len(meas)} rounds: block b of a baseline run "
             "against block b of its Merak pair, each predicted from the profiler steps "
             f"bracketing its block): measured {min(meas) * 100:+.1f} to "
             f"{max(meas) * 100:+.1f} % (median {med(meas) * 100:+.1f} %), simulated "
             f"{min(pred) * 100:+.1f} to {max(pred) * 100:+.1f} % (median "
-            f"{med(pred) * 100:+.1f} %), gap median {med(gaps):+.1f} points."]
+            f"{med(pred) * 100:+.1f} %), gap median {med(gaps):+.1f} points; standard "
+            f"deviation of a measured round {sd * 100:.1f} points, so the standard error "
+            f"of a speed-up averaged over them is about {sd / len(meas) ** 0.5 * 100:.1f} "
+            "points."]
 
 
 def report(reports, summary: dict, machine: dict, seconds: float, command: str,
