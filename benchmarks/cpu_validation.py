@@ -1,6 +1,7 @@
 """CPU validation suite: profile, run for real, simulate, compare (issue 7).
 
     .venv/bin/python benchmarks/cpu_validation.py [--out benchmarks/results] [--quick]
+        [--steps 12] [--blocks 6] [--repeats 8] [--pairs 3] [--no-measure]
 
 On this machine (cluster preset "local-cpu": gloo over loopback, 2 processes with one
 torch thread each on 2 cores) and a small built-in GPT (8 layers, hidden 128, 4
@@ -14,7 +15,10 @@ simulated from its profiles and compared (:mod:`merak_sim.validation`):
   stage-aware recompute;
 - pp2 1f1b with recompute full and stage-aware (and none above);
 - tp2 without and with sub-pipelined TP;
-- dp2.
+- dp2;
+- ``--pairs`` - 1 repeats of the 1F1B + full recompute / shifted critical path +
+  stage-aware pair (``~1``, ``~2``, ...), for the speed-up (median over the pairs) and
+  the repeatability table.
 
 Writes ``cpu_validation.md`` (error tables and targets) and ``cpu_validation.csv``
 (one row per configuration) under ``--out``, the run directories under
@@ -47,8 +51,10 @@ TARGETS = {"iteration_median_abs_error": 0.05, "iteration_worst_abs_error": 0.10
 BASELINE, MERAK = "pp2-1f1b-full", "pp2-scp-stage-aware"
 
 
-def suite(quick: bool = False) -> list[Case]:
-    """The validation configurations (``quick``: a smaller GPT and fewer cases)."""
+def suite(quick: bool = False, pairs: int = 3) -> list[Case]:
+    """The validation configurations (``quick``: a smaller GPT and fewer cases;
+    ``pairs``: how many baseline / Merak pairs, the first one among the distinct
+    configurations, the others repeats named ``~1``, ``~2``, ...)."""
     m = small_gpt(layers=4, hidden=64, seq=64) if quick else small_gpt()
     base = dict(micro_batch_size=2, global_batch_size=8, dtype="fp32")
 
@@ -61,9 +67,9 @@ def suite(quick: bool = False) -> list[Case]:
         return cases
     # Repeated baseline / Merak pairs: the speed-up is the median over pairs measured
     # back to back, which is less exposed to the machine's load drifting.
-    pairs = [Case(f"{n}~{i}", c.config, m) for i in (1, 2) for n, c in
-             ((BASELINE, cases[1]), (MERAK, cases[2]))]
-    return cases + pairs + [
+    repeats = [Case(f"{n}~{i}", c.config, m) for i in range(1, pairs) for n, c in
+               ((BASELINE, cases[1]), (MERAK, cases[2]))]
+    return cases + repeats + [
         Case("pp2-gpipe-none", pp("gpipe", "none"), m),
         Case("pp2-zbh1-none", pp("zb-h1", "none"), m),
         Case("pp2-1f1b-stage-aware", pp("1f1b", "stage-aware"), m),
@@ -236,16 +242,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="blocks of timed iterations, with a profile before and after each")
     ap.add_argument("--repeats", type=int, default=8,
                     help="profiler repeats per action in each profile")
+    ap.add_argument("--pairs", type=int, default=3,
+                    help="baseline / Merak pairs for the speed-up (more: a tighter median)")
     ap.add_argument("--no-measure", action="store_true",
                     help="re-validate the existing run directories only")
     a = ap.parse_args(argv)
     out = Path(a.out)
     runs = out / "cpu_validation_runs"
-    cases = suite(a.quick)
+    if min(a.steps, a.blocks, a.repeats, a.pairs) < 1 or a.steps < a.blocks:
+        ap.error("--steps, --blocks, --repeats and --pairs must be positive and "
+                 "--steps at least --blocks")
+    cases = suite(a.quick, a.pairs)
     t = time.perf_counter()
     load = [os.getloadavg()[0]]  # other work on this shared 2-core machine, for the record
     if not a.no_measure:
-        measure_cases(cases, runs, steps=a.steps, blocks=a.blocks, repeats=a.repeats)
+        # The default suite takes 11-13 min here; the limit grows with the work asked.
+        work = len(cases) / 13 * max(a.blocks / 6, a.steps / 12, a.repeats / 8)
+        measure_cases(cases, runs, steps=a.steps, blocks=a.blocks, repeats=a.repeats,
+                      timeout_s=1800 * max(1.0, work))
     secs = time.perf_counter() - t
     load.append(os.getloadavg()[0])
     cmd = "python benchmarks/cpu_validation.py " + " ".join(argv if argv is not None
@@ -267,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     # The lower envelope: fastest samples on both sides (other work on this shared
     # machine can only lengthen a measurement), a secondary view of the same runs.
     low = [validate(runs / c.name, statistic="min") for c in cases]
-    pairs = [(BASELINE, MERAK)] + [(f"{BASELINE}~{i}", f"{MERAK}~{i}") for i in (1, 2)]
+    pairs = [(BASELINE, MERAK)] + [(c.name, MERAK + c.name[len(BASELINE):]) for c in cases
+                                   if c.name.startswith(BASELINE + "~")]
     distinct = [r for r in reports if "~" not in r.name]
     summary = summarize(distinct, pairs)
     summary.update({k: v for k, v in summarize(reports, pairs).items()
