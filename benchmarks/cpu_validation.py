@@ -21,9 +21,10 @@ simulated from its profiles and compared (:mod:`merak_sim.validation`):
   the repeatability table.
 
 Writes ``cpu_validation.md`` (error tables and targets) and ``cpu_validation.csv``
-(one row per configuration) under ``--out``, the run directories under
-``--out/cpu_validation_runs/`` (each can be re-validated with
-``merak-sim validate --run DIR``) and the side-by-side Gantt charts next to them.
+(one row per configuration) under ``--out``, appends the run's targets to
+``cpu_validation_history.jsonl`` there (how often they hold across runs), and writes
+the run directories under ``--out/cpu_validation_runs/`` (each can be re-validated
+with ``merak-sim validate --run DIR``) with the side-by-side Gantt charts next to them.
 Figures are printed; nothing is asserted (the tests check structure only).
 """
 
@@ -88,19 +89,53 @@ def _csv(rows: list[dict]) -> str:
 
 
 def _targets(summary: dict) -> list[str]:
-    lines = ["| target | value | limit | met |", "|---|---|---|---|"]
+    """The targets table. The last column is the measurement's own noise (one
+    standard error, when :func:`add_noise` put it in ``summary``): the worst run's
+    from its blocks, the speed-up's from its rounds; a miss by less than about twice
+    that is as likely the machine's drift as the model's error."""
+    med_se = summary.get("iteration_median_se", float("nan"))
+    worst_se = summary.get("iteration_worst_se", float("nan"))
+    se = {"iteration_median_abs_error": f"{med_se * 100:.1f} % (median over the runs)"
+          if med_se == med_se else "-",
+          "iteration_worst_abs_error": f"{worst_se * 100:.1f} % ({summary['iteration_worst_run']})"
+          if worst_se == worst_se else "-"}
+    lines = ["| target | value | limit | met | noise (1 standard error) |",
+             "|---|---|---|---|---|"]
     for k, lim in TARGETS.items():
         v = summary[k]
         ok = "yes" if v <= lim else "NO"
-        lines.append(f"| {k} | {v * 100:.1f} % | {lim * 100:.0f} % | {ok} |")
+        lines.append(f"| {k} | {v * 100:.1f} % | {lim * 100:.0f} % | {ok} | {se.get(k, '-')} |")
     if "speedup_measured" in summary:
         gap = summary["speedup_gap_points"]
+        sp = summary.get("speedup_se_points", float("nan"))
         lines.append(f"| speed-up {MERAK} over {BASELINE} (median of "
                      f"{summary['speedup_pairs']} back-to-back pairs) | measured "
                      f"{summary['speedup_measured'] * 100:+.1f} %, simulated "
                      f"{summary['speedup_predicted'] * 100:+.1f} % (gap {gap:+.1f} points) | "
-                     f"5 points | {'yes' if abs(gap) <= 5 else 'NO'} |")
+                     f"5 points | {'yes' if abs(gap) <= 5 else 'NO'} | "
+                     + (f"{sp:.1f} points |" if sp == sp else "- |"))
     return lines
+
+
+def _met(summary: dict) -> bool:
+    """Whether every target holds (the speed-up's too, when the suite measured it)."""
+    return (all(summary[k] <= lim for k, lim in TARGETS.items())
+            and abs(summary.get("speedup_gap_points", 0.0)) <= 5)
+
+
+def record_history(path: Path, summary: dict, when: str, command: str,
+                   seconds: float) -> dict:
+    """Append this run's targets to ``path`` (JSON lines, rewritten atomically): on a
+    noisy machine how often the targets hold is itself a figure, and one report only
+    shows the latest run. Returns the entry."""
+    entry = {"date": when, "command": command, "seconds": round(seconds),
+             **{k: round(v, 4) if v == v else None  # JSON has no NaN
+                for k, v in summary.items() if isinstance(v, float)},
+             "speedup_pairs": summary.get("speedup_pairs", 0),
+             "iteration_worst_run": summary["iteration_worst_run"], "all_met": _met(summary)}
+    old = path.read_text() if path.exists() else ""
+    atomic_write_text(path, old + json.dumps(entry) + "\n")
+    return entry
 
 
 def _probe(machine: dict) -> str:
@@ -137,36 +172,57 @@ def _blocks(s: dict) -> str:
                                                      "block_error_max")) + " %"
 
 
-def _rounds(reports, pairs) -> list[str]:
+def speedup_rounds(reports, pairs) -> dict | None:
     """The speed-up round by round: block b of the baseline against block b of Merak
     (in each pair measured seconds apart), each side also predicted from the profiler
-    steps bracketing its block. The spread is how far a single measured speed-up on
-    this machine can stray; the median gap is what the prediction gets wrong."""
+    steps bracketing its block. Returns the measured and simulated speed-ups and the
+    gaps (points) per round, the standard deviation of a measured round and the
+    standard error of their mean (points); None without blocks."""
     by = {r.name: r for r in reports}
-    meas, pred, gaps = [], [], []
+    meas, pred = [], []
     for b, n in pairs:
         if b not in by or n not in by or by[b].blocks.empty or by[n].blocks.empty:
             continue
         xb, xn = by[b].blocks.set_index("block"), by[n].blocks.set_index("block")
         for k in xb.index.intersection(xn.index):
-            m = xb.loc[k, "measured_s"] / xn.loc[k, "measured_s"] - 1
-            p = xb.loc[k, "predicted_s"] / xn.loc[k, "predicted_s"] - 1
-            meas.append(m)
-            pred.append(p)
-            gaps.append(100 * (p - m))
+            meas.append(xb.loc[k, "measured_s"] / xn.loc[k, "measured_s"] - 1)
+            pred.append(xb.loc[k, "predicted_s"] / xn.loc[k, "predicted_s"] - 1)
     if not meas:
+        return None
+    sd = 100 * statistics.stdev(meas) if len(meas) > 1 else float("nan")
+    return {"measured": meas, "predicted": pred,
+            "gaps": [100 * (p - m) for m, p in zip(meas, pred, strict=True)],
+            "sd_points": sd, "se_points": sd / len(meas) ** 0.5}
+
+
+def add_noise(summary: dict, reports, pairs) -> dict:
+    """``summary`` with the measurement's noise: ``iteration_median_se`` (the median
+    over the distinct runs of each one's standard error over its blocks),
+    ``iteration_worst_se`` (the worst run's) and ``speedup_se_points`` (of the speed-up
+    over its rounds), where the runs recorded blocks."""
+    se = {r.name: r.summary()["block_error_se"] for r in reports}
+    out = dict(summary)
+    out["iteration_median_se"] = statistics.median(v for k, v in se.items() if "~" not in k)
+    out["iteration_worst_se"] = se[summary["iteration_worst_run"]]
+    rounds = speedup_rounds(reports, pairs)
+    if rounds is not None:
+        out["speedup_se_points"] = rounds["se_points"]
+    return out
+
+
+def _rounds_text(r: dict | None) -> list[str]:
+    """One paragraph on :func:`speedup_rounds` (nothing without rounds)."""
+    if r is None:
         return []
-    med = statistics.median
-    sd = statistics.stdev(meas) if len(meas) > 1 else float("nan")
+    meas, pred, med = r["measured"], r["predicted"], statistics.median
     return [f"Speed-up round by round ({len(meas)} rounds: block b of a baseline run "
             "against block b of its Merak pair, each predicted from the profiler steps "
             f"bracketing its block): measured {min(meas) * 100:+.1f} to "
             f"{max(meas) * 100:+.1f} % (median {med(meas) * 100:+.1f} %), simulated "
             f"{min(pred) * 100:+.1f} to {max(pred) * 100:+.1f} % (median "
-            f"{med(pred) * 100:+.1f} %), gap median {med(gaps):+.1f} points; standard "
-            f"deviation of a measured round {sd * 100:.1f} points, so the standard error "
-            f"of a speed-up averaged over them is about {sd / len(meas) ** 0.5 * 100:.1f} "
-            "points."]
+            f"{med(pred) * 100:+.1f} %), gap median {med(r['gaps']):+.1f} points; standard "
+            f"deviation of a measured round {r['sd_points']:.1f} points, so the standard "
+            f"error of a speed-up averaged over them is about {r['se_points']:.1f} points."]
 
 
 def report(reports, summary: dict, machine: dict, seconds: float, command: str,
@@ -215,7 +271,7 @@ def report(reports, summary: dict, machine: dict, seconds: float, command: str,
                      f"{s['activation_max_abs_error'] * 100:.1f} % | {s['bubble_error_ms']:+.1f} | "
                      f"{s['comm_error_ms']:+.1f} |")
     lines += ["", *_targets(summary), "", *_repeatability(reports), "",
-              *_rounds(reports, pairs)]
+              *_rounds_text(speedup_rounds(reports, pairs))]
     if low:
         lines += ["", "Lower envelope (`--statistic min`: the fastest profile samples against "
                   "the fastest timed iteration and the fastest occurrence of each action):", "",
@@ -287,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(distinct, pairs)
     summary.update({k: v for k, v in summarize(reports, pairs).items()
                     if k.startswith("speedup")})
+    summary = add_noise(summary, reports, pairs)
     machine = reports[0].run.profile.get("machine", {})
     low_summary = summarize([r for r in low if "~" not in r.name])
     low_summary.update({k: v for k, v in summarize(low, pairs).items()
@@ -295,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
                                                         cmd.strip(), load, low, low_summary,
                                                         when, pairs))
     atomic_write_text(out / "cpu_validation.csv", _csv([r.summary() for r in reports]))
+    if not a.no_measure:
+        record_history(out / "cpu_validation_history.jsonl", summary, when, cmd.strip(),
+                       secs)
     for r in reports:
         s = r.summary()
         print(f"{s['run']:24s} measured {s['measured_ms']:8.1f} ms  predicted "

@@ -224,7 +224,12 @@ class ValidationReport:
                 "blocks": len(be),
                 "block_error_min": min(be, default=nan),
                 "block_error_median": statistics.median(be) if be else nan,
-                "block_error_max": max(be, default=nan)}
+                "block_error_max": max(be, default=nan),
+                # How far the run's error can stray by the machine's drift alone: the
+                # standard error of a mean over the blocks (each block priced from its
+                # own profiles, so a model bias shifts them all and does not count here).
+                "block_error_se": (statistics.stdev(be) / len(be) ** 0.5 if len(be) > 1
+                                   else nan)}
 
     def to_markdown(self) -> str:
         """A readable report (markdown tables)."""
@@ -243,7 +248,8 @@ class ValidationReport:
                       + f"; measured {b['measured_s'].min() * 1e3:.1f}-"
                       f"{b['measured_s'].max() * 1e3:.1f} ms, predicted "
                       f"{b['predicted_s'].min() * 1e3:.1f}-{b['predicted_s'].max() * 1e3:.1f}"
-                      " ms", ""]
+                      f" ms; standard error of their mean {s['block_error_se'] * 100:.1f} %",
+                      ""]
         lines += ["| stage | action kind | n | measured ms | predicted ms | median error |",
                   "|---|---|---|---|---|---|"]
         a = self.actions
@@ -434,14 +440,17 @@ def plot_side_by_side(report: ValidationReport, path: str | Path | None = None):
 def summarize(reports: list[ValidationReport],
               speedup: tuple[str, str] | list[tuple[str, str]] | None = None) -> dict:
     """Suite figures against the issue's targets: iteration median / worst absolute
-    error, per-action median absolute error (all runs pooled), worst activation error,
+    error (and the worst run's name), per-action median absolute error (all runs
+    pooled), worst activation error,
     and optionally the speed-up of run ``new`` over run ``base`` for each ``(base,
     new)`` name pair (median over the pairs, measured and simulated)."""
     it = [abs(r.iteration_error) for r in reports]
     acts = [e for r in reports for e in r.action_abs_errors]
+    worst = max(reports, key=lambda r: abs(r.iteration_error))
     out = {"runs": len(reports),
            "iteration_median_abs_error": statistics.median(it),
            "iteration_worst_abs_error": max(it),
+           "iteration_worst_run": worst.name,
            "action_median_abs_error": statistics.median(acts) if acts else float("nan"),
            "activation_worst_abs_error": max(float(r.memory["activation_error"].abs().max())
                                              for r in reports)}

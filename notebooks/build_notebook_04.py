@@ -64,12 +64,13 @@ suite = [r for r in everything if "~" not in r.name]  # "~i": repeats for the sp
 table = pd.DataFrame([r.summary() for r in suite])
 if suite:
     B, M = "pp2-1f1b-full", "pp2-scp-stage-aware"
-    pairs = [(B, M)] + [(f"{B}~{i}", f"{M}~{i}") for i in (1, 2)]
+    pairs = [(B, M)] + [(n, M + n[len(B):]) for n in names if n.startswith(B + "~")]
     targets = summarize(suite)
     targets.update({k: v for k, v in summarize(everything, pairs).items()
                     if k.startswith("speedup")})
     show = table[["run", "measured_ms", "predicted_ms", "error", "replay_error",
                   "block_error_min", "block_error_median", "block_error_max",
+                  "block_error_se",
                   "action_median_abs_error", "activation_max_abs_error", "bubble_error_ms",
                   "comm_error_ms"]]
     display(show.round(3))

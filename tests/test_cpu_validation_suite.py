@@ -2,6 +2,7 @@
 its figures are never asserted here (a shared 2-core machine is too noisy)."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,45 @@ def test_bad_options_exit_2_before_measuring(suite_mod, argv, tmp_path, capsys):
     assert e.value.code == 2
     assert "must be positive" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_history_appends_one_entry_per_run(suite_mod, tmp_path):
+    ok = {"iteration_median_abs_error": 0.04, "iteration_worst_abs_error": 0.08,
+          "iteration_worst_run": "b", "action_median_abs_error": 0.05,
+          "activation_worst_abs_error": 0.01, "speedup_pairs": 3, "speedup_gap_points": 1.0}
+    path = tmp_path / "h.jsonl"
+    first = suite_mod.record_history(path, ok, "d1", "cmd", 600.4)
+    second = suite_mod.record_history(path, {**ok, "speedup_gap_points": -7.0}, "d2", "cmd",
+                                      601)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert lines == [first, second]
+    assert first["iteration_worst_run"] == "b" and first["all_met"] and first["seconds"] == 600
+    assert not second["all_met"]  # a speed-up gap over 5 points is a miss
+
+
+def _rep(name, measured, predicted):
+    """A stand-in report with per-block measured and predicted iterations."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    err = [p / m - 1 for m, p in zip(measured, predicted, strict=True)]
+    blocks = pd.DataFrame({"block": range(len(measured)), "measured_s": measured,
+                           "predicted_s": predicted, "error": err})
+    se = pd.Series(err).std() / len(err) ** 0.5
+    return SimpleNamespace(name=name, blocks=blocks, summary=lambda: {"block_error_se": se})
+
+
+def test_speedup_rounds_pair_block_b_with_block_b_and_give_the_noise(suite_mod):
+    reps = [_rep("base", [2.0, 3.0, 2.0], [2.0, 2.0, 2.0]),
+            _rep("new", [1.0, 1.0, 2.0], [1.0, 1.0, 1.0])]
+    r = suite_mod.speedup_rounds(reps, [("base", "new"), ("missing", "new")])
+    assert r["measured"] == pytest.approx([1.0, 2.0, 0.0])
+    assert r["predicted"] == pytest.approx([1.0, 1.0, 1.0])
+    assert r["gaps"] == pytest.approx([0.0, -100.0, 100.0])
+    assert r["sd_points"] == pytest.approx(100.0)
+    assert r["se_points"] == pytest.approx(100.0 / 3 ** 0.5)
+    s = suite_mod.add_noise({"iteration_worst_run": "new"}, reps, [("base", "new")])
+    assert s["iteration_worst_se"] == reps[1].summary()["block_error_se"] > 0
+    assert s["speedup_se_points"] == pytest.approx(r["se_points"])
+    assert suite_mod.speedup_rounds(reps, [("x", "y")]) is None

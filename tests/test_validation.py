@@ -358,4 +358,6 @@ def test_each_block_is_priced_from_the_profiler_steps_bracketing_it(tmp_path):
     assert sim0.iteration_time_s < b.loc[0, "predicted_s"] < slow_t
     s = rep.summary()
     assert s["blocks"] == 2 and s["block_error_max"] == pytest.approx(b.loc[1, "error"])
+    # two blocks: the standard error of their mean is half their difference
+    assert s["block_error_se"] == pytest.approx(abs(b.loc[1, "error"] - b.loc[0, "error"]) / 2)
     assert "per block (2 blocks" in rep.to_markdown()
