@@ -202,7 +202,8 @@ def add_noise(summary: dict, reports, pairs) -> dict:
     over its rounds), where the runs recorded blocks."""
     se = {r.name: r.summary()["block_error_se"] for r in reports}
     out = dict(summary)
-    out["iteration_median_se"] = statistics.median(v for k, v in se.items() if "~" not in k)
+    known = [v for k, v in se.items() if "~" not in k and v == v]  # NaN: no blocks
+    out["iteration_median_se"] = statistics.median(known) if known else float("nan")
     out["iteration_worst_se"] = se[summary["iteration_worst_run"]]
     rounds = speedup_rounds(reports, pairs)
     if rounds is not None:
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     load = [os.getloadavg()[0]]  # other work on this shared 2-core machine, for the record
     if not a.no_measure:
-        # The default suite takes 11-13 min here; the limit grows with the work asked.
+        # The default suite takes 10-13 min here; the limit grows with the work asked.
         work = len(cases) / 13 * max(a.blocks / 6, a.steps / 12, a.repeats / 8)
         measure_cases(cases, runs, steps=a.steps, blocks=a.blocks, repeats=a.repeats,
                       timeout_s=1800 * max(1.0, work))
