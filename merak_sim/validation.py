@@ -441,9 +441,9 @@ def summarize(reports: list[ValidationReport],
               speedup: tuple[str, str] | list[tuple[str, str]] | None = None) -> dict:
     """Suite figures against the issue's targets: iteration median / worst absolute
     error (and the worst run's name), per-action median absolute error (all runs
-    pooled), worst activation error,
-    and optionally the speed-up of run ``new`` over run ``base`` for each ``(base,
-    new)`` name pair (median over the pairs, measured and simulated)."""
+    pooled), worst activation error, and optionally the speed-up of run ``new`` over
+    run ``base`` for each ``(base, new)`` name pair (median over the pairs, measured
+    and simulated)."""
     it = [abs(r.iteration_error) for r in reports]
     acts = [e for r in reports for e in r.action_abs_errors]
     worst = max(reports, key=lambda r: abs(r.iteration_error))

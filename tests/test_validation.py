@@ -115,7 +115,7 @@ def test_simulated_measurement_validates_with_zero_error(tmp_path, schedule, rec
     assert rep.memory["activation_error"].abs().max() < 1e-9
     assert rep.memory["param_error"].abs().max() == 0
     s = summarize([rep])
-    assert s["iteration_worst_abs_error"] < 1e-9
+    assert s["iteration_worst_abs_error"] < 1e-9 and s["iteration_worst_run"] == rep.name
 
 
 def test_exposed_comm_is_nonzero_when_transfers_are_slow(tmp_path):
