@@ -123,19 +123,80 @@ def _met(summary: dict) -> bool:
             and abs(summary.get("speedup_gap_points", 0.0)) <= 5)
 
 
-def record_history(path: Path, summary: dict, when: str, command: str,
-                   seconds: float) -> dict:
-    """Append this run's targets to ``path`` (JSON lines, rewritten atomically): on a
-    noisy machine how often the targets hold is itself a figure, and one report only
-    shows the latest run. Returns the entry."""
+def record_history(path: Path, summary: dict, when: str, command: str, seconds: float,
+                   errors: dict[str, float] | None = None) -> dict:
+    """Append this run's targets and each configuration's iteration error (``errors``,
+    by run name) to ``path`` (JSON lines, rewritten atomically): on a noisy machine
+    how often the targets hold is itself a figure, and errors pooled over runs
+    (:func:`pooled`) separate the model's bias from the machine's drift. Returns the
+    entry."""
     entry = {"date": when, "command": command, "seconds": round(seconds),
              **{k: round(v, 4) if v == v else None  # JSON has no NaN
                 for k, v in summary.items() if isinstance(v, float)},
              "speedup_pairs": summary.get("speedup_pairs", 0),
-             "iteration_worst_run": summary["iteration_worst_run"], "all_met": _met(summary)}
+             "iteration_worst_run": summary["iteration_worst_run"], "all_met": _met(summary),
+             "errors": {k: round(v, 4) for k, v in (errors or {}).items()}}
     old = path.read_text() if path.exists() else ""
     atomic_write_text(path, old + json.dumps(entry) + "\n")
     return entry
+
+
+def read_history(path: Path) -> list[dict]:
+    """The entries :func:`record_history` appended (none if ``path`` is missing)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def pooled(entries: list[dict]) -> dict:
+    """Iteration errors pooled over suite runs: per configuration (repeats ``~i``
+    counted with their configuration) the mean error, its standard deviation and
+    standard error; the pooled targets (median and worst absolute mean error over the
+    configurations); and the speed-up gap's mean and standard error over the runs.
+    A mean error far outside its standard error is the model's (or the profile's)
+    bias; a single run's miss inside it is the machine's drift."""
+    by: dict[str, list[float]] = {}
+    for e in entries:
+        for name, err in e.get("errors", {}).items():
+            by.setdefault(name.split("~")[0], []).append(err)
+    rows = {}
+    for name, v in by.items():
+        sd = statistics.stdev(v) if len(v) > 1 else float("nan")
+        rows[name] = {"n": len(v), "mean": statistics.fmean(v), "sd": sd,
+                      "se": sd / len(v) ** 0.5}
+    means = [abs(r["mean"]) for r in rows.values()]
+    gaps = [e["speedup_gap_points"] for e in entries
+            if e.get("speedup_gap_points") is not None]
+    out = {"runs": len(entries), "configurations": rows,
+           "median_abs_mean_error": statistics.median(means) if means else float("nan"),
+           "worst_abs_mean_error": max(means, default=float("nan"))}
+    if gaps:
+        out["speedup_gap_mean_points"] = statistics.fmean(gaps)
+        out["speedup_gap_se_points"] = (statistics.stdev(gaps) / len(gaps) ** 0.5
+                                        if len(gaps) > 1 else float("nan"))
+    return out
+
+
+def _pooled_text(p: dict) -> list[str]:
+    """The pooled-errors section of the report (nothing without errors)."""
+    if not p["configurations"]:
+        return []
+    lines = [f"Pooled over the {p['runs']} suite runs recorded in "
+             "`cpu_validation_history.jsonl` (repeats counted with their configuration): "
+             "a mean error several standard errors from zero is a bias of the model or "
+             "the profile; a single run's error within a few standard deviations of the "
+             "mean is the machine's drift.", "",
+             "| configuration | runs | mean error | standard deviation | standard error |",
+             "|---|---|---|---|---|"]
+    for name, r in p["configurations"].items():
+        lines.append(f"| {name} | {r['n']} | {r['mean'] * 100:+.1f} % | {r['sd'] * 100:.1f} % "
+                     f"| {r['se'] * 100:.1f} % |")
+    lines += ["", f"Pooled: median absolute mean error {p['median_abs_mean_error'] * 100:.1f} %, "
+              f"worst {p['worst_abs_mean_error'] * 100:.1f} %"
+              + (f"; speed-up gap {p['speedup_gap_mean_points']:+.1f} points on average "
+                 f"(standard error {p['speedup_gap_se_points']:.1f})"
+                 if "speedup_gap_mean_points" in p else "") + "."]
+    return lines
 
 
 def _probe(machine: dict) -> str:
@@ -228,7 +289,7 @@ def _rounds_text(r: dict | None) -> list[str]:
 
 def report(reports, summary: dict, machine: dict, seconds: float, command: str,
            load: list[float] | None = None, low=None, low_summary=None,
-           when: str = "", pairs=()) -> str:
+           when: str = "", pairs=(), history: list[dict] = ()) -> str:
     """The markdown report: suite table, targets, per-run details."""
     pct = lambda x: f"{x * 100:+.1f} %"  # noqa: E731
     lines = ["# CPU validation: prediction versus measurement", "",
@@ -273,6 +334,8 @@ def report(reports, summary: dict, machine: dict, seconds: float, command: str,
                      f"{s['comm_error_ms']:+.1f} |")
     lines += ["", *_targets(summary), "", *_repeatability(reports), "",
               *_rounds_text(speedup_rounds(reports, pairs))]
+    if history:
+        lines += ["", *_pooled_text(pooled(history))]
     if low:
         lines += ["", "Lower envelope (`--statistic min`: the fastest profile samples against "
                   "the fastest timed iteration and the fastest occurrence of each action):", "",
@@ -349,13 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     low_summary = summarize([r for r in low if "~" not in r.name])
     low_summary.update({k: v for k, v in summarize(low, pairs).items()
                         if k.startswith("speedup")})
+    history = out / "cpu_validation_history.jsonl"
+    if not a.no_measure:
+        record_history(history, summary, when, cmd.strip(), secs,
+                       {r.name: r.iteration_error for r in reports})
     atomic_write_text(out / "cpu_validation.md", report(reports, summary, machine, secs,
                                                         cmd.strip(), load, low, low_summary,
-                                                        when, pairs))
+                                                        when, pairs, read_history(history)))
     atomic_write_text(out / "cpu_validation.csv", _csv([r.summary() for r in reports]))
-    if not a.no_measure:
-        record_history(out / "cpu_validation_history.jsonl", summary, when, cmd.strip(),
-                       secs)
     for r in reports:
         s = r.summary()
         print(f"{s['run']:24s} measured {s['measured_ms']:8.1f} ms  predicted "

@@ -77,3 +77,25 @@ def test_speedup_rounds_pair_block_b_with_block_b_and_give_the_noise(suite_mod):
     assert s["iteration_worst_se"] == reps[1].summary()["block_error_se"] > 0
     assert s["speedup_se_points"] == pytest.approx(r["se_points"])
     assert suite_mod.speedup_rounds(reps, [("x", "y")]) is None
+
+
+def test_pooled_errors_separate_a_bias_from_drift(suite_mod, tmp_path):
+    path = tmp_path / "h.jsonl"
+    base = {"iteration_median_abs_error": 0.04, "iteration_worst_abs_error": 0.08,
+            "iteration_worst_run": "a", "action_median_abs_error": 0.05,
+            "activation_worst_abs_error": 0.01}
+    # "a" is biased (+10 % every run), "b" drifts around zero; "b~1" pools with "b"
+    for i, (eb, gap) in enumerate([(0.05, 4.0), (-0.05, -8.0), (0.01, 1.0)]):
+        suite_mod.record_history(path, {**base, "speedup_gap_points": gap}, f"d{i}", "cmd",
+                                 1.0, {"a": 0.10, "b": eb, "b~1": -eb})
+    assert suite_mod.read_history(tmp_path / "missing.jsonl") == []
+    p = suite_mod.pooled(suite_mod.read_history(path))
+    a, b = p["configurations"]["a"], p["configurations"]["b"]
+    assert p["runs"] == 3 and a["n"] == 3 and b["n"] == 6
+    assert a["mean"] == pytest.approx(0.10) and a["sd"] == pytest.approx(0.0)
+    assert b["mean"] == pytest.approx(0.0, abs=1e-12) and b["se"] > 0.01
+    assert p["worst_abs_mean_error"] == pytest.approx(0.10)
+    assert p["speedup_gap_mean_points"] == pytest.approx(-1.0)
+    assert p["speedup_gap_se_points"] == pytest.approx(6.245 / 3 ** 0.5, rel=1e-3)
+    text = "\n".join(suite_mod._pooled_text(p))
+    assert "| a | 3 | +10.0 % |" in text and "Pooled over the 3 suite runs" in text
