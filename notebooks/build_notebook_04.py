@@ -106,6 +106,28 @@ if blocked:
     plt.show()
     assert all(r.blocks["steps"].sum() == len(r.measured_makespans_s) for r in blocked)"""),
     new_markdown_cell("""\
+Pooled over every suite run recorded in `cpu_validation_history.jsonl` (the suite
+appends one line per run): each configuration's mean error over the runs, its
+standard deviation (how far one run strays) and standard error. A mean several
+standard errors from zero is the model's (or the profile's) bias; the rest is the
+machine."""),
+    new_code_cell("""\
+history_path = RUNS.parent / "cpu_validation_history.jsonl"
+history = ([json.loads(x) for x in history_path.read_text().splitlines()]
+           if history_path.exists() else [])
+rows = [(name.split("~")[0], err) for e in history for name, err in e.get("errors", {}).items()]
+if rows:
+    errs = pd.DataFrame(rows, columns=["configuration", "error"])
+    pooled = errs.groupby("configuration")["error"].agg(["count", "mean", "std"])
+    pooled["standard error"] = pooled["std"] / pooled["count"] ** 0.5
+    display((pooled * [1, 100, 100, 100]).round(1).rename(
+        columns={"mean": "mean error %", "std": "sd %", "standard error": "se %"}))
+    gaps = pd.Series([e["speedup_gap_points"] for e in history])
+    print(f"{len(history)} runs; speed-up gap {gaps.mean():+.1f} points on average "
+          f"(standard error {gaps.std() / len(gaps) ** 0.5:.1f}); all targets met in "
+          f"{sum(e['all_met'] for e in history)} of them")
+    assert pooled["count"].sum() == len(errs)"""),
+    new_markdown_cell("""\
 Per-kind errors across the suite: which actions the model gets wrong, and by how much."""),
     new_code_cell("""\
 if suite:
