@@ -41,12 +41,13 @@ def _work(kind: str):
                 a @ b
         return run
     from merak_exec.models.gpt import GPT, GPTConfig, lm_loss
+    from merak_sim.validation_measure import small_gpt
 
     torch.manual_seed(0)
-    m = GPT(GPTConfig(vocab_size=512, n_positions=128, n_embd=128, n_layer=4, n_head=4,
-                      dropout=0.0))
+    cfg = GPTConfig(**small_gpt(layers=4))
+    m = GPT(cfg)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    ids = torch.randint(0, 512, (2, 129))
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.n_positions + 1))
     x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
     def run():

@@ -245,21 +245,19 @@ def main(argv: list[str] | None = None) -> None:
     except RankTimeoutError as e:
         click.echo(f"merak-exec: error: {e}", err=True)
         code = 1
-    if code:
-        # A failed job's groups may be wedged (a peer is gone): skip teardown.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    import torch.distributed as dist
+    if not code:
+        import torch.distributed as dist
 
-    if dist.is_initialized():
+        if not dist.is_initialized():
+            return
         dist.destroy_process_group()
-        # All work is done and reported; skip the interpreter's teardown, where gloo's
-        # background threads now and then abort a finished job ("terminate called
-        # without an active exception", SIGABRT) and torchrun reports it as failed.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    # Skip the interpreter's teardown: a failed job's groups may be wedged (a peer is
+    # gone), and in a finished one gloo's background threads now and then abort
+    # ("terminate called without an active exception", SIGABRT), which torchrun
+    # reports as a failure after all work was done and reported.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

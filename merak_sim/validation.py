@@ -40,6 +40,7 @@ from typing import Any
 
 from merak_sim.config import ParallelConfig
 from merak_sim.rundir import MeasuredRun, combine_profiles, read_run
+from merak_sim.validation_history import spread
 from merak_sim.validation_model import (
     STATISTICS,
     ValidationError,
@@ -49,9 +50,9 @@ from merak_sim.validation_model import (
 )
 
 __all__ = ["ValidationReport", "validate", "cost_table_from_profile", "simulate_run",
-           "measured_breakdown", "gpt_param_bytes", "summarize", "plot_side_by_side",
-           "block_errors",
-           "ValidationError", "effective_config", "STATISTICS"]
+           "measured_breakdown", "gpt_param_bytes", "summarize", "repeat_pairs",
+           "plot_side_by_side", "block_errors", "ValidationError", "effective_config",
+           "STATISTICS"]
 
 _COMPUTE = ("FORWARD", "FORWARD_NOGRAD", "RECOMPUTE", "BACKWARD", "BACKWARD_INPUT",
             "BACKWARD_WEIGHT", "OPTIMIZER")
@@ -228,8 +229,7 @@ class ValidationReport:
                 # How far the run's error can stray by the machine's drift alone: the
                 # standard error of a mean over the blocks (each block priced from its
                 # own profiles, so a model bias shifts them all and does not count here).
-                "block_error_se": (statistics.stdev(be) / len(be) ** 0.5 if len(be) > 1
-                                   else nan)}
+                "block_error_se": spread(be)[2] if be else nan}
 
     def to_markdown(self) -> str:
         """A readable report (markdown tables)."""
@@ -435,6 +435,13 @@ def plot_side_by_side(report: ValidationReport, path: str | Path | None = None):
 
         _save(fig, path)
     return fig
+
+
+def repeat_pairs(names, base: str, new: str) -> list[tuple[str, str]]:
+    """The ``(base, new)`` pair and its repeats among run ``names``: ``base~i`` with
+    ``new~i`` (a suite measures repeats of a configuration under ``name~i``)."""
+    return [(base, new)] + [(n, new + n[len(base):]) for n in names
+                            if n.startswith(base + "~")]
 
 
 def summarize(reports: list[ValidationReport],

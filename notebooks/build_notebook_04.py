@@ -37,7 +37,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import merak_sim
-from merak_sim.validation import validate, summarize
+from merak_sim.validation import validate, summarize, repeat_pairs
+from merak_sim.validation_history import pooled, read_history
 pd.set_option("display.width", 160)
 ROOT = Path(merak_sim.__file__).resolve().parents[1]
 RUNS = ROOT / "benchmarks" / "results" / "cpu_validation_runs"
@@ -64,7 +65,7 @@ suite = [r for r in everything if "~" not in r.name]  # "~i": repeats for the sp
 table = pd.DataFrame([r.summary() for r in suite])
 if suite:
     B, M = "pp2-1f1b-full", "pp2-scp-stage-aware"
-    pairs = [(B, M)] + [(n, M + n[len(B):]) for n in names if n.startswith(B + "~")]
+    pairs = repeat_pairs(names, B, M)
     targets = summarize(suite)
     targets.update({k: v for k, v in summarize(everything, pairs).items()
                     if k.startswith("speedup")})
@@ -112,21 +113,16 @@ standard deviation (how far one run strays) and standard error. A mean several
 standard errors from zero is the model's (or the profile's) bias; the rest is the
 machine."""),
     new_code_cell("""\
-history_path = RUNS.parent / "cpu_validation_history.jsonl"
-history = ([json.loads(x) for x in history_path.read_text().splitlines()]
-           if history_path.exists() else [])
-rows = [(name.split("~")[0], err) for e in history for name, err in e.get("errors", {}).items()]
-if rows:
-    errs = pd.DataFrame(rows, columns=["configuration", "error"])
-    pooled = errs.groupby("configuration")["error"].agg(["count", "mean", "std"])
-    pooled["standard error"] = pooled["std"] / pooled["count"] ** 0.5
-    display((pooled * [1, 100, 100, 100]).round(1).rename(
-        columns={"mean": "mean error %", "std": "sd %", "standard error": "se %"}))
-    gaps = pd.Series([e["speedup_gap_points"] for e in history])
-    print(f"{len(history)} runs; speed-up gap {gaps.mean():+.1f} points on average "
-          f"(standard error {gaps.std() / len(gaps) ** 0.5:.1f}); all targets met in "
+history = read_history(RUNS.parent / "cpu_validation_history.jsonl")
+p = pooled(history)
+if p["configurations"]:
+    display((pd.DataFrame(p["configurations"]).T * [1, 100, 100, 100]).round(1).rename(
+        columns={"n": "count", "mean": "mean error %", "sd": "sd %", "se": "se %"}))
+    print(f"{p['runs']} runs; speed-up gap {p['speedup_gap_mean_points']:+.1f} points on "
+          f"average (standard error {p['speedup_gap_se_points']:.1f}); all targets met in "
           f"{sum(e['all_met'] for e in history)} of them")
-    assert pooled["count"].sum() == len(errs)"""),
+    assert sum(r["n"] for r in p["configurations"].values()) == sum(
+        len(e["errors"]) for e in history)"""),
     new_markdown_cell("""\
 Per-kind errors across the suite: which actions the model gets wrong, and by how much."""),
     new_code_cell("""\

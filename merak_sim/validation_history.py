@@ -1,0 +1,60 @@
+"""Validation results over many runs: the spread of a set of errors and errors pooled
+over the runs a validation suite recorded.
+
+On a noisy machine one run's error mixes the model's bias with the machine's drift;
+repeated runs separate them: a configuration's mean error over the runs, several
+standard errors from zero, is a bias of the model or the profile; a single run's
+miss within its standard deviation is the machine. The history is JSON lines, one
+entry per suite run (``benchmarks/cpu_validation.py`` appends them), each with the
+run's ``errors`` by run name and, optionally, its ``speedup_gap_points``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+__all__ = ["spread", "read_history", "pooled"]
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """Mean, sample standard deviation and standard error of the mean of ``values``
+    (the last two NaN with fewer than two values)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, float("nan"), float("nan")
+    sd = statistics.stdev(values)
+    return mean, sd, sd / len(values) ** 0.5
+
+
+def read_history(path: str | Path) -> list[dict]:
+    """The entries of a history file (none if ``path`` is missing)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def pooled(entries: list[dict]) -> dict:
+    """Iteration errors pooled over suite runs: per configuration (repeats ``~i``
+    counted with their configuration) the mean error, its standard deviation and
+    standard error; the pooled targets (median and worst absolute mean error over the
+    configurations); and the speed-up gap's mean and standard error over the runs."""
+    by: dict[str, list[float]] = {}
+    for e in entries:
+        for name, err in e.get("errors", {}).items():
+            by.setdefault(name.split("~")[0], []).append(err)
+    rows = {}
+    for name, v in by.items():
+        mean, sd, se = spread(v)
+        rows[name] = {"n": len(v), "mean": mean, "sd": sd, "se": se}
+    means = [abs(r["mean"]) for r in rows.values()]
+    gaps = [e["speedup_gap_points"] for e in entries
+            if e.get("speedup_gap_points") is not None]
+    out = {"runs": len(entries), "configurations": rows,
+           "median_abs_mean_error": statistics.median(means) if means else float("nan"),
+           "worst_abs_mean_error": max(means, default=float("nan"))}
+    if gaps:
+        out["speedup_gap_mean_points"], _, out["speedup_gap_se_points"] = spread(gaps)
+    return out
