@@ -44,9 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from merak_sim.io import atomic_write_text  # noqa: E402
-from merak_sim.validation import repeat_pairs, summarize, validate  # noqa: E402
+from merak_sim.rundir import RunDirError  # noqa: E402
+from merak_sim.validation import ValidationError, repeat_pairs, summarize, validate  # noqa: E402
 from merak_sim.validation_history import pooled, read_history, spread  # noqa: E402
-from merak_sim.validation_measure import Case, measure_cases, small_gpt  # noqa: E402
+from merak_sim.validation_measure import Case, MeasureError, measure_cases, small_gpt  # noqa: E402
 
 TARGETS = {"iteration_median_abs_error": 0.05, "iteration_worst_abs_error": 0.10,
            "action_median_abs_error": 0.10, "activation_worst_abs_error": 0.03}
@@ -336,11 +337,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-measure", action="store_true",
                     help="re-validate the existing run directories only")
     a = ap.parse_args(argv)
-    out = Path(a.out)
-    runs = out / "cpu_validation_runs"
     if min(a.steps, a.blocks, a.repeats, a.pairs) < 1 or a.steps < a.blocks:
         ap.error("--steps, --blocks, --repeats and --pairs must be positive and "
                  "--steps at least --blocks")
+    try:
+        return _run(a, argv)
+    except (RunDirError, ValidationError, MeasureError) as e:
+        # e.g. --no-measure where no suite was measured: one line, nothing written
+        print(f"cpu_validation.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
+    """Measure (unless ``--no-measure``), validate and write the report."""
+    out = Path(a.out)
+    runs = out / "cpu_validation_runs"
     cases = suite(a.quick, a.pairs)
     t = time.perf_counter()
     load = [os.getloadavg()[0]]  # other work on this shared 2-core machine, for the record
