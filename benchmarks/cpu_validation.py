@@ -152,14 +152,15 @@ def _pooled_text(p: dict) -> list[str]:
     if not p["configurations"]:
         return []
     lines = [f"Pooled over the {p['runs']} suite runs recorded in "
-             "`cpu_validation_history.jsonl` (repeats counted with their configuration): "
+             "`cpu_validation_history.jsonl` (a configuration's repeats within a run "
+             "averaged first: they share the run's machine state): "
              "a mean error several standard errors from zero is a bias of the model or "
              "the profile; a single run's error within a few standard deviations of the "
              "mean is the machine's drift.", "",
-             "| configuration | runs | mean error | standard deviation | standard error |",
-             "|---|---|---|---|---|"]
+             "| configuration | runs (measurements) | mean error | standard deviation "
+             "| standard error |", "|---|---|---|---|---|"]
     for name, r in p["configurations"].items():
-        lines.append(f"| {name} | {r['n']} | {r['mean'] * 100:+.1f} % | {r['sd'] * 100:.1f} % "
+        lines.append(f"| {name} | {r['n']} ({r['measurements']}) | {r['mean'] * 100:+.1f} % | {r['sd'] * 100:.1f} % "
                      f"| {r['se'] * 100:.1f} % |")
     lines += ["", f"Pooled: median absolute mean error {p['median_abs_mean_error'] * 100:.1f} %, "
               f"worst {p['worst_abs_mean_error'] * 100:.1f} %"
@@ -302,6 +303,13 @@ def report(reports, summary: dict, machine: dict, seconds: float, command: str,
                      f"{s['action_median_abs_error'] * 100:.1f} % | "
                      f"{s['activation_max_abs_error'] * 100:.1f} % | {s['bubble_error_ms']:+.1f} | "
                      f"{s['comm_error_ms']:+.1f} |")
+    if "cpu_share_min" in summary:
+        lines += ["", "CPU share (each rank's main-thread CPU seconds over its busy compute "
+                  "seconds, per timed iteration, every run): median "
+                  f"{summary['cpu_share_median']:.3f}, lowest {summary['cpu_share_min']:.3f}. "
+                  "Near 1, no other process took a rank's core while it computed: a slow "
+                  "iteration ran slower on the CPU itself (memory and cache shared with "
+                  "the other rank and the host), not descheduled."]
     lines += ["", *_targets(summary), "", *_repeatability(reports), "",
               *_rounds_text(speedup_rounds(reports, pairs))]
     if history:

@@ -10,7 +10,9 @@ loop keeps a measured run in a directory of plain files::
                      "losses": [...], "memory": [per global rank: activation_peak_bytes,
                      param_bytes, grad_bytes, optimizer_bytes, pp_rank],
                      "step_block": [per timed iteration: the block of iterations it
-                     ran in (optional)], "meta": {...}}
+                     ran in (optional)], "cpu_s": [per global rank: per timed
+                     iteration, the CPU seconds of its main thread (optional)],
+                     "meta": {...}}
       events.csv    the events of every timed iteration, columns EVENT_COLUMNS + step,
                     times in seconds from that iteration's earliest rank origin (one
                     clock for all ranks)
@@ -69,6 +71,10 @@ class MeasuredRun:
         meta: free-form provenance.
         step_block: per timed iteration, the block of iterations it ran in (empty
             for run directories written before blocks were recorded).
+        cpu_s: per global rank, per timed iteration, the CPU seconds of the rank's
+            main thread during the iteration (empty for older run directories);
+            compared with its busy time it shows when other work took the rank's
+            core (see :func:`merak_sim.validation.cpu_shares`).
     """
 
     path: Path
@@ -82,6 +88,7 @@ class MeasuredRun:
     profile: dict
     meta: dict = field(default_factory=dict)
     step_block: tuple[int, ...] = ()
+    cpu_s: tuple[tuple[float, ...], ...] = ()
 
     def events_frame(self, step: int | None = None):
         """Events as a DataFrame (one step, or all with a ``step`` column)."""
@@ -171,7 +178,8 @@ def read_run(path: str | Path, profile: str | Path | None = None) -> MeasuredRun
                        wall_s=[float(x) for x in run["wall_s"]],
                        losses=[float(x) for x in run.get("losses", [])],
                        memory=list(run["memory"]), profile=prof, meta=run.get("meta", {}),
-                       step_block=tuple(int(b) for b in run.get("step_block", ())))
+                       step_block=tuple(int(b) for b in run.get("step_block", ())),
+                       cpu_s=tuple(tuple(float(x) for x in r) for r in run.get("cpu_s", ())))
 
 
 _TIME_KEYS = ("forward_s", "forward_plain_s", "backward_ckpt_s", "backward_s",
@@ -244,5 +252,6 @@ def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Pa
     run = {"config": res["config"], "model": res["model"], "seq_len": res["seq_len"],
            "wall_s": ranks[0]["wall_s"], "losses": ranks[0]["losses"], "memory": memory,
            "step_block": ranks[0].get("step_block", []),
+           "cpu_s": [r.get("cpu_s", []) for r in ranks],
            "meta": {"world": len(ranks), "backend": "gloo", "threads_per_rank": 1}}
     return write_run(path, run, events, profile)

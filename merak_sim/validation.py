@@ -50,9 +50,9 @@ from merak_sim.validation_model import (
 )
 
 __all__ = ["ValidationReport", "validate", "cost_table_from_profile", "simulate_run",
-           "measured_breakdown", "gpt_param_bytes", "summarize", "repeat_pairs",
-           "plot_side_by_side", "block_errors", "ValidationError", "effective_config",
-           "STATISTICS"]
+           "measured_breakdown", "cpu_shares", "gpt_param_bytes", "summarize",
+           "repeat_pairs", "plot_side_by_side", "block_errors", "ValidationError",
+           "effective_config", "STATISTICS"]
 
 _COMPUTE = ("FORWARD", "FORWARD_NOGRAD", "RECOMPUTE", "BACKWARD", "BACKWARD_INPUT",
             "BACKWARD_WEIGHT", "OPTIMIZER")
@@ -102,6 +102,34 @@ def measured_breakdown(run: MeasuredRun, step: int) -> tuple[float, list[dict]]:
         rows.append({"rank": int(rank), "stage": int(g["stage"].iloc[0]), "compute_s": compute,
                      "exposed_comm_s": comm, "bubble_s": max(0.0, T - compute - comm)})
     return T, rows
+
+
+def cpu_shares(run: MeasuredRun):
+    """Per timed iteration and rank: the rank's busy seconds (its compute actions from
+    their effective start, :func:`_step_frame`), the CPU seconds its main thread got
+    in the iteration (``run.cpu_s``), and their ratio ``share``.
+
+    With one thread per rank and a core per rank, the thread runs whenever it computes
+    (waiting for a receive or the peer takes no CPU), so ``share`` sits a little above 1
+    (the runtime's posts and bookkeeping outside the actions); well below 1, the core
+    was taken by other work during the iteration and the measured times include the
+    wait for it: the machine's noise, not the model's. Empty for run directories
+    without CPU times (older ones)."""
+    import pandas as pd
+
+    cols = ["step", "rank", "busy_s", "cpu_s", "share"]
+    if not run.cpu_s:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for k, step in enumerate(run.steps):
+        df = _step_frame(run, step)
+        comp = df[df["stream"] == "compute"]
+        busy = (comp["end_s"] - comp["eff_start_s"]).groupby(comp["rank"]).sum()
+        for rank, cpu in enumerate(run.cpu_s):
+            if k < len(cpu) and rank in busy.index and busy[rank] > 0:
+                rows.append({"step": step, "rank": rank, "busy_s": float(busy[rank]),
+                             "cpu_s": cpu[k], "share": cpu[k] / float(busy[rank])})
+    return pd.DataFrame(rows, columns=cols)
 
 
 # -- memory prediction -------------------------------------------------------------------
@@ -166,6 +194,8 @@ class ValidationReport:
         blocks: per block of timed iterations, its measured and predicted iteration
             and error (DataFrame, empty when the run kept no blocks; see
             :func:`block_errors`).
+        cpu: per timed iteration and rank, CPU seconds against busy seconds
+            (DataFrame, empty for runs without CPU times; see :func:`cpu_shares`).
     """
 
     name: str
@@ -184,6 +214,7 @@ class ValidationReport:
     measured_makespans_s: tuple[float, ...] = ()
     statistic: str = "mean"
     blocks: Any = None
+    cpu: Any = None
 
     @property
     def iteration_error(self) -> float:
@@ -229,7 +260,12 @@ class ValidationReport:
                 # How far the run's error can stray by the machine's drift alone: the
                 # standard error of a mean over the blocks (each block priced from its
                 # own profiles, so a model bias shifts them all and does not count here).
-                "block_error_se": spread(be)[2] if be else nan}
+                "block_error_se": spread(be)[2] if be else nan,
+                # near 1: the ranks had their cores whenever they computed
+                "cpu_share_min": (float(self.cpu["share"].min())
+                                  if self.cpu is not None and len(self.cpu) else nan),
+                "cpu_share_median": (float(self.cpu["share"].median())
+                                     if self.cpu is not None and len(self.cpu) else nan)}
 
     def to_markdown(self) -> str:
         """A readable report (markdown tables)."""
@@ -250,6 +286,10 @@ class ValidationReport:
                       f"{b['predicted_s'].min() * 1e3:.1f}-{b['predicted_s'].max() * 1e3:.1f}"
                       f" ms; standard error of their mean {s['block_error_se'] * 100:.1f} %",
                       ""]
+        if s["cpu_share_min"] == s["cpu_share_min"]:  # not NaN: the run kept CPU times
+            lines += ["CPU share (a rank's main-thread CPU seconds over its busy seconds, per "
+                      f"timed iteration): median {s['cpu_share_median']:.3f}, lowest "
+                      f"{s['cpu_share_min']:.3f}", ""]
         lines += ["| stage | action kind | n | measured ms | predicted ms | median error |",
                   "|---|---|---|---|---|---|"]
         a = self.actions
@@ -388,7 +428,8 @@ def validate(run: MeasuredRun | str | Path, profile: str | Path | None = None,
         replay_iteration_s=replay.iteration_time_s,
         measured_wall_s=statistics.median(run.wall_s), actions=act,
         ranks=pd.DataFrame(rk), memory=pd.DataFrame(mem), sim=sim, run=run, step=step,
-        blocks=block_errors(run, dict(zip(steps, makespans, strict=True)), statistic))
+        blocks=block_errors(run, dict(zip(steps, makespans, strict=True)), statistic),
+        cpu=cpu_shares(run))
 
 
 def plot_side_by_side(report: ValidationReport, path: str | Path | None = None):
@@ -448,7 +489,8 @@ def summarize(reports: list[ValidationReport],
               speedup: tuple[str, str] | list[tuple[str, str]] | None = None) -> dict:
     """Suite figures against the issue's targets: iteration median / worst absolute
     error (and the worst run's name), per-action median absolute error (all runs
-    pooled), worst activation error, and optionally the speed-up of run ``new`` over
+    pooled), worst activation error, the lowest and median CPU share of every run's
+    iterations (:func:`cpu_shares`, when the runs kept CPU times) and optionally the speed-up of run ``new`` over
     run ``base`` for each ``(base, new)`` name pair (median over the pairs, measured
     and simulated)."""
     it = [abs(r.iteration_error) for r in reports]
@@ -461,6 +503,10 @@ def summarize(reports: list[ValidationReport],
            "action_median_abs_error": statistics.median(acts) if acts else float("nan"),
            "activation_worst_abs_error": max(float(r.memory["activation_error"].abs().max())
                                              for r in reports)}
+    shares = [x for r in reports if r.cpu is not None for x in r.cpu["share"]]
+    if shares:  # the runs kept CPU times: did other work take the ranks' cores?
+        out["cpu_share_min"] = min(shares)
+        out["cpu_share_median"] = statistics.median(shares)
     if speedup is not None:
         pairs = [speedup] if isinstance(speedup, tuple) else list(speedup)
         by = {r.name: r for r in reports}

@@ -37,18 +37,29 @@ def read_history(path: str | Path) -> list[dict]:
 
 
 def pooled(entries: list[dict]) -> dict:
-    """Iteration errors pooled over suite runs: per configuration (repeats ``~i``
-    counted with their configuration) the mean error, its standard deviation and
-    standard error; the pooled targets (median and worst absolute mean error over the
-    configurations); and the speed-up gap's mean and standard error over the runs."""
+    """Iteration errors pooled over suite runs: per configuration the mean error, its
+    standard deviation and standard error over the runs (``n``; ``measurements``
+    counts the repeats ``~i`` too); the pooled targets (median and worst absolute mean
+    error over the configurations); and the speed-up gap's mean and standard error
+    over the runs.
+
+    Repeats of a configuration within one run are averaged into one figure first: they
+    share that run's machine state (load, clock, cache neighbours), so counting them as
+    independent would understate the standard error."""
     by: dict[str, list[float]] = {}
+    count: dict[str, int] = {}
     for e in entries:
+        per_run: dict[str, list[float]] = {}
         for name, err in e.get("errors", {}).items():
-            by.setdefault(name.split("~")[0], []).append(err)
+            per_run.setdefault(name.split("~")[0], []).append(err)
+        for name, v in per_run.items():
+            by.setdefault(name, []).append(statistics.fmean(v))
+            count[name] = count.get(name, 0) + len(v)
     rows = {}
     for name, v in by.items():
         mean, sd, se = spread(v)
-        rows[name] = {"n": len(v), "mean": mean, "sd": sd, "se": se}
+        rows[name] = {"n": len(v), "measurements": count[name], "mean": mean, "sd": sd,
+                      "se": se}
     means = [abs(r["mean"]) for r in rows.values()]
     gaps = [e["speedup_gap_points"] for e in entries
             if e.get("speedup_gap_points") is not None]

@@ -262,6 +262,7 @@ class _CaseRun:
         self.losses: list[float] = []
         self.profiles: list[dict] = []
         self.step_block: list[int] = []  # per timed iteration: the block it ran in
+        self.cpu: list[float] = []  # per timed iteration: this rank's thread CPU seconds
 
     def profile(self) -> None:
         """One profiler step (every rank at once)."""
@@ -283,13 +284,14 @@ class _CaseRun:
             self.next += 1
             sync()
             dist.barrier()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             out = self.pm.train_step(ids, lab)
             sync()
-            d = time.perf_counter() - t
+            d, cpu = time.perf_counter() - t, time.thread_time() - c
             if i >= warm:
                 k = len(self.wall)
                 self.wall.append(d)
+                self.cpu.append(cpu)
                 self.origins.append(rt.recorder._t0)
                 self.losses.append(out.loss)
                 # block b runs between profiles b and b+1 (profile() precedes each block)
@@ -317,6 +319,7 @@ class _CaseRun:
         mine = {"rank": self.rank, "pp_rank": pm.mesh.pp_rank, "dp_rank": pm.mesh.dp_rank,
                 "tp_rank": pm.mesh.tp_rank, "profile": combine_profiles(self.profiles),
                 "profile_samples": self.profiles, "step_block": self.step_block,
+                "cpu_s": self.cpu,
                 "events": self.rows, "wall_s": self.wall, "origins": self.origins,
                 "losses": self.losses, "memory": mem}
         allv: list = [None] * self.world

@@ -3,6 +3,7 @@ its figures are never asserted here (a shared 2-core machine is too noisy)."""
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -84,21 +85,24 @@ def test_pooled_errors_separate_a_bias_from_drift(suite_mod, tmp_path):
     base = {"iteration_median_abs_error": 0.04, "iteration_worst_abs_error": 0.08,
             "iteration_worst_run": "a", "action_median_abs_error": 0.05,
             "activation_worst_abs_error": 0.01}
-    # "a" is biased (+10 % every run), "b" drifts around zero; "b~1" pools with "b"
-    for i, (eb, gap) in enumerate([(0.05, 4.0), (-0.05, -8.0), (0.01, 1.0)]):
+    # "a" is biased (+10 % every run), "b" drifts around zero; "b~1" is a repeat of "b"
+    # in the same run, averaged with it before pooling
+    for i, (eb, gap) in enumerate([(0.05, 4.0), (-0.07, -8.0), (0.02, 1.0)]):
         suite_mod.record_history(path, {**base, "speedup_gap_points": gap}, f"d{i}", "cmd",
-                                 1.0, {"a": 0.10, "b": eb, "b~1": -eb})
+                                 1.0, {"a": 0.10, "b": eb, "b~1": eb + 0.02})
     assert suite_mod.read_history(tmp_path / "missing.jsonl") == []
     p = suite_mod.pooled(suite_mod.read_history(path))
     a, b = p["configurations"]["a"], p["configurations"]["b"]
-    assert p["runs"] == 3 and a["n"] == 3 and b["n"] == 6
+    assert p["runs"] == 3 and a["n"] == 3 and b["n"] == 3 and b["measurements"] == 6
     assert a["mean"] == pytest.approx(0.10) and a["sd"] == pytest.approx(0.0)
-    assert b["mean"] == pytest.approx(0.0, abs=1e-12) and b["se"] > 0.01
+    # per-run means of "b": +0.06, -0.06, +0.03
+    assert b["mean"] == pytest.approx(0.01) and b["se"] == pytest.approx(
+        statistics.stdev([0.06, -0.06, 0.03]) / 3 ** 0.5)
     assert p["worst_abs_mean_error"] == pytest.approx(0.10)
     assert p["speedup_gap_mean_points"] == pytest.approx(-1.0)
     assert p["speedup_gap_se_points"] == pytest.approx(6.245 / 3 ** 0.5, rel=1e-3)
     text = "\n".join(suite_mod._pooled_text(p))
-    assert "| a | 3 | +10.0 % |" in text and "Pooled over the 3 suite runs" in text
+    assert "| a | 3 (3) | +10.0 % |" in text and "| b | 3 (6) | +1.0 % |" in text and "Pooled over the 3 suite runs" in text
 
 
 def test_revalidating_where_nothing_was_measured_is_a_one_line_error(suite_mod, tmp_path,

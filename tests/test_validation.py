@@ -361,3 +361,27 @@ def test_each_block_is_priced_from_the_profiler_steps_bracketing_it(tmp_path):
     # two blocks: the standard error of their mean is half their difference
     assert s["block_error_se"] == pytest.approx(abs(b.loc[1, "error"] - b.loc[0, "error"]) / 2)
     assert "per block (2 blocks" in rep.to_markdown()
+
+
+def test_cpu_share_compares_a_ranks_cpu_time_with_its_busy_time(tmp_path):
+    d, sim = _synthetic_dir(tmp_path, _cfg(), _profile(2))
+    run = read_run(d)
+    assert run.cpu_s == () and validate(run).cpu.empty  # older run directories
+    rep = validate(run)
+    assert rep.summary()["cpu_share_min"] != rep.summary()["cpu_share_min"]  # NaN
+    assert "cpu_share_min" not in summarize([rep])
+    busy = {r.rank: r.compute_s + r.recompute_s for r in sim.ranks}
+    # rank 0 had its core throughout; rank 1 lost a fifth of it in the second iteration
+    cpu = ((busy[0], busy[0]), (busy[1], 0.8 * busy[1]))
+    body = json.loads((d / "run.json").read_text())
+    (d / "run.json").write_text(json.dumps({**body, "cpu_s": [list(c) for c in cpu]}))
+    run = read_run(d)
+    assert run.cpu_s == cpu
+    rep = validate(run)
+    sh = rep.cpu.set_index(["step", "rank"])["share"]
+    assert sh[(0, 0)] == pytest.approx(1.0) and sh[(1, 0)] == pytest.approx(1.0)
+    assert sh[(0, 1)] == pytest.approx(1.0) and sh[(1, 1)] == pytest.approx(0.8)
+    s = rep.summary()
+    assert s["cpu_share_min"] == pytest.approx(0.8) and s["cpu_share_median"] == pytest.approx(1)
+    assert summarize([rep])["cpu_share_min"] == pytest.approx(0.8)
+    assert "lowest 0.800" in rep.to_markdown()

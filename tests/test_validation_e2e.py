@@ -39,6 +39,9 @@ def test_measured_runs_validate(runs, tmp_path):
         assert all(s["profiles_combined"] == 3 for s in run.profile["stages"])
         # each profiler step kept, each timed step's block recorded, one error per block
         assert len(run.profile["samples"]) == 3 and run.step_block == (0, 1)
+        # every rank's main-thread CPU time of each timed step, against its busy time
+        assert len(run.cpu_s) == 2 and all(len(c) == 2 and min(c) > 0 for c in run.cpu_s)
+        assert len(rep.cpu) == 4 and (rep.cpu["share"] > 0).all()
         assert list(rep.blocks["block"]) == [0, 1] and (rep.blocks["steps"] == 1).all()
         assert rep.summary()["blocks"] == 2
         assert sorted(rep.blocks["measured_s"]) == sorted(rep.measured_makespans_s)
