@@ -1,0 +1,69 @@
+"""benchmarks/speedup_repeats.py: options and the pooled report (its figures are never
+asserted here: they are the shared machine's)."""
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "speedup_repeats.py"
+
+
+@pytest.fixture(scope="module")
+def mod():
+    sys.path.insert(0, str(_PATH.parent))
+    spec = importlib.util.spec_from_file_location("speedup_repeats", _PATH)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+@pytest.mark.parametrize("argv", [["--repeats", "0"], ["--steps", "2", "--blocks", "3"]])
+def test_bad_options_exit_2_before_measuring(mod, argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        mod.main([*argv, "--out", str(tmp_path)])
+    assert e.value.code == 2 and "must be positive" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+NAMES = ("pp2-1f1b-full", "pp2-scp-stage-aware")
+
+
+def _entry(date, base_err, merak_err, meas, pred):
+    def run(ms, err):
+        return {"measured_ms": ms, "predicted_ms": ms * (1 + err), "error": err}
+    return {"date": date, NAMES[0]: run(200.0, base_err), NAMES[1]: run(150.0, merak_err),
+            "speedup_measured": meas, "speedup_predicted": pred,
+            "gap_points": 100 * (pred - meas), "cpu_share_min": 0.99}
+
+
+def test_pooled_report_gives_the_mean_gap_and_its_standard_error(mod):
+    assert (mod.BASELINE, mod.MERAK) == NAMES
+    entries = [_entry("a", -0.02, 0.01, 0.35, 0.30), _entry("b", 0.0, 0.0, 0.30, 0.32),
+               _entry("c", -0.04, 0.02, 0.40, 0.33)]
+    lines = mod.pooled_text(entries)
+    assert len([x for x in lines if x.startswith("| a ") or x.startswith("| b ")
+                or x.startswith("| c ")]) == 3
+    gaps = [-5.0, 2.0, -7.0]
+    se = statistics.stdev(gaps) / 3 ** 0.5
+    assert f"speed-up gap {statistics.fmean(gaps):+.1f} points on average, standard error " \
+           f"{se:.1f}" in lines[-1]
+    assert "pp2-1f1b-full -2.0 %" in lines[-1]
+    assert "median -5.0; within the 5-point limit in 2 of 3 repeats" in lines[-1]
+    # one repeat: its row, no pooled line
+    assert len(mod.pooled_text(entries[:1])) == 3
+
+
+def test_report_only_needs_recorded_repeats(mod, tmp_path, capsys):
+    assert mod.main(["--no-measure", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "does not exist; measure first" in err and "\n" not in err
+    assert not any(tmp_path.iterdir())
+    rows = [_entry("a", -0.02, 0.01, 0.35, 0.30), _entry("b", 0.0, 0.0, 0.30, 0.32)]
+    (tmp_path / mod.HISTORY).write_text("".join(json.dumps(e) + "\n" for e in rows))
+    assert mod.main(["--no-measure", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "speedup_repeats.md").read_text()
+    assert "Over 2 repeats" in text and "| a |" in text
