@@ -305,11 +305,11 @@ def report(reports, summary: dict, machine: dict, seconds: float, command: str,
                      f"{s['comm_error_ms']:+.1f} |")
     if "cpu_share_min" in summary:
         lines += ["", "CPU share (each rank's main-thread CPU seconds over its busy compute "
-                  "seconds, per timed iteration, every run): median "
+                  "seconds, per timed iteration, every run without tensor parallelism): median "
                   f"{summary['cpu_share_median']:.3f}, lowest {summary['cpu_share_min']:.3f}. "
                   "Near 1, no other process took a rank's core while it computed: a slow "
-                  "iteration ran slower on the CPU itself (memory and cache shared with "
-                  "the other rank and the host), not descheduled."]
+                  "iteration with a share near 1 ran slower on the CPU itself (memory and "
+                  "caches shared with the other rank and the host), not descheduled."]
     lines += ["", *_targets(summary), "", *_repeatability(reports), "",
               *_rounds_text(speedup_rounds(reports, pairs))]
     if history:

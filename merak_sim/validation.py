@@ -114,11 +114,13 @@ def cpu_shares(run: MeasuredRun):
     (the runtime's posts and bookkeeping outside the actions); well below 1, the core
     was taken by other work during the iteration and the measured times include the
     wait for it: the machine's noise, not the model's. Empty for run directories
-    without CPU times (older ones)."""
+    without CPU times (older ones) and under tensor parallelism, whose compute actions
+    wait inside for their collectives (a share of 0.2-0.5 there says nothing about
+    the machine)."""
     import pandas as pd
 
     cols = ["step", "rank", "busy_s", "cpu_s", "share"]
-    if not run.cpu_s:
+    if not run.cpu_s or int(run.config.get("tp", 1)) > 1:
         return pd.DataFrame(columns=cols)
     rows = []
     for k, step in enumerate(run.steps):

@@ -19,6 +19,7 @@ from merak_sim.config import ParallelConfig
 from merak_sim.rundir import MeasuredRun, RunDirError, read_run, write_run
 from merak_sim.validation import (
     cost_table_from_profile,
+    cpu_shares,
     effective_config,
     gpt_param_bytes,
     measured_breakdown,
@@ -385,3 +386,5 @@ def test_cpu_share_compares_a_ranks_cpu_time_with_its_busy_time(tmp_path):
     assert s["cpu_share_min"] == pytest.approx(0.8) and s["cpu_share_median"] == pytest.approx(1)
     assert summarize([rep])["cpu_share_min"] == pytest.approx(0.8)
     assert "lowest 0.800" in rep.to_markdown()
+    # under TP the compute actions hold their collectives' waits: no share
+    assert cpu_shares(replace(run, config=_cfg(pp=1, tp=2))).empty
