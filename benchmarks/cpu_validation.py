@@ -160,8 +160,8 @@ def _pooled_text(p: dict) -> list[str]:
              "| configuration | runs (measurements) | mean error | standard deviation "
              "| standard error |", "|---|---|---|---|---|"]
     for name, r in p["configurations"].items():
-        lines.append(f"| {name} | {r['n']} ({r['measurements']}) | {r['mean'] * 100:+.1f} % | {r['sd'] * 100:.1f} % "
-                     f"| {r['se'] * 100:.1f} % |")
+        lines.append(f"| {name} | {r['n']} ({r['measurements']}) | {r['mean'] * 100:+.1f} % "
+                     f"| {r['sd'] * 100:.1f} % | {r['se'] * 100:.1f} % |")
     lines += ["", f"Pooled: median absolute mean error {p['median_abs_mean_error'] * 100:.1f} %, "
               f"worst {p['worst_abs_mean_error'] * 100:.1f} %"
               + (f"; speed-up gap {p['speedup_gap_mean_points']:+.1f} points on average "

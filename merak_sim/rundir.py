@@ -253,5 +253,6 @@ def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Pa
            "wall_s": ranks[0]["wall_s"], "losses": ranks[0]["losses"], "memory": memory,
            "step_block": ranks[0].get("step_block", []),
            "cpu_s": [r.get("cpu_s", []) for r in ranks],
-           "meta": {"world": len(ranks), "backend": "gloo", "threads_per_rank": 1}}
+           "meta": {"world": len(ranks), "backend": opts.get("backend", "gloo"),
+                    "threads_per_rank": 1}}
     return write_run(path, run, events, profile)

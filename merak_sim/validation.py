@@ -109,18 +109,21 @@ def cpu_shares(run: MeasuredRun):
     their effective start, :func:`_step_frame`), the CPU seconds its main thread got
     in the iteration (``run.cpu_s``), and their ratio ``share``.
 
-    With one thread per rank and a core per rank, the thread runs whenever it computes
-    (waiting for a receive or the peer takes no CPU), so ``share`` sits a little above 1
-    (the runtime's posts and bookkeeping outside the actions); well below 1, the core
-    was taken by other work during the iteration and the measured times include the
-    wait for it: the machine's noise, not the model's. Empty for run directories
-    without CPU times (older ones) and under tensor parallelism, whose compute actions
-    wait inside for their collectives (a share of 0.2-0.5 there says nothing about
-    the machine)."""
+    On CPU, with one thread per rank and a core per rank, the thread runs whenever it
+    computes (waiting for a receive or the peer takes no CPU), so ``share`` sits near
+    1 (0.95-1.02 in the CPU suite: the runtime's posts and bookkeeping outside the
+    actions against the last bits of a wait inside them); well below 1, the core was
+    taken by other work during the iteration and the measured times include the wait
+    for it: the machine's noise, not the model's. Empty for run directories without
+    CPU times (older ones), for runs on another backend than gloo (a GPU's kernels run
+    while the host thread waits or spins) and under tensor parallelism, whose compute
+    actions wait inside for their collectives (a share of 0.2-0.5 there says nothing
+    about the machine)."""
     import pandas as pd
 
     cols = ["step", "rank", "busy_s", "cpu_s", "share"]
-    if not run.cpu_s or int(run.config.get("tp", 1)) > 1:
+    if (not run.cpu_s or int(run.config.get("tp", 1)) > 1
+            or run.meta.get("backend", "gloo") != "gloo"):
         return pd.DataFrame(columns=cols)
     rows = []
     for k, step in enumerate(run.steps):
@@ -492,9 +495,9 @@ def summarize(reports: list[ValidationReport],
     """Suite figures against the issue's targets: iteration median / worst absolute
     error (and the worst run's name), per-action median absolute error (all runs
     pooled), worst activation error, the lowest and median CPU share of every run's
-    iterations (:func:`cpu_shares`, when the runs kept CPU times) and optionally the speed-up of run ``new`` over
-    run ``base`` for each ``(base, new)`` name pair (median over the pairs, measured
-    and simulated)."""
+    iterations (:func:`cpu_shares`, where the runs have one) and optionally the
+    speed-up of run ``new`` over run ``base`` for each ``(base, new)`` name pair
+    (median over the pairs, measured and simulated)."""
     it = [abs(r.iteration_error) for r in reports]
     acts = [e for r in reports for e in r.action_abs_errors]
     worst = max(reports, key=lambda r: abs(r.iteration_error))

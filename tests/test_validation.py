@@ -388,3 +388,4 @@ def test_cpu_share_compares_a_ranks_cpu_time_with_its_busy_time(tmp_path):
     assert "lowest 0.800" in rep.to_markdown()
     # under TP the compute actions hold their collectives' waits: no share
     assert cpu_shares(replace(run, config=_cfg(pp=1, tp=2))).empty
+    assert cpu_shares(replace(run, meta={"backend": "nccl"})).empty  # GPU: host waits
