@@ -46,7 +46,12 @@ sys.path.insert(0, str(ROOT))
 from merak_sim.io import atomic_write_text  # noqa: E402
 from merak_sim.rundir import RunDirError  # noqa: E402
 from merak_sim.validation import ValidationError, repeat_pairs, summarize, validate  # noqa: E402
-from merak_sim.validation_history import pooled, read_history, spread  # noqa: E402
+from merak_sim.validation_history import (  # noqa: E402
+    append_history,
+    pooled,
+    read_history,
+    spread,
+)
 from merak_sim.validation_measure import Case, MeasureError, measure_cases, small_gpt  # noqa: E402
 
 TARGETS = {"iteration_median_abs_error": 0.05, "iteration_worst_abs_error": 0.10,
@@ -142,8 +147,7 @@ def record_history(path: Path, summary: dict, when: str, command: str, seconds: 
              "iteration_worst_run": summary["iteration_worst_run"],
              "all_met": all(_held(summary).values()),
              "errors": {k: round(v, 4) for k, v in (errors or {}).items()}}
-    old = path.read_text() if path.exists() else ""
-    atomic_write_text(path, old + json.dumps(entry) + "\n")
+    append_history(path, entry)
     return entry
 
 

@@ -24,7 +24,6 @@ that, from the recorded repeats). Nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -37,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from cpu_validation import BASELINE, MERAK, SPEEDUP_GAP_POINTS, suite  # noqa: E402
 
 from merak_sim.io import atomic_write_text  # noqa: E402
-from merak_sim.validation_history import read_history, spread  # noqa: E402
+from merak_sim.validation_history import append_history, read_history, spread  # noqa: E402
 
 HISTORY = "speedup_repeats.jsonl"
 
@@ -130,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         e["command"] = "python benchmarks/speedup_repeats.py " + " ".join(
             argv if argv is not None else sys.argv[1:])
-        old = hist.read_text() if hist.exists() else ""
-        atomic_write_text(hist, old + json.dumps(e) + "\n")
+        append_history(hist, e)
         print(f"repeat {i + 1}/{a.repeats}: {BASELINE} error {e[BASELINE]['error'] * 100:+5.1f} "
               f"%, {MERAK} error {e[MERAK]['error'] * 100:+5.1f} %, speed-up measured "
               f"{e['speedup_measured'] * 100:+5.1f} % simulated "

@@ -89,9 +89,10 @@ def _step_frame(run: MeasuredRun, step: int):
     return df
 
 
-def measured_breakdown(run: MeasuredRun, step: int) -> tuple[float, list[dict]]:
-    """(makespan, per-rank compute / exposed comm / bubble seconds) of one step."""
-    df = _step_frame(run, step)
+def measured_breakdown(run: MeasuredRun, step: int, frame=None) -> tuple[float, list[dict]]:
+    """(makespan, per-rank compute / exposed comm / bubble seconds) of one step
+    (``frame``: that step's :func:`_step_frame`, when the caller has it already)."""
+    df = _step_frame(run, step) if frame is None else frame
     T = float(df["end_s"].max())
     rows = []
     for rank, g in df.groupby("rank"):
@@ -104,10 +105,11 @@ def measured_breakdown(run: MeasuredRun, step: int) -> tuple[float, list[dict]]:
     return T, rows
 
 
-def cpu_shares(run: MeasuredRun):
+def cpu_shares(run: MeasuredRun, frames=None):
     """Per timed iteration and rank: the rank's busy seconds (its compute actions from
-    their effective start, :func:`_step_frame`), the CPU seconds its main thread got
-    in the iteration (``run.cpu_s``), and their ratio ``share``.
+    their effective start, :func:`_step_frame`; ``frames``: those of ``run.steps``,
+    when the caller has them already), the CPU seconds its main thread got in the
+    iteration (``run.cpu_s``), and their ratio ``share``.
 
     On CPU, with one thread per rank and a core per rank, the thread runs whenever it
     computes (waiting for a receive or the peer takes no CPU), so ``share`` sits near
@@ -127,7 +129,7 @@ def cpu_shares(run: MeasuredRun):
         return pd.DataFrame(columns=cols)
     rows = []
     for k, step in enumerate(run.steps):
-        df = _step_frame(run, step)
+        df = _step_frame(run, step) if frames is None else frames[k]
         comp = df[df["stream"] == "compute"]
         busy = (comp["end_s"] - comp["eff_start_s"]).groupby(comp["rank"]).sum()
         for rank, cpu in enumerate(run.cpu_s):
@@ -239,6 +241,7 @@ class ValidationReport:
         m = self.memory
         be = ([] if self.blocks is None or not len(self.blocks)
               else list(self.blocks["error"]))
+        share = [] if self.cpu is None else self.cpu["share"]
         nan = float("nan")
         return {"run": self.name, "schedule": self.config.schedule,
                 "statistic": self.statistic,
@@ -267,10 +270,8 @@ class ValidationReport:
                 # own profiles, so a model bias shifts them all and does not count here).
                 "block_error_se": spread(be)[2] if be else nan,
                 # near 1: the ranks had their cores whenever they computed
-                "cpu_share_min": (float(self.cpu["share"].min())
-                                  if self.cpu is not None and len(self.cpu) else nan),
-                "cpu_share_median": (float(self.cpu["share"].median())
-                                     if self.cpu is not None and len(self.cpu) else nan)}
+                "cpu_share_min": float(share.min()) if len(share) else nan,
+                "cpu_share_median": float(share.median()) if len(share) else nan}
 
     def to_markdown(self) -> str:
         """A readable report (markdown tables)."""
@@ -374,12 +375,12 @@ def validate(run: MeasuredRun | str | Path, profile: str | Path | None = None,
     sim = simulate_run(run, refined=True, statistic=statistic)
     contract = simulate_run(run, refined=False, statistic=statistic)
     steps = run.steps
-    per_step = [measured_breakdown(run, k) for k in steps]
+    frames = [_step_frame(run, k) for k in steps]
+    per_step = [measured_breakdown(run, k, f) for k, f in zip(steps, frames, strict=True)]
     makespans = [t for t, _ in per_step]
     med = min(makespans) if statistic == "min" else statistics.median(makespans)
     step = steps[min(range(len(steps)), key=lambda i: abs(makespans[i] - med))]
     # per-action: the statistic over steps and ranks of the stage
-    frames = [_step_frame(run, k) for k in steps]
     allm = pd.concat(frames)
     allm = allm[allm["stream"] != "p2p"]
     allm = allm.assign(dur=allm["end_s"] - allm["eff_start_s"])
@@ -434,7 +435,7 @@ def validate(run: MeasuredRun | str | Path, profile: str | Path | None = None,
         measured_wall_s=statistics.median(run.wall_s), actions=act,
         ranks=pd.DataFrame(rk), memory=pd.DataFrame(mem), sim=sim, run=run, step=step,
         blocks=block_errors(run, dict(zip(steps, makespans, strict=True)), statistic),
-        cpu=cpu_shares(run))
+        cpu=cpu_shares(run, frames))
 
 
 def plot_side_by_side(report: ValidationReport, path: str | Path | None = None):

@@ -15,7 +15,9 @@ import json
 import statistics
 from pathlib import Path
 
-__all__ = ["spread", "read_history", "pooled"]
+from merak_sim.io import atomic_write_text
+
+__all__ = ["spread", "read_history", "append_history", "pooled"]
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:
@@ -34,6 +36,14 @@ def read_history(path: str | Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def append_history(path: str | Path, entry: dict) -> None:
+    """Append ``entry`` as one JSON line to ``path`` (the file rewritten atomically, so
+    an interrupted run leaves the earlier lines whole)."""
+    path = Path(path)
+    old = path.read_text() if path.exists() else ""
+    atomic_write_text(path, old + json.dumps(entry) + "\n")
 
 
 def pooled(entries: list[dict]) -> dict:
