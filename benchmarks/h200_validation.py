@@ -1,6 +1,6 @@
 """GPU validation on one H200 (issue 7, item 4): one prepared run, under 10 minutes.
 
-    python benchmarks/h200_validation.py [--out traces/h200] [--budget-s 480]
+    python benchmarks/h200_validation.py [--out traces/h200] [--budget-s 480] [--archive F]
     python benchmarks/h200_validation.py --smoke --out /tmp/h200-smoke   # CPU dry run
 
 For two realistic shapes of the built-in GPT in bf16 (pp=1, one process, NCCL), it
@@ -11,26 +11,47 @@ configuration from that fresh profile and reports the error
 each shape (merak_exec's profiler) for the trace-driven cost model.
 
 Writes under ``--out``: one run directory per shape (re-validate with
-``merak-sim validate --run DIR``), ``gpt-<shape>.json`` traces, and ``report.md``
-with the error table. Shapes are measured in order and the script stops starting
-new ones when ``--budget-s`` would be exceeded, so a partial result is still written.
+``merak-sim validate --run DIR``), ``gpt-<shape>.json`` traces, ``<shape>.png``
+side-by-side charts, ``report.md`` with the error table and ``summary.json``.
+Shapes are measured in order; the script stops starting new ones when ``--budget-s``
+would be exceeded, and a shape that fails (out of memory, a rank's error) is
+reported in one line and in the report while the others go on, so a partial result
+is still written. Exit status: 0 when every shape was measured, 1 otherwise, 2 on
+bad input.
 
-Status: prepared, NOT run in the session that wrote it (that task had no GPU lent);
+Runbook for a task that is lent the device (one call; a device call brings back at
+most 8 files, so ``--archive`` packs the results into one; the device's image has
+PyTorch, pandas, matplotlib, click and rich, but no SimPy, which the validation does
+not need: it simulates with the exact evaluator; the repository is not installed
+there, the script puts its root on ``sys.path``)::
+
+    run(timeout_s=590, command="export PYTHONUNBUFFERED=1; python3
+        benchmarks/h200_validation.py --out /tmp/h200 --archive $OUT/h200.tar.gz
+        2>&1 | tee $OUT/log.txt")
+
+then here: ``mkdir -p traces/h200 && tar xzf <files_at>/h200.tar.gz -C traces/h200``,
+``merak-sim validate --run traces/h200/<shape>`` (re-validates on CPU), commit
+``traces/h200/``, ``give_back``. The CPU rehearsal, SimPy blocked as on the device:
+``tests/test_h200_validation.py``.
+
+Status: prepared, NOT run on a GPU yet (the tasks that wrote it had no GPU lent);
 ``--smoke`` checks the whole path on CPU with tiny shapes.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from merak_sim.io import atomic_write_text  # noqa: E402
+from merak_sim.io import atomic_write_bytes, atomic_write_text  # noqa: E402
 from merak_sim.validation import validate  # noqa: E402
 from merak_sim.validation_measure import Case, measure_cases, small_gpt  # noqa: E402
 
@@ -61,13 +82,31 @@ def _layer_trace(model_cfg: dict, mbs: int, path: Path, device: str, dtype: str)
     write_trace(prof, path)
 
 
+def _archive(out: Path, path: Path) -> None:
+    """Pack the results under ``out`` (not the runs' status files) into one gzipped
+    tar at ``path``, written atomically: a device call brings back at most 8 files."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for f in sorted(out.rglob("*")):
+            if f.is_file() and not f.name.startswith(".") and f.resolve() != path.resolve():
+                tar.add(f, arcname=str(f.relative_to(out)))
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Measure, validate, write the report."""
+    """Measure, validate, write the report; 0 when every shape was measured."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "traces" / "h200"))
     ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--archive", default=None,
+                    help="also pack the results into this .tar.gz (for the device's "
+                         "8-file limit on what comes back)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (gloo, fp32)")
     a = ap.parse_args(argv)
+    if a.budget_s <= 0:
+        print(f"h200_validation: --budget-s must be positive, got {a.budget_s:g}",
+              file=sys.stderr)
+        return 2
     import torch
 
     if not a.smoke and not torch.cuda.is_available():
@@ -79,20 +118,29 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    reports, spent = [], []
+    reports, spent, missing = [], [], []
     for name, mcfg, mbs, M in shapes:
         used = time.monotonic() - t0
         if spent and used + 1.5 * max(spent) > a.budget_s:
-            print(f"skipping {name}: budget ({used:.0f} s used)")
+            print(f"skipping {name}: budget ({used:.0f} s used)", flush=True)
+            missing.append((name, f"skipped: the budget of {a.budget_s:g} s"))
             continue
         t = time.monotonic()
         case = Case(name, dict(micro_batch_size=mbs, global_batch_size=mbs * M, dtype=dtype,
                                schedule="1f1b"), mcfg)
-        (d,) = measure_cases([case], out, world=1, backend=backend, steps=5, warmup_steps=2,
-                             repeats=5, warmup=2, timeout_s=max(60.0, a.budget_s - used))
-        _layer_trace(mcfg, mbs, out / f"gpt-{name}.json", device, dtype)
-        rep = validate(d)
-        rep.plot(out / f"{name}.png")
+        try:
+            (d,) = measure_cases([case], out, world=1, backend=backend, steps=5,
+                                 warmup_steps=2, repeats=5, warmup=2,
+                                 timeout_s=max(60.0, a.budget_s - used))
+            _layer_trace(mcfg, mbs, out / f"gpt-{name}.json", device, dtype)
+            rep = validate(d)
+            rep.plot(out / f"{name}.png")
+        except Exception as e:  # noqa: BLE001 - one shape's failure must not lose the others
+            first = (str(e).strip().splitlines() or [""])[-1]
+            print(f"{name}: FAILED ({type(e).__name__}: {first})", flush=True)
+            missing.append((name, f"failed: {type(e).__name__}: {first}"))
+            spent.append(time.monotonic() - t)
+            continue
         reports.append(rep)
         spent.append(time.monotonic() - t)
         s = rep.summary()
@@ -103,20 +151,25 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# GPU validation ({dev})", "",
              f"Command: `python benchmarks/h200_validation.py {' '.join(argv or sys.argv[1:])}`"
              f" ({time.monotonic() - t0:.0f} s, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}).", "",
-             "| shape | measured ms | predicted ms | error | action median abs error | "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}).",
+             "", "| shape | measured ms | predicted ms | error | action median abs error | "
              "activation worst error |", "|---|---|---|---|---|---|"]
     for r in reports:
         s = r.summary()
         lines.append(f"| {s['run']} | {s['measured_ms']:.2f} | {s['predicted_ms']:.2f} | "
                      f"{s['error'] * 100:+.1f} % | {s['action_median_abs_error'] * 100:.1f} % | "
                      f"{s['activation_max_abs_error'] * 100:.1f} % |")
+    for name, why in missing:
+        lines.append(f"| {name} | - | - | {why} | - | - |")
     lines.append("")
     lines += [r.to_markdown() for r in reports]
     atomic_write_text(out / "report.md", "\n".join(lines))
-    atomic_write_text(out / "summary.json", json.dumps([r.summary() for r in reports],
-                                                       indent=1))
-    return 0
+    atomic_write_text(out / "summary.json", json.dumps(
+        {"shapes": [r.summary() for r in reports],
+         "missing": [{"shape": n, "why": w} for n, w in missing]}, indent=1))
+    if a.archive:
+        _archive(out, Path(a.archive))
+    return 0 if reports and not missing else 1
 
 
 if __name__ == "__main__":
