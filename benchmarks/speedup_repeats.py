@@ -56,9 +56,13 @@ def measure_once(runs: Path, steps: int, blocks: int, repeats: int) -> dict:
     entry = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
              "seconds": round(secs, 1)}
     for name, r in reps.items():
+        rs = r.summary()
         entry[name] = {"measured_ms": round(r.measured_iteration_s * 1e3, 3),
                        "predicted_ms": round(r.predicted_iteration_s * 1e3, 3),
-                       "error": round(r.iteration_error, 4)}
+                       "error": round(r.iteration_error, 4),
+                       "replay_error": round(rs["replay_error"], 4),
+                       "contract_error": round(rs["contract_error"], 4),
+                       "actions": {k: round(v, 4) for k, v in r.kind_errors().items()}}
     entry.update({"speedup_measured": round(s["speedup_measured"], 4),
                   "speedup_predicted": round(s["speedup_predicted"], 4),
                   "gap_points": round(s["speedup_gap_points"], 3),
@@ -93,6 +97,40 @@ def pooled_text(entries: list[dict]) -> list[str]:
               f"standard error {gap_se:.1f}, one repeat's standard deviation {gap_sd:.1f}, "
               f"median {statistics.median(gaps):+.1f}; within the {SPEEDUP_GAP_POINTS}-point "
               f"limit in {within} of {len(gaps)} repeats."]
+    return lines
+
+
+def decomposition_text(entries: list[dict]) -> list[str]:
+    """Markdown: where each run's iteration error comes from, pooled over the repeats
+    that recorded it. The replay error (every compute action at its measured duration
+    in the run) is what the schedule, communication and posting model get wrong; each
+    action kind's error is the profile's (action times measured between the blocks
+    against the same actions inside the run). A mean several standard errors from
+    zero is a bias; one within about two is the machine's noise."""
+    rec = [e for e in entries if "actions" in e[BASELINE] and "actions" in e[MERAK]]
+    if len(rec) < 2:
+        return []
+    lines = ["", f"Where the iteration error comes from ({len(rec)} repeats that recorded "
+             "it; mean, with its standard error in brackets):", "",
+             "| run | iteration error | replay error (schedule + communication model) | "
+             "contract-only error |", "|---|---|---|---|"]
+
+    def cell(xs):
+        m, _, se = spread([100 * x for x in xs])
+        return f"{m:+.1f} % ({se:.1f})"
+
+    for name in (BASELINE, MERAK):
+        lines.append(f"| {name} | {cell([e[name]['error'] for e in rec])} | "
+                     f"{cell([e[name]['replay_error'] for e in rec])} | "
+                     f"{cell([e[name]['contract_error'] for e in rec])} |")
+    lines += ["", "| run | stage and action kind | profiled against in-run duration | "
+              "repeats |", "|---|---|---|---|"]
+    for name in (BASELINE, MERAK):
+        keys = dict.fromkeys(k for e in rec for k in e[name]["actions"])
+        for k in keys:
+            xs = [e[name]["actions"][k] for e in rec if k in e[name]["actions"]]
+            if len(xs) >= 2:
+                lines.append(f"| {name} | {k} | {cell(xs)} | {len(xs)} |")
     return lines
 
 
@@ -136,14 +174,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{e['speedup_predicted'] * 100:+5.1f} %, gap {e['gap_points']:+5.1f} points",
               flush=True)
     entries = read_history(hist)
-    text = pooled_text(entries)
+    pooled = pooled_text(entries)
+    text = pooled + decomposition_text(entries)
     atomic_write_text(out / "speedup_repeats.md", "\n".join(
         ["# Speed-up repeated: simulated against measured", "",
          "Commands: " + ", ".join(f"`{c.strip()}`" for c in dict.fromkeys(
              e.get("command", "") for e in entries))
          + f" (each row one repeat in fresh processes; {len(entries)} recorded in "
          f"`{HISTORY}`).", "", *text, ""]))
-    print(text[-1])
+    print(pooled[-1])
     return 0
 
 

@@ -67,3 +67,21 @@ def test_report_only_needs_recorded_repeats(mod, tmp_path, capsys):
     assert mod.main(["--no-measure", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "speedup_repeats.md").read_text()
     assert "Over 2 repeats" in text and "| a |" in text
+
+
+def test_decomposition_pools_replay_and_action_errors_of_the_repeats_that_recorded_them(mod):
+    def rec(entry, replay, fwd):
+        for name in NAMES:
+            entry[name].update(replay_error=replay, contract_error=replay / 2,
+                               actions={"1 FORWARD": fwd, "0 BACKWARD": 0.01})
+        return entry
+    old = _entry("old", -0.5, 0.0, 0.3, 0.3)   # recorded before the decomposition
+    entries = [old, rec(_entry("a", -0.02, 0.0, 0.3, 0.3), -0.01, -0.04),
+               rec(_entry("b", -0.04, 0.0, 0.3, 0.3), -0.03, -0.06)]
+    lines = mod.decomposition_text(entries)
+    assert "(2 repeats that recorded it" in lines[1]
+    se = statistics.stdev([-2.0, -4.0]) / 2 ** 0.5   # the old entry is left out
+    assert f"| pp2-1f1b-full | -3.0 % ({se:.1f}) | -2.0 % ({se:.1f}) | -1.0 % " in "\n".join(lines)
+    assert any(x.startswith("| pp2-1f1b-full | 1 FORWARD | -5.0 % (") and x.endswith("| 2 |")
+               for x in lines)
+    assert mod.decomposition_text(entries[:2]) == []  # one recorded repeat: nothing pooled
