@@ -143,6 +143,13 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
             dur[i] = st[a.stage]["forward_nograd_s"]
         elif a.kind is Kind.RECOMPUTE:
             dur[i] = st[a.stage]["reforward_s"]
+    for i in _accumulating(prog):
+        # all but a rank's first backward add into existing gradients (profiled so)
+        p = st[prog.actions[i].stage]
+        key = ("backward_weight_s" if prog.actions[i].kind is Kind.BACKWARD_WEIGHT else
+               "backward_ckpt_s" if prog.recompute_s[i] > 0 else "backward_s")
+        if key[:-2] + "_accum_s" in p:
+            dur[i] += p[key[:-2] + "_accum_s"] - p[key]
     if action_s:
         for i, a in enumerate(prog.actions):
             dur[i] = action_s.get((a.stage, str(a)), dur[i])
@@ -163,6 +170,25 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
                         seq_len=run.seq_len, config=cfg, notes=table.notes,
                         meta={"prediction": "replay" if action_s else "refined",
                               "post_extra_s": post_extra})
+
+
+def _accumulating(prog) -> list[int]:
+    """Action ids of the backwards (B, W) that find their parameters' gradients already
+    there: every one of a rank's chunk but its first of the step, since the runtime
+    clears the gradients (sets them to None) with each optimizer step."""
+    from merak_sim.schedule.ir import Kind
+    from merak_sim.sim.program import OP_COMPUTE
+
+    seen, out = set(), []
+    for r, ops in enumerate(prog.ops):
+        for code, x, _ in ops:
+            a = prog.actions[x] if code == OP_COMPUTE else None
+            if a is None or a.kind not in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT):
+                continue
+            if (r, a.chunk) in seen:
+                out.append(x)
+            seen.add((r, a.chunk))
+    return out
 
 
 _SOLO_KEY = {"FORWARD": "forward_s", "FORWARD_NOGRAD": "forward_nograd_s",

@@ -250,6 +250,40 @@ def test_contention_model_uses_alone_times_where_a_stage_runs_alone(tmp_path):
     assert 0.5 * stages[0]["forward_s"] < f1["end_s"] - f1["start_s"] <= stages[0]["forward_s"]
 
 
+@pytest.mark.parametrize("schedule,recompute,kind", [("1f1b", "none", "BACKWARD"),
+                                                     ("1f1b", "full", "BACKWARD"),
+                                                     ("zb-h1", "none", "BACKWARD_WEIGHT")])
+def test_backwards_after_a_ranks_first_are_priced_accumulating(tmp_path, schedule, recompute,
+                                                                kind):
+    c = 1.0 if recompute == "full" else 0.0
+    d, sim0 = _synthetic_dir(tmp_path, _cfg(schedule=schedule, recompute=recompute),
+                             _profile(2, c))
+    run = read_run(d)
+    delta = {"backward_accum_s": 0.004, "backward_ckpt_accum_s": 0.005,
+             "backward_weight_accum_s": 0.006}
+    base = {"backward_accum_s": "backward_s", "backward_ckpt_accum_s": "backward_ckpt_s",
+            "backward_weight_accum_s": "backward_weight_s"}
+    stages = [dict(st, **{k: st[base[k]] + v for k, v in delta.items()})
+              for st in run.profile["stages"]]
+    acc = validate(replace(run, profile={**run.profile, "stages": stages}))
+    ev0, ev = sim0.events(), acc.sim.events()
+    for stage in (0, 1):
+        key = ("backward_weight_accum_s" if kind == "BACKWARD_WEIGHT" else
+               "backward_ckpt_accum_s" if stage == 0 and c else "backward_accum_s")
+
+        def durs(e, stage=stage):
+            b = e[(e["stage"] == stage) & (e["kind"] == kind)].sort_values("start_s")
+            return list(b["end_s"] - b["start_s"])
+        before, after = durs(ev0), durs(ev)
+        assert len(before) == 4
+        # the rank's first backward finds no gradients; the other three add into them
+        assert after[0] == pytest.approx(before[0], abs=1e-9)
+        assert after[1:] == pytest.approx([x + delta[key] for x in before[1:]], rel=1e-6)
+    assert acc.predicted_iteration_s > sim0.iteration_time_s
+    # profiles without the accumulating figures (older run directories) price as before
+    assert validate(run).predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
+
+
 def test_tied_all_reduce_ends_together_on_first_and_last_stage(tmp_path):
     _, sim = _synthetic_dir(tmp_path, _cfg(), _profile(2))
     ev = sim.events()
