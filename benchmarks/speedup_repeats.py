@@ -63,6 +63,9 @@ def measure_once(runs: Path, steps: int, blocks: int, repeats: int) -> dict:
                        "replay_error": round(rs["replay_error"], 4),
                        "contract_error": round(rs["contract_error"], 4),
                        "actions": {k: round(v, 4) for k, v in r.kind_errors().items()}}
+    accumulating = all("backward_accum_s" in st for r in reps.values()
+                       for st in r.run.profile["stages"])
+    entry["backward_pricing"] = "accumulating" if accumulating else "fresh"
     entry.update({"speedup_measured": round(s["speedup_measured"], 4),
                   "speedup_predicted": round(s["speedup_predicted"], 4),
                   "gap_points": round(s["speedup_gap_points"], 3),
@@ -100,37 +103,52 @@ def pooled_text(entries: list[dict]) -> list[str]:
     return lines
 
 
+#: How the backwards were priced in a repeat (recorded since the profile also times
+#: them with gradients already there; older repeats priced every backward fresh).
+PRICING = {"fresh": "every backward priced with fresh gradients",
+           "accumulating": "a rank's backwards after its first of the step priced adding "
+                           "into existing gradients"}
+
+
 def decomposition_text(entries: list[dict]) -> list[str]:
     """Markdown: where each run's iteration error comes from, pooled over the repeats
-    that recorded it. The replay error (every compute action at its measured duration
-    in the run) is what the schedule, communication and posting model get wrong; each
-    action kind's error is the profile's (action times measured between the blocks
-    against the same actions inside the run). A mean several standard errors from
-    zero is a bias; one within about two is the machine's noise."""
+    that recorded it, one section per way the backwards were priced (:data:`PRICING`).
+    The replay error (every compute action at its measured duration in the run) is
+    what the schedule, communication and posting model get wrong; each action kind's
+    error is the profile's (action times measured between the blocks against the same
+    actions inside the run). A mean several standard errors from zero is a bias; one
+    within about two is the machine's noise."""
     rec = [e for e in entries if "actions" in e[BASELINE] and "actions" in e[MERAK]]
-    if len(rec) < 2:
-        return []
-    lines = ["", f"Where the iteration error comes from ({len(rec)} repeats that recorded "
-             "it; mean, with its standard error in brackets):", "",
-             "| run | iteration error | replay error (schedule + communication model) | "
-             "contract-only error |", "|---|---|---|---|"]
+    groups: dict[str, list[dict]] = {}
+    for e in rec:
+        groups.setdefault(e.get("backward_pricing", "fresh"), []).append(e)
 
     def cell(xs):
         m, _, se = spread([100 * x for x in xs])
         return f"{m:+.1f} % ({se:.1f})"
 
-    for name in (BASELINE, MERAK):
-        lines.append(f"| {name} | {cell([e[name]['error'] for e in rec])} | "
-                     f"{cell([e[name]['replay_error'] for e in rec])} | "
-                     f"{cell([e[name]['contract_error'] for e in rec])} |")
-    lines += ["", "| run | stage and action kind | profiled against in-run duration | "
-              "repeats |", "|---|---|---|---|"]
-    for name in (BASELINE, MERAK):
-        keys = dict.fromkeys(k for e in rec for k in e[name]["actions"])
-        for k in keys:
-            xs = [e[name]["actions"][k] for e in rec if k in e[name]["actions"]]
-            if len(xs) >= 2:
-                lines.append(f"| {name} | {k} | {cell(xs)} | {len(xs)} |")
+    lines: list[str] = []
+    for pricing, grp in groups.items():
+        if len(grp) < 2:
+            continue
+        gap, _, gap_se = spread([e["gap_points"] for e in grp])
+        lines += ["", f"Where the iteration error comes from, {PRICING[pricing]} ({len(grp)} "
+                  f"repeats; mean, with its standard error in brackets; speed-up gap "
+                  f"{gap:+.1f} points ({gap_se:.1f})):", "",
+                  "| run | iteration error | replay error (schedule + communication model) | "
+                  "contract-only error |", "|---|---|---|---|"]
+        for name in (BASELINE, MERAK):
+            lines.append(f"| {name} | {cell([e[name]['error'] for e in grp])} | "
+                         f"{cell([e[name]['replay_error'] for e in grp])} | "
+                         f"{cell([e[name]['contract_error'] for e in grp])} |")
+        lines += ["", "| run | stage and action kind | profiled against in-run duration | "
+                  "repeats |", "|---|---|---|---|"]
+        for name in (BASELINE, MERAK):
+            keys = dict.fromkeys(k for e in grp for k in e[name]["actions"])
+            for k in keys:
+                xs = [e[name]["actions"][k] for e in grp if k in e[name]["actions"]]
+                if len(xs) >= 2:
+                    lines.append(f"| {name} | {k} | {cell(xs)} | {len(xs)} |")
     return lines
 
 

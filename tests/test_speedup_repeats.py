@@ -79,9 +79,24 @@ def test_decomposition_pools_replay_and_action_errors_of_the_repeats_that_record
     entries = [old, rec(_entry("a", -0.02, 0.0, 0.3, 0.3), -0.01, -0.04),
                rec(_entry("b", -0.04, 0.0, 0.3, 0.3), -0.03, -0.06)]
     lines = mod.decomposition_text(entries)
-    assert "(2 repeats that recorded it" in lines[1]
+    assert "every backward priced with fresh gradients (2 repeats;" in lines[1]
     se = statistics.stdev([-2.0, -4.0]) / 2 ** 0.5   # the old entry is left out
     assert f"| pp2-1f1b-full | -3.0 % ({se:.1f}) | -2.0 % ({se:.1f}) | -1.0 % " in "\n".join(lines)
     assert any(x.startswith("| pp2-1f1b-full | 1 FORWARD | -5.0 % (") and x.endswith("| 2 |")
                for x in lines)
     assert mod.decomposition_text(entries[:2]) == []  # one recorded repeat: nothing pooled
+
+
+def test_decomposition_has_one_section_per_backward_pricing(mod):
+    def rec(entry, pricing):
+        for name in NAMES:
+            entry[name].update(replay_error=0.0, contract_error=0.0, actions={"1 FORWARD": 0.0})
+        return dict(entry, backward_pricing=pricing) if pricing else entry
+    entries = [rec(_entry("a", 0.0, 0.0, 0.3, 0.3), None),
+               rec(_entry("b", 0.0, 0.0, 0.3, 0.3), "fresh"),
+               rec(_entry("c", 0.0, 0.0, 0.3, 0.32), "accumulating"),
+               rec(_entry("d", 0.0, 0.0, 0.3, 0.34), "accumulating")]
+    heads = [x for x in mod.decomposition_text(entries) if x.startswith("Where")]
+    assert len(heads) == 2
+    assert "fresh gradients (2 repeats" in heads[0] and "gap +0.0 points" in heads[0]
+    assert "existing gradients (2 repeats" in heads[1] and "gap +3.0 points" in heads[1]
