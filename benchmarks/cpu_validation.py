@@ -134,12 +134,15 @@ def _held(summary: dict) -> dict[str, bool]:
 
 
 def record_history(path: Path, summary: dict, when: str, command: str, seconds: float,
-                   errors: dict[str, float] | None = None) -> dict:
+                   errors: dict[str, float] | None = None,
+                   backward_pricing: str | None = None) -> dict:
     """Append this run's targets and each configuration's iteration error (``errors``,
     by run name) to ``path`` (JSON lines, rewritten atomically): on a noisy machine
     how often the targets hold is itself a figure, and errors pooled over runs
-    (:func:`pooled`) separate the model's bias from the machine's drift. Returns the
-    entry."""
+    (:func:`pooled`) separate the model's bias from the machine's drift.
+    ``backward_pricing``: "paired-delta" when the profiles also measured the extra
+    cost of a backward adding into existing gradients (added to every backward but a
+    rank's first), "fresh" before that. Returns the entry."""
     entry = {"date": when, "command": command, "seconds": round(seconds),
              **{k: round(v, 4) if v == v else None  # JSON has no NaN
                 for k, v in summary.items() if isinstance(v, float)},
@@ -147,16 +150,22 @@ def record_history(path: Path, summary: dict, when: str, command: str, seconds: 
              "iteration_worst_run": summary["iteration_worst_run"],
              "all_met": all(_held(summary).values()),
              "errors": {k: round(v, 4) for k, v in (errors or {}).items()}}
+    if backward_pricing:
+        entry["backward_pricing"] = backward_pricing
     append_history(path, entry)
     return entry
 
 
-def _pooled_text(p: dict) -> list[str]:
-    """The pooled-errors section of the report (nothing without errors)."""
+def _pooled_text(p: dict, history: list[dict] = ()) -> list[str]:
+    """The pooled-errors section of the report (nothing without errors); ``history``:
+    the entries pooled, to say how their backwards were priced."""
     if not p["configurations"]:
         return []
+    acc = sum(e.get("backward_pricing", "fresh") != "fresh" for e in history)
+    how = (f" ({acc} of them with every backward after a rank's first priced adding into "
+           "existing gradients, the others with fresh gradients throughout)" if acc else "")
     lines = [f"Pooled over the {p['runs']} suite runs recorded in "
-             "`cpu_validation_history.jsonl` (a configuration's repeats within a run "
+             f"`cpu_validation_history.jsonl`{how} (a configuration's repeats within a run "
              "averaged first: they share the run's machine state): "
              "a mean error several standard errors from zero is a bias of the model or "
              "the profile; a single run's error within a few standard deviations of the "
@@ -317,7 +326,7 @@ def report(reports, summary: dict, machine: dict, seconds: float, command: str,
     lines += ["", *_targets(summary), "", *_repeatability(reports), "",
               *_rounds_text(speedup_rounds(reports, pairs))]
     if history:
-        lines += ["", *_pooled_text(pooled(history))]
+        lines += ["", *_pooled_text(pooled(history), history)]
     if low:
         lines += ["", "Lower envelope (`--statistic min`: the fastest profile samples against "
                   "the fastest timed iteration and the fastest occurrence of each action):", "",
@@ -405,8 +414,11 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
                         if k.startswith("speedup")})
     history = out / "cpu_validation_history.jsonl"
     if not a.no_measure:
+        accumulating = all("backward_accum_delta_s" in st for r in reports
+                           for st in r.run.profile["stages"])
         record_history(history, summary, when, cmd.strip(), secs,
-                       {r.name: r.iteration_error for r in reports})
+                       {r.name: r.iteration_error for r in reports},
+                       "paired-delta" if accumulating else "fresh")
     atomic_write_text(out / "cpu_validation.md", report(reports, summary, machine, secs,
                                                         cmd.strip(), load, low, low_summary,
                                                         when, pairs, read_history(history)))

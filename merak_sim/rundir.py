@@ -186,10 +186,11 @@ _TIME_KEYS = ("forward_s", "forward_plain_s", "backward_ckpt_s", "backward_s",
               "forward_nograd_s", "reforward_s", "backward_input_s", "backward_weight_s",
               "bare_forward_nograd_s", "all_reduce_s", "optimizer_s", "forward_solo_s",
               "backward_ckpt_solo_s", "backward_solo_s", "forward_nograd_solo_s",
-              "reforward_solo_s", "backward_input_solo_s", "backward_weight_solo_s",
-              "backward_ckpt_accum_s", "backward_accum_s", "backward_weight_accum_s")
+              "reforward_solo_s", "backward_input_solo_s", "backward_weight_solo_s")
 _TIME_KEYS = _TIME_KEYS + tuple(k[:-2] + suffix for k in _TIME_KEYS
-                                 for suffix in ("_min_s", "_mean_s"))
+                                 for suffix in ("_min_s", "_mean_s")) + (
+    # paired differences (adding into existing gradients minus fresh): no statistics
+    "backward_ckpt_accum_delta_s", "backward_accum_delta_s", "backward_weight_accum_delta_s")
 
 
 def combine_profiles(profiles: list[dict]) -> dict:

@@ -10,7 +10,9 @@ each), every rank:
    is in the figure, not a fudge factor) while every other rank does the same at the
    same moment (so the contention of 2 processes on 2 cores is in the figure too):
    F (with the stage's checkpoint fraction), F with nothing checkpointed, F*, R, B
-   after each F, I and W, the all-reduce (tied embedding / data parallel) and the
+   after each F, I and W (on cleared gradients; and, in pairs, the extra time of B and
+   W adding into existing gradients, as every backward of a step but the first does),
+   the all-reduce (tied embedding / data parallel) and the
    optimizer step, the median of ``repeats`` after ``warmup``; the bytes each
    micro-batch keeps for backward (saved-tensor hooks) with and without
    checkpointing; and, once per world, gloo point-to-point latency and bandwidth

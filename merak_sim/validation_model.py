@@ -16,10 +16,12 @@ their measured times, each post its measured cost (added to the compute action t
 follows it; a receive met by a pending send of a computing peer costs the measured
 blocked figure), a pipeline stage computing while the others idle runs at its
 measured alone speed (both by :func:`_refine`, which needs the simulated timeline),
-and the tied-embedding all-reduce waits for both of its ranks
-(:func:`_sync_tied_all_reduce`). The contract-only prediction (``refined=False``) is
-kept for comparison. Action times are the profile's means by default
-(:func:`profile_view`).
+the tied-embedding all-reduce waits for both of its ranks
+(:func:`_sync_tied_all_reduce`), and every backward (B or W) but a rank's first of the
+step adds the profiled cost of adding into existing gradients (:func:`_accumulating`:
+the runtime clears them once per step, so the others add into them). The
+contract-only prediction (``refined=False``) is kept for comparison. Action times are
+the profile's means by default (:func:`profile_view`).
 """
 
 from __future__ import annotations
@@ -144,12 +146,12 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
         elif a.kind is Kind.RECOMPUTE:
             dur[i] = st[a.stage]["reforward_s"]
     for i in _accumulating(prog):
-        # all but a rank's first backward add into existing gradients (profiled so)
+        # all but a rank's first backward add into existing gradients: their profiled
+        # extra time (older profiles have none: priced as before)
         p = st[prog.actions[i].stage]
-        key = ("backward_weight_s" if prog.actions[i].kind is Kind.BACKWARD_WEIGHT else
-               "backward_ckpt_s" if prog.recompute_s[i] > 0 else "backward_s")
-        if key[:-2] + "_accum_s" in p:
-            dur[i] += p[key[:-2] + "_accum_s"] - p[key]
+        key = ("backward_weight" if prog.actions[i].kind is Kind.BACKWARD_WEIGHT else
+               "backward_ckpt" if prog.recompute_s[i] > 0 else "backward")
+        dur[i] += p.get(key + "_accum_delta_s", 0.0)
     if action_s:
         for i, a in enumerate(prog.actions):
             dur[i] = action_s.get((a.stage, str(a)), dur[i])

@@ -332,23 +332,27 @@ def profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
          lambda: rt._backward(A[Kind.BACKWARD], st()))
     # A run clears the gradients once per step (set to None), so only a rank's first
     # backward of the step stores fresh ones; the others add into them (autograd's
-    # in-place accumulation: a new gradient allocated, the old one read and written
-    # back), which the figures above, timed on cleared gradients, leave out: 0.65 ms
-    # (4 %) on a 4-layer stage of the suite's GPT here. So the backwards are timed in
-    # that state too (all ranks at once; their alone speed is taken from the fresh
-    # figures' ratio), and the pricing uses them for every backward but the first.
-    def accumulating(key, setup, action):
-        setup()
-        action()  # the parameters now hold gradients, as after a step's first backward
-        out[key] = timed(setup, action, clear_grads=False)
-        out[key[:-2] + "_min_s"] = fastest["t"]
-        out[key[:-2] + "_mean_s"] = fastest["mean"]
-        for p in pm.parameters():
-            p.grad = None
+    # in-place accumulation: the old gradient read and written back), which the
+    # figures above, timed on cleared gradients, leave out. The difference (0.4-0.65
+    # ms, 2-4 %, on a 4-layer stage of the suite's GPT here, one process) is about the
+    # size of two samples' noise, so it is measured in pairs, all ranks at once: the
+    # backward on cleared gradients, then the same again adding into them; the median
+    # of the pairs' differences is ``<key>_accum_delta_s``, which the pricing adds to
+    # every backward but a rank's first of the step.
+    def accumulation(key, setup, action):
+        diffs = []
+        for i in range(warmup + repeats):
+            for p in pm.parameters():
+                p.grad = None
+            fresh = sample(setup, action, clear_grads=False, lockstep=True)
+            adding = sample(setup, action, clear_grads=True, lockstep=True)
+            if i >= warmup:
+                diffs.append(adding - fresh)
+        out[key] = statistics.median(diffs)
 
-    accumulating("backward_ckpt_accum_s", lambda: fwd(Kind.FORWARD),
+    accumulation("backward_ckpt_accum_delta_s", lambda: fwd(Kind.FORWARD),
                  lambda: rt._backward(A[Kind.BACKWARD], st()))
-    accumulating("backward_accum_s", with_layers(0, lambda: fwd(Kind.FORWARD)),
+    accumulation("backward_accum_delta_s", with_layers(0, lambda: fwd(Kind.FORWARD)),
                  lambda: rt._backward(A[Kind.BACKWARD], st()))
     both("forward_nograd_s", reset, lambda: fwd(Kind.FORWARD_NOGRAD))
     both("reforward_s", lambda: fwd(Kind.FORWARD_NOGRAD),
@@ -363,7 +367,7 @@ def profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
 
     both("backward_weight_s", iw_setup,
          lambda: rt._backward_weight(A[Kind.BACKWARD_WEIGHT], st()))
-    accumulating("backward_weight_accum_s", iw_setup,
+    accumulation("backward_weight_accum_delta_s", iw_setup,
                  lambda: rt._backward_weight(A[Kind.BACKWARD_WEIGHT], st()))
     # Bare module time: the stage's layers without the runtime around them.
     xb = (inputs[0],) if chunk.is_first else x_in

@@ -103,7 +103,17 @@ def test_pooled_errors_separate_a_bias_from_drift(suite_mod, tmp_path):
     assert p["speedup_gap_se_points"] == pytest.approx(6.245 / 3 ** 0.5, rel=1e-3)
     text = "\n".join(suite_mod._pooled_text(p))
     assert "| a | 3 (3) | +10.0 % |" in text and "| b | 3 (6) | +1.0 % |" in text
-    assert "Pooled over the 3 suite runs" in text
+    assert "Pooled over the 3 suite runs recorded in `cpu_validation_history.jsonl` (a" in text
+    # the way the backwards were priced is recorded and said
+    suite_mod.record_history(path, {**base, "speedup_gap_points": 0.0}, "d3", "cmd", 1.0,
+                             {"a": 0.10}, backward_pricing="paired-delta")
+    hist = suite_mod.read_history(path)
+    assert hist[-1]["backward_pricing"] == "paired-delta"
+    assert "backward_pricing" not in hist[0]
+    text = "\n".join(suite_mod._pooled_text(suite_mod.pooled(hist), hist))
+    assert "Pooled over the 4 suite runs recorded in `cpu_validation_history.jsonl` (1 of " \
+           "them with every backward after a rank's first priced adding into existing " \
+           "gradients" in text
 
 
 def test_revalidating_where_nothing_was_measured_is_a_one_line_error(suite_mod, tmp_path,

@@ -95,8 +95,11 @@ def test_decomposition_has_one_section_per_backward_pricing(mod):
     entries = [rec(_entry("a", 0.0, 0.0, 0.3, 0.3), None),
                rec(_entry("b", 0.0, 0.0, 0.3, 0.3), "fresh"),
                rec(_entry("c", 0.0, 0.0, 0.3, 0.32), "accumulating"),
-               rec(_entry("d", 0.0, 0.0, 0.3, 0.34), "accumulating")]
+               rec(_entry("d", 0.0, 0.0, 0.3, 0.34), "accumulating"),
+               rec(_entry("e", 0.0, 0.0, 0.3, 0.3), "paired-delta"),
+               rec(_entry("f", 0.0, 0.0, 0.3, 0.3), "paired-delta")]
     heads = [x for x in mod.decomposition_text(entries) if x.startswith("Where")]
-    assert len(heads) == 2
+    assert len(heads) == 3
     assert "fresh gradients (2 repeats" in heads[0] and "gap +0.0 points" in heads[0]
-    assert "existing gradients (2 repeats" in heads[1] and "gap +3.0 points" in heads[1]
+    assert "separate profile" in heads[1] and "gap +3.0 points" in heads[1]
+    assert "(paired differences) (2 repeats" in heads[2]

@@ -259,17 +259,14 @@ def test_backwards_after_a_ranks_first_are_priced_accumulating(tmp_path, schedul
     d, sim0 = _synthetic_dir(tmp_path, _cfg(schedule=schedule, recompute=recompute),
                              _profile(2, c))
     run = read_run(d)
-    delta = {"backward_accum_s": 0.004, "backward_ckpt_accum_s": 0.005,
-             "backward_weight_accum_s": 0.006}
-    base = {"backward_accum_s": "backward_s", "backward_ckpt_accum_s": "backward_ckpt_s",
-            "backward_weight_accum_s": "backward_weight_s"}
-    stages = [dict(st, **{k: st[base[k]] + v for k, v in delta.items()})
-              for st in run.profile["stages"]]
+    delta = {"backward_accum_delta_s": 0.004, "backward_ckpt_accum_delta_s": 0.005,
+             "backward_weight_accum_delta_s": 0.006}
+    stages = [dict(st, **delta) for st in run.profile["stages"]]
     acc = validate(replace(run, profile={**run.profile, "stages": stages}))
     ev0, ev = sim0.events(), acc.sim.events()
     for stage in (0, 1):
-        key = ("backward_weight_accum_s" if kind == "BACKWARD_WEIGHT" else
-               "backward_ckpt_accum_s" if stage == 0 and c else "backward_accum_s")
+        key = ("backward_weight_accum_delta_s" if kind == "BACKWARD_WEIGHT" else
+               "backward_ckpt_accum_delta_s" if stage == 0 and c else "backward_accum_delta_s")
 
         def durs(e, stage=stage):
             b = e[(e["stage"] == stage) & (e["kind"] == kind)].sort_values("start_s")
@@ -280,7 +277,7 @@ def test_backwards_after_a_ranks_first_are_priced_accumulating(tmp_path, schedul
         assert after[0] == pytest.approx(before[0], abs=1e-9)
         assert after[1:] == pytest.approx([x + delta[key] for x in before[1:]], rel=1e-6)
     assert acc.predicted_iteration_s > sim0.iteration_time_s
-    # profiles without the accumulating figures (older run directories) price as before
+    # profiles without the accumulation figures (older run directories) price as before
     assert validate(run).predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
 
 
