@@ -62,7 +62,9 @@ def measure_once(runs: Path, steps: int, blocks: int, repeats: int) -> dict:
                        "error": round(r.iteration_error, 4),
                        "replay_error": round(rs["replay_error"], 4),
                        "contract_error": round(rs["contract_error"], 4),
-                       "actions": {k: round(v, 4) for k, v in r.kind_errors().items()}}
+                       "actions": {k: round(v, 4) for k, v in r.kind_errors().items()},
+                       "cpu_share_median": round(rs["cpu_share_median"], 4),
+                       "profile_cpu_share": round(rs["profile_cpu_share"], 4)}
     accumulating = all("backward_accum_delta_s" in st for r in reps.values()
                        for st in r.run.profile["stages"])
     entry["backward_pricing"] = "paired-delta" if accumulating else "fresh"

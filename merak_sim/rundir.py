@@ -190,7 +190,9 @@ _TIME_KEYS = ("forward_s", "forward_plain_s", "backward_ckpt_s", "backward_s",
 _TIME_KEYS = _TIME_KEYS + tuple(k[:-2] + suffix for k in _TIME_KEYS
                                  for suffix in ("_min_s", "_mean_s")) + (
     # paired differences (adding into existing gradients minus fresh): no statistics
-    "backward_ckpt_accum_delta_s", "backward_accum_delta_s", "backward_weight_accum_delta_s")
+    "backward_ckpt_accum_delta_s", "backward_accum_delta_s", "backward_weight_accum_delta_s",
+    # the profiled samples' main-thread CPU and wall seconds (their ratio: the CPU share)
+    "lockstep_cpu_s", "lockstep_wall_s")
 
 
 def combine_profiles(profiles: list[dict]) -> dict:

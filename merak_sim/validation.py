@@ -50,8 +50,8 @@ from merak_sim.validation_model import (
 )
 
 __all__ = ["ValidationReport", "validate", "cost_table_from_profile", "simulate_run",
-           "measured_breakdown", "cpu_shares", "gpt_param_bytes", "summarize",
-           "repeat_pairs", "plot_side_by_side", "block_errors", "ValidationError",
+           "measured_breakdown", "cpu_shares", "profile_cpu_share", "gpt_param_bytes",
+           "summarize", "repeat_pairs", "plot_side_by_side", "block_errors", "ValidationError",
            "effective_config", "STATISTICS"]
 
 _COMPUTE = ("FORWARD", "FORWARD_NOGRAD", "RECOMPUTE", "BACKWARD", "BACKWARD_INPUT",
@@ -103,6 +103,15 @@ def measured_breakdown(run: MeasuredRun, step: int, frame=None) -> tuple[float, 
         rows.append({"rank": int(rank), "stage": int(g["stage"].iloc[0]), "compute_s": compute,
                      "exposed_comm_s": comm, "bubble_s": max(0.0, T - compute - comm)})
     return T, rows
+
+
+def profile_cpu_share(profile: dict) -> float:
+    """Main-thread CPU seconds over wall seconds of the profile's samples timed with all
+    ranks busy, over every stage (NaN for profiles that did not record it): the share
+    the actions got while profiled, to hold against the run's (:func:`cpu_shares`)."""
+    st = profile.get("stages", [])
+    wall = sum(x.get("lockstep_wall_s", 0.0) for x in st)
+    return sum(x.get("lockstep_cpu_s", 0.0) for x in st) / wall if wall > 0 else float("nan")
 
 
 def cpu_shares(run: MeasuredRun, frames=None):
@@ -278,7 +287,8 @@ class ValidationReport:
                 "block_error_se": spread(be)[2] if be else nan,
                 # near 1: the ranks had their cores whenever they computed
                 "cpu_share_min": float(share.min()) if len(share) else nan,
-                "cpu_share_median": float(share.median()) if len(share) else nan}
+                "cpu_share_median": float(share.median()) if len(share) else nan,
+                "profile_cpu_share": profile_cpu_share(self.run.profile)}
 
     def to_markdown(self) -> str:
         """A readable report (markdown tables)."""
@@ -300,9 +310,11 @@ class ValidationReport:
                       f" ms; standard error of their mean {s['block_error_se'] * 100:.1f} %",
                       ""]
         if s["cpu_share_min"] == s["cpu_share_min"]:  # not NaN: the run kept CPU times
+            prof = s["profile_cpu_share"]
             lines += ["CPU share (a rank's main-thread CPU seconds over its busy seconds, per "
                       f"timed iteration): median {s['cpu_share_median']:.3f}, lowest "
-                      f"{s['cpu_share_min']:.3f}", ""]
+                      f"{s['cpu_share_min']:.3f}"
+                      + (f"; while profiled {prof:.3f}" if prof == prof else ""), ""]
         lines += ["| stage | action kind | n | measured ms | predicted ms | median error |",
                   "|---|---|---|---|---|---|"]
         errs = self.kind_errors()

@@ -248,6 +248,10 @@ def profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
     # iteration sums many right-skewed action times, so its typical (median) value is
     # close to the sum of the actions' means, above the sum of their medians.
     fastest: dict = {}
+    # Main-thread CPU seconds against wall seconds of every sample timed with all ranks
+    # busy: near 1 the rank kept its core while profiled, as the run's CPU share
+    # (:func:`merak_sim.validation.cpu_shares`) tells for the run.
+    busy = {"wall": 0.0, "cpu": 0.0}
 
     def sample(setup, action, clear_grads: bool, lockstep: bool) -> float:
         """Seconds of one ``action()`` after ``setup()`` (a barrier first if lockstep)."""
@@ -255,10 +259,13 @@ def profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
         sync()
         if lockstep:
             dist.barrier()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         action()
         sync()
         d = time.perf_counter() - t
+        if lockstep:
+            busy["wall"] += d
+            busy["cpu"] += time.thread_time() - c
         if clear_grads:
             for p in pm.parameters():
                 p.grad = None
@@ -422,6 +429,7 @@ def profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
     out["param_bytes"] = sum(p.numel() * p.element_size() for p in params)
     out["optimizer_bytes"] = sum(v.numel() * v.element_size() for stt in opt.state.values()
                                  for v in stt.values() if hasattr(v, "numel") and v.dim() > 0)
+    out["lockstep_wall_s"], out["lockstep_cpu_s"] = busy["wall"], busy["cpu"]
     rt._sends, rt._recvs, rt._losses = [], {}, {}
     return out
 
