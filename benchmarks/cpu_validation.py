@@ -162,10 +162,10 @@ def _pooled_text(p: dict, history: list[dict] = ()) -> list[str]:
     if not p["configurations"]:
         return []
     acc = sum(e.get("backward_pricing", "fresh") != "fresh" for e in history)
-    how = (f" ({acc} of them with every backward after a rank's first priced adding into "
-           "existing gradients, the others with fresh gradients throughout)" if acc else "")
+    how = (f"{acc} of them with every backward after a rank's first priced adding into "
+           "existing gradients, the others with fresh gradients throughout; " if acc else "")
     lines = [f"Pooled over the {p['runs']} suite runs recorded in "
-             f"`cpu_validation_history.jsonl`{how} (a configuration's repeats within a run "
+             f"`cpu_validation_history.jsonl` ({how}a configuration's repeats within a run "
              "averaged first: they share the run's machine state): "
              "a mean error several standard errors from zero is a bias of the model or "
              "the profile; a single run's error within a few standard deviations of the "

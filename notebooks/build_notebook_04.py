@@ -150,6 +150,24 @@ if len(repeats) > 1:
     ax.set_ylabel("simulated speed-up %")
     plt.show()"""),
     new_markdown_cell("""\
+Where the error of those repeats comes from (the repeats that recorded it): the
+*replay* error re-runs the simulation with every compute action at its duration
+measured in the run, so it is what the schedule, communication and posting model get
+wrong; the rest of the iteration error is the profile's (action times measured between
+the blocks against the same actions inside the run). Grouped by how the backwards were
+priced (`backward_pricing`: since the profile measures the extra cost of a backward
+adding into existing gradients, every backward but a rank's first carries it)."""),
+    new_code_cell("""\
+rec = [e for e in repeats if "replay_error" in e["pp2-1f1b-full"]]
+if rec:
+    rows = [{"pricing": e.get("backward_pricing", "fresh"), "run": name,
+             "iteration error %": 100 * e[name]["error"],
+             "replay error %": 100 * e[name]["replay_error"]}
+            for e in rec for name in ("pp2-1f1b-full", "pp2-scp-stage-aware")]
+    by = pd.DataFrame(rows).groupby(["pricing", "run"]).agg(["mean", "sem", "count"])
+    display(by.round(1))
+    assert by[("replay error %", "count")].sum() == 2 * len(rec)"""),
+    new_markdown_cell("""\
 Per-kind errors across the suite: which actions the model gets wrong, and by how much."""),
     new_code_cell("""\
 if suite:

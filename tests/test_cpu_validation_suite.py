@@ -113,7 +113,7 @@ def test_pooled_errors_separate_a_bias_from_drift(suite_mod, tmp_path):
     text = "\n".join(suite_mod._pooled_text(suite_mod.pooled(hist), hist))
     assert "Pooled over the 4 suite runs recorded in `cpu_validation_history.jsonl` (1 of " \
            "them with every backward after a rank's first priced adding into existing " \
-           "gradients" in text
+           "gradients, the others with fresh gradients throughout; a configuration's" in text
 
 
 def test_revalidating_where_nothing_was_measured_is_a_one_line_error(suite_mod, tmp_path,
