@@ -1,22 +1,15 @@
 """The CPU validation suite's case list and options (benchmarks/cpu_validation.py);
 its figures are never asserted here (a shared 2-core machine is too noisy)."""
 
-import importlib.util
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_validation.py"
-
 
 @pytest.fixture(scope="module")
-def suite_mod():
-    spec = importlib.util.spec_from_file_location("cpu_validation", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def suite_mod(load_benchmark):
+    return load_benchmark("cpu_validation")
 
 
 def test_pairs_option_adds_named_repeats_of_the_baseline_and_merak(suite_mod):

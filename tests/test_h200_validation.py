@@ -3,7 +3,6 @@
 fp32), with SimPy hidden as on the device's image, and a failing shape must not lose
 the others' results. The figures are the shared machine's and never asserted."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -28,11 +27,8 @@ sys.meta_path.insert(0, _NoSimpy())
 
 
 @pytest.fixture(scope="module")
-def mod():
-    spec = importlib.util.spec_from_file_location("h200_validation", _PATH)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
+def mod(load_benchmark):
+    return load_benchmark("h200_validation")
 
 
 def test_smoke_run_without_simpy_writes_one_archive_of_everything(tmp_path):

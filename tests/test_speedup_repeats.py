@@ -1,24 +1,15 @@
 """benchmarks/speedup_repeats.py: options and the pooled report (its figures are never
 asserted here: they are the shared machine's)."""
 
-import importlib.util
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "speedup_repeats.py"
-
 
 @pytest.fixture(scope="module")
-def mod():
-    sys.path.insert(0, str(_PATH.parent))
-    spec = importlib.util.spec_from_file_location("speedup_repeats", _PATH)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
+def mod(load_benchmark):
+    return load_benchmark("speedup_repeats")
 
 
 @pytest.mark.parametrize("argv", [["--repeats", "0"], ["--steps", "2", "--blocks", "3"]])
