@@ -422,16 +422,25 @@ def validate(run: MeasuredRun | str | Path, profile: str | Path | None = None,
     for _, rows in per_step:
         for r in rows:
             mb.setdefault(r["stage"], []).append(r)
+    # The simulation adds each post's cost to the compute action after it; a measured
+    # action starts after its posts, which fall between actions (the bubble there).
+    # Classified the measured way on both sides.
+    kind_of = dict(zip(zip(sev["stage"], sev["action"]), sev["kind"], strict=True))
+    posts: dict[tuple[int, bool], float] = {}  # (stage, before a collective) -> seconds
+    for (st, a), v in extra.items():
+        key = (st, kind_of.get((st, a)) == "ALL_REDUCE")
+        posts[key] = posts.get(key, 0.0) + v
     rk = []
     for r in sim.ranks:
         ms = mb.get(r.stage, [])
+        comp_post, coll_post = posts.get((r.stage, False), 0.0), posts.get((r.stage, True), 0.0)
         rk.append({"rank": r.rank, "stage": r.stage,
                    "measured_compute_s": statistics.median(x["compute_s"] for x in ms),
-                   "predicted_compute_s": r.compute_s + r.recompute_s,
+                   "predicted_compute_s": r.compute_s + r.recompute_s - comp_post,
                    "measured_comm_s": statistics.median(x["exposed_comm_s"] for x in ms),
-                   "predicted_comm_s": r.exposed_comm_s,
+                   "predicted_comm_s": r.exposed_comm_s - coll_post,
                    "measured_bubble_s": statistics.median(x["bubble_s"] for x in ms),
-                   "predicted_bubble_s": r.bubble_s})
+                   "predicted_bubble_s": r.bubble_s + comp_post + coll_post})
     # memory
     cfg = sim.config
     prog = sim.trace.prog

@@ -231,6 +231,12 @@ def test_post_overhead_lengthens_the_iteration_but_not_the_actions(tmp_path):
     assert max(rep.action_abs_errors) < 1e-9  # the posts are not the actions' time
     extra = rep.sim.meta["post_extra_s"]
     assert extra[(0, "B0")] == pytest.approx(2e-3)  # sA1/rG0 posted right before B0
+    # in the per-rank breakdown the posts are not compute (a measured action starts
+    # after its posts): the same compute as without them, the posts in the bubble
+    base = validate(run).ranks
+    assert list(rep.ranks["predicted_compute_s"]) == pytest.approx(
+        list(base["predicted_compute_s"]), rel=1e-9)
+    assert all(rep.ranks["predicted_bubble_s"] > base["predicted_bubble_s"] + 2e-3)
 
 
 def test_contention_model_uses_alone_times_where_a_stage_runs_alone(tmp_path):
