@@ -414,11 +414,10 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
                         if k.startswith("speedup")})
     history = out / "cpu_validation_history.jsonl"
     if not a.no_measure:
-        accumulating = all("backward_accum_delta_s" in st for r in reports
-                           for st in r.run.profile["stages"])
+        pricing = {r.summary()["backward_pricing"] for r in reports}
         record_history(history, summary, when, cmd.strip(), secs,
                        {r.name: r.iteration_error for r in reports},
-                       "paired-delta" if accumulating else "fresh")
+                       pricing.pop() if len(pricing) == 1 else "mixed")
     atomic_write_text(out / "cpu_validation.md", report(reports, summary, machine, secs,
                                                         cmd.strip(), load, low, low_summary,
                                                         when, pairs, read_history(history)))

@@ -65,9 +65,8 @@ def measure_once(runs: Path, steps: int, blocks: int, repeats: int) -> dict:
                        "actions": {k: round(v, 4) for k, v in r.kind_errors().items()},
                        "cpu_share_median": round(rs["cpu_share_median"], 4),
                        "profile_cpu_share": round(rs["profile_cpu_share"], 4)}
-    accumulating = all("backward_accum_delta_s" in st for r in reps.values()
-                       for st in r.run.profile["stages"])
-    entry["backward_pricing"] = "paired-delta" if accumulating else "fresh"
+    pricing = {r.summary()["backward_pricing"] for r in reps.values()}
+    entry["backward_pricing"] = pricing.pop() if len(pricing) == 1 else "mixed"
     entry.update({"speedup_measured": round(s["speedup_measured"], 4),
                   "speedup_predicted": round(s["speedup_predicted"], 4),
                   "gap_points": round(s["speedup_gap_points"], 3),
@@ -114,7 +113,8 @@ PRICING = {"fresh": "every backward priced with fresh gradients",
                            "separate profile of backwards adding into existing gradients",
            "paired-delta": "a rank's backwards after its first of the step priced with the "
                            "profiled extra cost of adding into existing gradients (paired "
-                           "differences)"}
+                           "differences)",
+           "mixed": "the two runs of a repeat priced differently"}
 
 
 def decomposition_text(entries: list[dict]) -> list[str]:

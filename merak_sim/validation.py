@@ -288,7 +288,12 @@ class ValidationReport:
                 # near 1: the ranks had their cores whenever they computed
                 "cpu_share_min": float(share.min()) if len(share) else nan,
                 "cpu_share_median": float(share.median()) if len(share) else nan,
-                "profile_cpu_share": profile_cpu_share(self.run.profile)}
+                "profile_cpu_share": profile_cpu_share(self.run.profile),
+                # "paired-delta": the profile measured the extra cost of a backward adding
+                # into existing gradients and the pricing used it (older profiles: "fresh")
+                "backward_pricing": "paired-delta" if all(
+                    "backward_accum_delta_s" in st for st in self.run.profile["stages"])
+                else "fresh"}
 
     def to_markdown(self) -> str:
         """A readable report (markdown tables)."""

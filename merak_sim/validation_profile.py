@@ -340,12 +340,13 @@ def profile_stage(pm, inputs, labels, warmup: int, repeats: int) -> dict:
     # A run clears the gradients once per step (set to None), so only a rank's first
     # backward of the step stores fresh ones; the others add into them (autograd's
     # in-place accumulation: the old gradient read and written back), which the
-    # figures above, timed on cleared gradients, leave out. The difference (0.4-0.65
-    # ms, 2-4 %, on a 4-layer stage of the suite's GPT here, one process) is about the
-    # size of two samples' noise, so it is measured in pairs, all ranks at once: the
-    # backward on cleared gradients, then the same again adding into them; the median
-    # of the pairs' differences is ``<key>_accum_delta_s``, which the pricing adds to
-    # every backward but a rank's first of the step.
+    # figures above, timed on cleared gradients, leave out. The difference (0.6-2.2 %
+    # of a 4-layer stage's backward of the suite's GPT in one process here,
+    # benchmarks/backward_context.py) is below two samples' noise, so it is measured
+    # in pairs, all ranks at once: the backward on cleared gradients, then the same
+    # again adding into them; the median of the pairs' differences is
+    # ``<key>_accum_delta_s``, which the pricing adds to every backward but a rank's
+    # first of the step.
     def accumulation(key, setup, action):
         diffs = []
         for i in range(warmup + repeats):

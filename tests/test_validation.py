@@ -283,8 +283,11 @@ def test_backwards_after_a_ranks_first_are_priced_accumulating(tmp_path, schedul
         assert after[0] == pytest.approx(before[0], abs=1e-9)
         assert after[1:] == pytest.approx([x + delta[key] for x in before[1:]], rel=1e-6)
     assert acc.predicted_iteration_s > sim0.iteration_time_s
+    assert acc.summary()["backward_pricing"] == "paired-delta"
     # profiles without the accumulation figures (older run directories) price as before
-    assert validate(run).predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
+    old = validate(run)
+    assert old.predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
+    assert old.summary()["backward_pricing"] == "fresh"
 
 
 def test_tied_all_reduce_ends_together_on_first_and_last_stage(tmp_path):
