@@ -185,7 +185,9 @@ def _pooled_text(p: dict, history: list[dict] = ()) -> list[str]:
 
 def _probe(machine: dict) -> str:
     p = machine.get("p2p_post_probe", {})
-    return f"{p.get('blocked', 0)} of {p.get('blocked', 0) + p.get('plain', 0)} postings blocked"
+    runs = f"{p['runs']} runs spread over the measurement, " if p.get("runs", 1) > 1 else ""
+    return (f"{runs}{p.get('blocked', 0)} of {p.get('blocked', 0) + p.get('plain', 0)} "
+            "postings blocked")
 
 
 def _repeatability(reports) -> list[str]:

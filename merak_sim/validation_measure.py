@@ -15,12 +15,12 @@ each), every rank:
    the all-reduce (tied embedding / data parallel) and the
    optimizer step, the median of ``repeats`` after ``warmup``; the bytes each
    micro-batch keeps for backward (saved-tensor hooks) with and without
-   checkpointing; and, once per world, gloo point-to-point latency and bandwidth
-   (timed one-way transfers over several sizes, least-squares fit), the contention
-   factor (a fixed matmul loop timed alone versus on every rank at once) and the
-   cost of posting sends and receives through the runtime (a fixed 2-stage 1F1B
-   probe, its postings split into plain ones and receives met by a pending send of a
-   computing peer, :func:`_probe_posts`);
+   checkpointing; once per world, gloo point-to-point latency and bandwidth (timed
+   one-way transfers over several sizes, least-squares fit) and the contention factor
+   (a fixed matmul loop timed alone versus on every rank at once); and, before every
+   round of blocks and pooled, the cost of posting sends and receives through the
+   runtime (a fixed 2-stage 1F1B probe, its postings split into plain ones and
+   receives met by a pending send of a computing peer, :class:`_PostProbe`);
 3. **runs for real**, interleaved with the profiles (profile, block of steps,
    profile, ..., profile; ``blocks`` blocks, the first after ``warmup_steps``
    untimed iterations, the others after one): ``steps`` timed training iterations of
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -158,77 +159,97 @@ def classify_posts(records: list[dict], spans: dict, window_s: float) -> dict:
     return out
 
 
-def _probe_posts(rank: int, world: int, iterations: int = 8) -> dict:
-    """Post costs measured through the runtime itself, once per world: a fixed 2-stage
-    1F1B pipeline of the suite's small GPT (not any case being validated) runs 2 +
-    ``iterations`` iterations with every posting timed, and :func:`classify_posts`
-    splits the postings of the last ``iterations``. A synthetic probe (one
-    ``irecv`` against a pending ``isend`` while the peer runs a matmul loop) blocked in
-    0-90 % of tries from one minute to the next on the development machine, while the
-    runtime's last stage met the block in most iterations: the figure has to come from
-    the runtime's own posting pattern. The window is the model's
-    (:data:`merak_sim.validation_model.POST_BLOCK_WINDOW_S`). Returns the counts and,
-    per operation, ``p2p_post_s`` (plain postings, through the runtime: it replaces
-    the lockstep figure of :func:`~merak_sim.validation_profile.measure_machine`),
-    ``p2p_post_blocked_s`` (mean) and ``p2p_post_blocked_min_s``; {} where the world
-    is not 2 ranks."""
-    import statistics
+class _PostProbe:
+    """Post costs measured through the runtime itself: a fixed 2-stage 1F1B pipeline of
+    the suite's small GPT (not any case being validated) runs 2 + ``iterations``
+    iterations per :meth:`run` with every posting timed, and :func:`classify_posts`
+    splits the postings of the last ``iterations``. A synthetic probe (one ``irecv``
+    against a pending ``isend`` while the peer runs a matmul loop) blocked in 0-90 % of
+    tries from one minute to the next on the development machine, while the runtime's
+    last stage met the block in most iterations: the figure has to come from the
+    runtime's own posting pattern. It also drifts with the machine (0.43-2.98 ms per
+    blocked receive from one suite to the next, and 0.43 ms at the start of a suite
+    whose runs then took about 2 ms), so the worker runs the probe before every round
+    of blocks and :meth:`figures` pools every run's postings. The window is the
+    model's (:data:`merak_sim.validation_model.POST_BLOCK_WINDOW_S`). Does nothing
+    where the world is not 2 ranks."""
 
-    import torch
-    import torch.distributed as dist
+    def __init__(self, rank: int, world: int, iterations: int = 8) -> None:
+        self.rank, self.world, self.iterations, self.runs = rank, world, iterations, 0
+        self.got: dict[str, list[tuple[float, int]]] = {"blocked": [], "plain": []}
+        self.pm = None
+        if world == 2:
+            import torch
 
-    from merak_exec.models import GPT, GPTConfig
-    from merak_exec.parallel import parallelize
-    from merak_sim.config import ParallelConfig
+            from merak_exec.models import GPT, GPTConfig
+            from merak_exec.parallel import parallelize
+            from merak_sim.config import ParallelConfig
 
-    if world != 2:
-        return {}
-    model = small_gpt()
-    pc = ParallelConfig.from_dict(_PROBE_CONFIG)
-    torch.manual_seed(0)
-    pm = parallelize(GPT(GPTConfig(**model)), pc, seq_len=model["n_positions"])
-    rt = pm.runtime
-    data = _batches(model, pc.global_batch_size, iterations + 2)
-    records: list[dict] = []
-    spans: dict = {}
-    box = {"iter": -1}
-    post = rt._post
+            model = small_gpt()
+            torch.manual_seed(0)
+            self.pm = parallelize(GPT(GPTConfig(**model)), ParallelConfig.from_dict(
+                _PROBE_CONFIG), seq_len=model["n_positions"])
+            self.data = _batches(model, _PROBE_CONFIG["global_batch_size"], iterations + 2)
 
-    def timed_post(parts, st):  # an instance attribute shadows the method
-        t0 = time.perf_counter()
-        post(parts, st)
-        records.append({"rank": rank, "iter": box["iter"], "t0": t0,
-                        "t1": time.perf_counter(),
-                        "parts": [(p.kind.name, p.stage, p.microbatch) for p in parts]})
-    rt._post = timed_post
-    try:
-        for i, (ids, lab) in enumerate(data):
-            box["iter"] = i - 2
-            dist.barrier()
-            out = pm.train_step(ids, lab)
-            if i >= 2:
-                spans[(rank, i - 2)] = _busy_spans(out.events, rt.recorder._t0)
-    finally:
-        del rt._post
-    records = [r for r in records if r["iter"] >= 0]
-    allv: list = [None] * world
-    dist.all_gather_object(allv, (records, spans))
-    recs = [r for rr, _ in allv for r in rr]
-    sp = {k: v for _, ss in allv for k, v in ss.items()}
-    got = classify_posts(recs, sp, POST_BLOCK_WINDOW_S)
-    out: dict = {"p2p_post_probe": {"blocked": len(got["blocked"]),
-                                    "plain": len(got["plain"])}}
-    if not got["plain"]:
+    def run(self) -> None:
+        """Time one round of the pipeline's postings (all ranks call it together)."""
+        import torch.distributed as dist
+
+        if self.pm is None:
+            return
+        rt = self.pm.runtime
+        records: list[dict] = []
+        spans: dict = {}
+        box = {"iter": -1}
+        post = rt._post
+
+        def timed_post(parts, st):  # an instance attribute shadows the method
+            t0 = time.perf_counter()
+            post(parts, st)
+            records.append({"rank": self.rank, "iter": box["iter"], "t0": t0,
+                            "t1": time.perf_counter(),
+                            "parts": [(p.kind.name, p.stage, p.microbatch) for p in parts]})
+        rt._post = timed_post
+        try:
+            for i, (ids, lab) in enumerate(self.data):
+                box["iter"] = i - 2
+                dist.barrier()
+                out = self.pm.train_step(ids, lab)
+                if i >= 2:
+                    spans[(self.rank, i - 2)] = _busy_spans(out.events, rt.recorder._t0)
+        finally:
+            del rt._post
+        records = [r for r in records if r["iter"] >= 0]
+        allv: list = [None] * self.world
+        dist.all_gather_object(allv, (records, spans))
+        recs = [r for rr, _ in allv for r in rr]
+        sp = {k: v for _, ss in allv for k, v in ss.items()}
+        got = classify_posts(recs, sp, POST_BLOCK_WINDOW_S)
+        for k in self.got:
+            self.got[k] += got[k]
+        self.runs += 1
+
+    def figures(self) -> dict:
+        """The counts and, per operation, over every run so far: ``p2p_post_s`` (plain
+        postings, through the runtime: it replaces the lockstep figure of
+        :func:`~merak_sim.validation_profile.measure_machine`), ``p2p_post_blocked_s``
+        (mean) and ``p2p_post_blocked_min_s``; {} where nothing ran."""
+        if not self.runs:
+            return {}
+        got = self.got
+        out: dict = {"p2p_post_probe": {"blocked": len(got["blocked"]),
+                                        "plain": len(got["plain"]), "runs": self.runs}}
+        if not got["plain"]:
+            return out
+        # The model charges every operation p2p_post_s and a blocked receive
+        # p2p_post_blocked_s instead: per-operation figures from per-posting times.
+        per_op = sum(t for t, _ in got["plain"]) / sum(n for _, n in got["plain"])
+        out["p2p_post_s"] = per_op
+        if got["blocked"]:
+            blocked = [t - (n - 1) * per_op for t, n in got["blocked"]]
+            out["p2p_post_blocked_s"] = statistics.fmean(blocked)
+            out["p2p_post_blocked_min_s"] = min(blocked)
         return out
-    # The model charges every operation p2p_post_s and a blocked receive
-    # p2p_post_blocked_s instead: per-operation figures from per-posting times.
-    per_op = sum(t for t, _ in got["plain"]) / sum(n for _, n in got["plain"])
-    out["p2p_post_s"] = per_op
-    if got["blocked"]:
-        blocked = [t - (n - 1) * per_op for t, n in got["blocked"]]
-        out["p2p_post_blocked_s"] = statistics.fmean(blocked)
-        out["p2p_post_blocked_min_s"] = min(blocked)
-    return out
 
 
 class _CaseRun:
@@ -344,7 +365,7 @@ def _worker(rank: int, world: int, port: int, cases: list, out_dir: str, opts: d
         sizes = opts["p2p_sizes"]
         machine = measure_machine(rank, world, sizes, opts["warmup"], max(5, opts["repeats"]))
         machine["p2p_post_lockstep_s"] = machine.get("p2p_post_s", 0.0)
-        machine.update(_probe_posts(rank, world))
+        probe = _PostProbe(rank, world)
         runs = [_CaseRun(Case(**c), rank, world, opts) for c in cases]
         # Round-robin over the cases, block by block: each case's profiles and timed
         # iterations are spread over the whole measurement, so a slow spell of the
@@ -352,9 +373,12 @@ def _worker(rank: int, world: int, port: int, cases: list, out_dir: str, opts: d
         steps, warm = int(opts["steps"]), int(opts["warmup_steps"])
         per = -(-steps // max(1, int(opts["blocks"])))
         for b, first in enumerate(range(0, steps, per)):
+            probe.run()
             for r in runs:
                 r.profile()
                 r.block(min(per, steps - first), warm if b == 0 else min(1, warm))
+        probe.run()
+        machine.update(probe.figures())
         for r in runs:
             r.profile()
             res = r.finish()

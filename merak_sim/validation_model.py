@@ -239,7 +239,7 @@ def _post_groups(prog) -> tuple[dict, dict]:
 #: within this long of the post: the peer may start the moment this post's own send
 #: reaches it, which on the loopback machine takes a transfer (about 0.2 ms) plus the
 #: wake-up of its thread, up to several scheduler ticks when the cores are busy.
-#: :func:`merak_sim.validation_measure._probe_posts` classifies measured posts with
+#: :class:`merak_sim.validation_measure._PostProbe` classifies measured posts with
 #: the same window.
 POST_BLOCK_WINDOW_S = 1e-3
 
@@ -254,7 +254,7 @@ def _refine(prog, base: list[float], stages: list[dict], machine: dict, contende
       (it may have waited for exactly this post's send), which costs
       ``p2p_post_blocked_s`` (gloo's receive then often waits for a thread to get one
       of the busy cores; measured through the runtime by
-      :func:`merak_sim.validation_measure._probe_posts` with the same rule);
+      :class:`merak_sim.validation_measure._PostProbe` with the same rule);
     - contention (``contended``: pipeline ranks without replicas, which do not always
       compute together): an action costs its alone time plus the measured slowdown of
       all ranks computing at once, scaled by the fraction of it that overlaps another
