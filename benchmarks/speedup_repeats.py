@@ -67,6 +67,9 @@ def measure_once(runs: Path, steps: int, blocks: int, repeats: int) -> dict:
                        "profile_cpu_share": round(rs["profile_cpu_share"], 4)}
     pricing = {r.summary()["backward_pricing"] for r in reps.values()}
     entry["backward_pricing"] = pricing.pop() if len(pricing) == 1 else "mixed"
+    # how many times the posting probe ran (before every round of blocks since 09:18)
+    entry["post_probe_runs"] = int(reps[BASELINE].run.profile.get("machine", {}).get(
+        "p2p_post_probe", {}).get("runs", 1))
     entry.update({"speedup_measured": round(s["speedup_measured"], 4),
                   "speedup_predicted": round(s["speedup_predicted"], 4),
                   "gap_points": round(s["speedup_gap_points"], 3),
@@ -126,20 +129,23 @@ def decomposition_text(entries: list[dict]) -> list[str]:
     actions inside the run). A mean several standard errors from zero is a bias; one
     within about two is the machine's noise."""
     rec = [e for e in entries if "actions" in e[BASELINE] and "actions" in e[MERAK]]
-    groups: dict[str, list[dict]] = {}
+    groups: dict[tuple[str, bool], list[dict]] = {}
     for e in rec:
-        groups.setdefault(e.get("backward_pricing", "fresh"), []).append(e)
+        groups.setdefault((e.get("backward_pricing", "fresh"), e.get("post_probe_runs", 1) > 1),
+                          []).append(e)
 
     def cell(xs):
         m, _, se = spread([100 * x for x in xs])
         return f"{m:+.1f} % ({se:.1f})"
 
     lines: list[str] = []
-    for pricing, grp in groups.items():
+    for (pricing, probed), grp in groups.items():
         if len(grp) < 2:
             continue
         gap, _, gap_se = spread([e["gap_points"] for e in grp])
-        lines += ["", f"Where the iteration error comes from, {PRICING[pricing]} ({len(grp)} "
+        how = PRICING[pricing] + ("; posting probed before every round of blocks" if probed
+                                  else "")
+        lines += ["", f"Where the iteration error comes from, {how} ({len(grp)} "
                   f"repeats; mean, with its standard error in brackets; speed-up gap "
                   f"{gap:+.1f} points ({gap_se:.1f})):", "",
                   "| run | iteration error | replay error (schedule + communication model) | "

@@ -88,9 +88,13 @@ def test_decomposition_has_one_section_per_backward_pricing(mod):
                rec(_entry("c", 0.0, 0.0, 0.3, 0.32), "accumulating"),
                rec(_entry("d", 0.0, 0.0, 0.3, 0.34), "accumulating"),
                rec(_entry("e", 0.0, 0.0, 0.3, 0.3), "paired-delta"),
-               rec(_entry("f", 0.0, 0.0, 0.3, 0.3), "paired-delta")]
+               rec(_entry("f", 0.0, 0.0, 0.3, 0.3), "paired-delta"),
+               dict(rec(_entry("g", 0.0, 0.0, 0.3, 0.3), "paired-delta"), post_probe_runs=4),
+               dict(rec(_entry("h", 0.0, 0.0, 0.3, 0.3), "paired-delta"), post_probe_runs=4)]
     heads = [x for x in mod.decomposition_text(entries) if x.startswith("Where")]
-    assert len(heads) == 3
+    assert len(heads) == 4
     assert "fresh gradients (2 repeats" in heads[0] and "gap +0.0 points" in heads[0]
     assert "separate profile" in heads[1] and "gap +3.0 points" in heads[1]
     assert "(paired differences) (2 repeats" in heads[2]
+    assert "(paired differences); posting probed before every round of blocks (2 repeats" \
+        in heads[3]
