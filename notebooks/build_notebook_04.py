@@ -156,15 +156,18 @@ measured in the run, so it is what the schedule, communication and posting model
 wrong; the rest of the iteration error is the profile's (action times measured between
 the blocks against the same actions inside the run). Grouped by how the backwards were
 priced (`backward_pricing`: since the profile measures the extra cost of a backward
-adding into existing gradients, every backward but a rank's first carries it)."""),
+adding into existing gradients, every backward but a rank's first carries it) and
+whether the posting probe ran before every round of blocks."""),
     new_code_cell("""\
 rec = [e for e in repeats if "replay_error" in e["pp2-1f1b-full"]]
 if rec:
-    rows = [{"pricing": e.get("backward_pricing", "fresh"), "run": name,
+    rows = [{"pricing": e.get("backward_pricing", "fresh"),
+             "probe every round": e.get("post_probe_runs", 1) > 1, "run": name,
              "iteration error %": 100 * e[name]["error"],
              "replay error %": 100 * e[name]["replay_error"]}
             for e in rec for name in ("pp2-1f1b-full", "pp2-scp-stage-aware")]
-    by = pd.DataFrame(rows).groupby(["pricing", "run"]).agg(["mean", "sem", "count"])
+    by = pd.DataFrame(rows).groupby(["pricing", "probe every round", "run"]).agg(
+        ["mean", "sem", "count"])
     display(by.round(1))
     assert by[("replay error %", "count")].sum() == 2 * len(rec)"""),
     new_markdown_cell("""\
