@@ -415,17 +415,17 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
     low_summary.update({k: v for k, v in summarize(low, pairs).items()
                         if k.startswith("speedup")})
     history = out / "cpu_validation_history.jsonl"
+    sums = [r.summary() for r in reports]
     if not a.no_measure:
-        pricing = {r.summary()["backward_pricing"] for r in reports}
+        # one measurement, one profiler: every run was priced the same way
         record_history(history, summary, when, cmd.strip(), secs,
                        {r.name: r.iteration_error for r in reports},
-                       pricing.pop() if len(pricing) == 1 else "mixed")
+                       sums[0]["backward_pricing"])
     atomic_write_text(out / "cpu_validation.md", report(reports, summary, machine, secs,
                                                         cmd.strip(), load, low, low_summary,
                                                         when, pairs, read_history(history)))
-    atomic_write_text(out / "cpu_validation.csv", _csv([r.summary() for r in reports]))
-    for r in reports:
-        s = r.summary()
+    atomic_write_text(out / "cpu_validation.csv", _csv(sums))
+    for s in sums:
         print(f"{s['run']:24s} measured {s['measured_ms']:8.1f} ms  predicted "
               f"{s['predicted_ms']:8.1f} ms  error {s['error'] * 100:+6.1f} %  replay "
               f"{s['replay_error'] * 100:+6.1f} %  blocks {_blocks(s):18s}  actions "

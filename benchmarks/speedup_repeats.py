@@ -55,8 +55,9 @@ def measure_once(runs: Path, steps: int, blocks: int, repeats: int) -> dict:
     s = summarize(list(reps.values()), (BASELINE, MERAK))
     entry = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
              "seconds": round(secs, 1)}
+    sums = {name: r.summary() for name, r in reps.items()}
     for name, r in reps.items():
-        rs = r.summary()
+        rs = sums[name]
         entry[name] = {"measured_ms": round(r.measured_iteration_s * 1e3, 3),
                        "predicted_ms": round(r.predicted_iteration_s * 1e3, 3),
                        "error": round(r.iteration_error, 4),
@@ -65,8 +66,8 @@ def measure_once(runs: Path, steps: int, blocks: int, repeats: int) -> dict:
                        "actions": {k: round(v, 4) for k, v in r.kind_errors().items()},
                        "cpu_share_median": round(rs["cpu_share_median"], 4),
                        "profile_cpu_share": round(rs["profile_cpu_share"], 4)}
-    pricing = {r.summary()["backward_pricing"] for r in reps.values()}
-    entry["backward_pricing"] = pricing.pop() if len(pricing) == 1 else "mixed"
+    # both runs come from one measurement (one profiler): priced the same way
+    entry["backward_pricing"] = sums[BASELINE]["backward_pricing"]
     # how many times the posting probe ran (before every round of blocks since 09:18)
     entry["post_probe_runs"] = int(reps[BASELINE].run.profile.get("machine", {}).get(
         "p2p_post_probe", {}).get("runs", 1))
@@ -116,8 +117,7 @@ PRICING = {"fresh": "every backward priced with fresh gradients",
                            "separate profile of backwards adding into existing gradients",
            "paired-delta": "a rank's backwards after its first of the step priced with the "
                            "profiled extra cost of adding into existing gradients (paired "
-                           "differences)",
-           "mixed": "the two runs of a repeat priced differently"}
+                           "differences)"}
 
 
 def decomposition_text(entries: list[dict]) -> list[str]:
