@@ -67,18 +67,18 @@ class RankLayout:
     _stride: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in AXES:
-            v = getattr(self, name)
+        degrees = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
+        for name, v in degrees.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         axes = self.order.split("-")
-        if sorted(axes) != sorted(AXES):
+        if len(axes) != len(AXES) or set(axes) != degrees.keys():
             raise ValueError(f"order must list tp, cp, dp and pp once each joined by '-' "
                              f"(fastest first), got {self.order!r}")
         stride, step = {}, 1
         for a in axes:
             stride[a] = step
-            step *= getattr(self, a)
+            step *= degrees[a]
         # Strides in Coords field order (pp, dp, tp, cp).
         object.__setattr__(self, "_stride",
                            (stride["pp"], stride["dp"], stride["tp"], stride["cp"]))
@@ -105,11 +105,12 @@ class RankLayout:
 
     def rank(self, pp: int, dp: int = 0, tp: int = 0, cp: int = 0) -> int:
         """Global rank of the given coordinates."""
-        c = (pp, dp, tp, cp)
-        for name, v, n in zip(Coords._fields, c, (self.pp, self.dp, self.tp, self.cp),
-                              strict=True):
-            if not 0 <= v < n:
-                raise ValueError(f"{name} index {v} outside 0..{n - 1} of layout {self}")
+        if not (0 <= pp < self.pp and 0 <= dp < self.dp and 0 <= tp < self.tp
+                and 0 <= cp < self.cp):
+            for name, v in zip(Coords._fields, (pp, dp, tp, cp), strict=True):
+                n = getattr(self, name)
+                if not 0 <= v < n:
+                    raise ValueError(f"{name} index {v} outside 0..{n - 1} of layout {self}")
         s = self._stride
         return pp * s[0] + dp * s[1] + tp * s[2] + cp * s[3]
 
@@ -117,8 +118,9 @@ class RankLayout:
         """Coordinates of global ``rank``."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside 0..{self.world_size - 1} of layout {self}")
-        degrees = (self.pp, self.dp, self.tp, self.cp)
-        return Coords(*((rank // s) % n for s, n in zip(self._stride, degrees, strict=True)))
+        s = self._stride
+        return Coords((rank // s[0]) % self.pp, (rank // s[1]) % self.dp,
+                      (rank // s[2]) % self.tp, (rank // s[3]) % self.cp)
 
     def group(self, kind: str, rank: int) -> tuple[int, ...]:
         """Global ranks of the ``kind`` group that contains ``rank``, in increasing
@@ -127,19 +129,18 @@ class RankLayout:
         n = self.degree(kind)
         c = self.coords(rank)
         if kind == "tied":
-            return tuple(dict.fromkeys(self.rank(p, c.dp, c.tp, c.cp)
-                                       for p in (0, self.pp - 1)))
-        return tuple(self.rank(**{**c._asdict(), kind: i}) for i in range(n))
+            first = rank - c.pp * self._stride[0]
+            return tuple(dict.fromkeys((first, first + (self.pp - 1) * self._stride[0])))
+        step = self._stride[Coords._fields.index(kind)]
+        first = rank - getattr(c, kind) * step
+        return tuple(range(first, first + n * step, step))
 
     def groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
         """Every ``kind`` group, in increasing order of its first rank: they partition
         the world (for "tied": the pipeline's first-stage ranks with their partners)."""
         self.degree(kind)
         seen: dict[int, tuple[int, ...]] = {}
-        starts = range(self.world_size)
-        if kind == "tied":
-            starts = (r for r in starts if self.coords(r).pp == 0)
-        for r in starts:
+        for r in range(self.world_size):
             g = self.group(kind, r)
             seen.setdefault(g[0], g)
         return tuple(seen[k] for k in sorted(seen))
