@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT))
 
 from merak_sim.config import ParallelConfig  # noqa: E402
 from merak_sim.hardware import get_cluster  # noqa: E402
+from merak_sim.layout import RankLayout  # noqa: E402
 from merak_sim.model import get_model  # noqa: E402
 from merak_sim.sim import (  # noqa: E402
     EngineOptions,
-    Placement,
     compile_program,
     evaluate,
     plan,
@@ -80,7 +80,7 @@ def run_case(name: str, case: dict, n: int, skip_full: bool) -> None:
     table = calibrated_cost_model().cost_table(model, cluster, cfg)
     sched = cfg.build_schedule()
     prog = compile_program(sched, table, cfg.recompute_per_stage(sched))
-    pl_ = Placement(cfg.dp, cfg.tp, cfg.pp)
+    pl_ = RankLayout.of(cfg)
     t_plan, pln = timed(lambda: plan(prog), n)
     t_eval, _ = timed(lambda: evaluate(prog, pln), n)
     topo = topology_from_cluster(cluster)

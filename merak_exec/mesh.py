@@ -1,12 +1,11 @@
 """Launch and topology: torch.distributed start-up and the dp/tp/pp process groups.
 
-Rank layout (Megatron's): tp varies fastest, then dp, then pp, so a tensor-parallel
-group is a run of consecutive ranks (one node, fast links) and pipeline peers are
-``dp * tp`` ranks apart. ``global = (pp_rank * dp + dp_rank) * tp + tp_rank``.
+Ranks sit where :class:`merak_sim.layout.RankLayout` puts them (Megatron's order: tp
+fastest, then dp, then pp), the placement the simulator prices.
 
 Every process must create every group in the same order (``new_group`` is a
-collective over the world), so :func:`build_mesh` enumerates all groups on every rank
-and keeps the ones it belongs to.
+collective over the world), so :func:`build_mesh` creates all of the layout's groups,
+in the layout's order, on every rank and keeps the ones it belongs to.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from merak_sim.config import ParallelConfig
+from merak_sim.layout import RankLayout
 
 __all__ = ["ExecError", "Mesh", "init_distributed", "build_mesh", "default_timeout_s"]
 
@@ -87,6 +87,7 @@ class Mesh:
 
     Attributes:
         config: the ParallelConfig the mesh was built from.
+        layout: its rank layout.
         rank, world_size: global rank and size.
         dp_rank, tp_rank, pp_rank: coordinates.
         dp_group, tp_group, pp_group: groups this rank belongs to (None when degree 1).
@@ -97,6 +98,7 @@ class Mesh:
     """
 
     config: ParallelConfig
+    layout: RankLayout
     rank: int
     world_size: int
     dp_rank: int
@@ -129,7 +131,7 @@ class Mesh:
         """Global rank of the given coordinates (missing ones default to this rank's)."""
         d = self.dp_rank if dp_rank is None else dp_rank
         t = self.tp_rank if tp_rank is None else tp_rank
-        return (pp_rank * self.dp + d) * self.tp + t
+        return self.layout.rank(pp_rank, d, t)
 
 
 def build_mesh(config: ParallelConfig, timeout_s: float | None = None) -> Mesh:
@@ -147,28 +149,16 @@ def build_mesh(config: ParallelConfig, timeout_s: float | None = None) -> Mesh:
             f"match the world size {world}; launch {config.world_size} processes or change "
             "the degrees"
         )
-    dp, tp, pp = config.dp, config.tp, config.pp
-    tp_rank = rank % tp
-    dp_rank = (rank // tp) % dp
-    pp_rank = rank // (tp * dp)
+    layout = RankLayout.of(config)
+    here = layout.coords(rank)
     t = datetime.timedelta(seconds=timeout_s if timeout_s is not None else default_timeout_s())
-
-    def g(p: int, d: int, q: int) -> int:
-        return (p * dp + d) * tp + q
-
     mine = {}
     # Same creation order on every rank (new_group is collective over the world).
-    for kind, groups in (
-        ("tp", [[g(p, d, q) for q in range(tp)] for p in range(pp) for d in range(dp)]),
-        ("dp", [[g(p, d, q) for d in range(dp)] for p in range(pp) for q in range(tp)]),
-        ("pp", [[g(p, d, q) for p in range(pp)] for d in range(dp) for q in range(tp)]),
-        ("tied", [[g(0, d, q), g(pp - 1, d, q)] for d in range(dp) for q in range(tp)]
-         if pp > 1 else []),
-    ):
-        for ranks in groups:
+    for kind in ("tp", "dp", "pp", "tied"):
+        for ranks in layout.groups(kind):
             if len(ranks) == 1:
                 continue
-            grp = dist.new_group(ranks, timeout=t)
+            grp = dist.new_group(list(ranks), timeout=t)
             if rank in ranks:
                 mine[kind] = grp
     if dist.get_backend() == "nccl":
@@ -176,8 +166,8 @@ def build_mesh(config: ParallelConfig, timeout_s: float | None = None) -> Mesh:
     else:
         device = torch.device("cpu")
     return Mesh(
-        config=config, rank=rank, world_size=world, dp_rank=dp_rank, tp_rank=tp_rank,
-        pp_rank=pp_rank, dp_group=mine.get("dp"), tp_group=mine.get("tp"),
+        config=config, layout=layout, rank=rank, world_size=world, dp_rank=here.dp,
+        tp_rank=here.tp, pp_rank=here.pp, dp_group=mine.get("dp"), tp_group=mine.get("tp"),
         pp_group=mine.get("pp"), tied_group=mine.get("tied"), device=device,
         timeout_s=t.total_seconds(),
     )

@@ -287,17 +287,14 @@ def _part_groups(mesh: Mesh, config: ParallelConfig) -> list:
 
     import torch.distributed as dist
 
-    dp, tp, pp = config.dp, config.tp, config.pp
     t = datetime.timedelta(seconds=mesh.timeout_s)
     groups = []
     for _ in range(config.tp_overlap_parts):
         mine = None
-        for p in range(pp):
-            for d in range(dp):
-                ranks = [(p * dp + d) * tp + q for q in range(tp)]
-                g = dist.new_group(ranks, timeout=t)
-                if mesh.rank in ranks:
-                    mine = g
+        for ranks in mesh.layout.groups("tp"):
+            g = dist.new_group(list(ranks), timeout=t)
+            if mesh.rank in ranks:
+                mine = g
         groups.append(mine)
     return groups
 

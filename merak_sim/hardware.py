@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from merak_sim.layout import node_of
+
 __all__ = ["GPU", "Link", "Cluster", "HardwareError", "GPU_PRESETS", "CLUSTER_PRESETS",
            "get_gpu", "get_cluster", "list_clusters"]
 
@@ -149,7 +151,7 @@ class Cluster:
         if not 0 <= rank < self.world_size:
             raise HardwareError(f"rank {rank} outside cluster {self.name} of "
                                 f"{self.world_size} GPUs")
-        return rank // self.gpus_per_node
+        return node_of(rank, self.gpus_per_node)
 
     def same_node(self, a: int, b: int) -> bool:
         """Whether global ranks ``a`` and ``b`` share a node."""

@@ -125,9 +125,9 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
     contention it met), posts and the tied all-reduce are priced as usual. The gap
     between this and the measured iteration is what the schedule, communication and
     posting model alone get wrong. Returns a :class:`~merak_sim.sim.result.SimResult`."""
+    from merak_sim.layout import RankLayout
     from merak_sim.schedule.ir import Kind
     from merak_sim.sim.api import evaluator_trace, simulate
-    from merak_sim.sim.entities import Placement
     from merak_sim.sim.program import compile_program
     from merak_sim.sim.result import build_result
 
@@ -165,7 +165,7 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
     if cfg.pp > 1:
         dur = _sync_tied_all_reduce(prog, dur)
     prog = replace(prog, duration_s=tuple(dur))
-    tr = evaluator_trace(prog, Placement(cfg.dp, cfg.tp, cfg.pp), table.memory_capacity_bytes,
+    tr = evaluator_trace(prog, RankLayout.of(cfg), table.memory_capacity_bytes,
                          zero=cfg.zero)
     return build_result(tr, capacity=table.memory_capacity_bytes, peak_flops=1.0,
                         engine="evaluator", global_batch=cfg.global_batch_size,

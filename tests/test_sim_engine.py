@@ -9,10 +9,10 @@ from hypothesis import strategies as hst
 
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.base import CostTable, StageCost
+from merak_sim.layout import RankLayout
 from merak_sim.schedule import generate
 from merak_sim.sim import (
     EngineOptions,
-    Placement,
     Topology,
     compile_program,
     evaluate,
@@ -55,7 +55,7 @@ def test_simpy_agrees_with_evaluator(name, S, M, v, overlap, zero):
     c = tuple(random.Random(M).uniform(0, 1) for _ in range(S))
     prog = compile_program(sched, table, c)
     ev = evaluate(prog, overlap_dp=overlap, buckets=3, zero=zero)
-    tr = run_engine(prog, Placement(1, 1, S), 80e9,
+    tr = run_engine(prog, RankLayout(1, 1, S), 80e9,
                     EngineOptions(overlap_dp=overlap, buckets=3, zero=zero))
     assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)
     for r in range(S):
@@ -283,8 +283,8 @@ def test_evaluator_engine_matches_simpy_result():
 def test_evaluator_trace_matches_engine_memory():
     sched = generate("1f1b", 4, 8)
     prog = compile_program(sched, random_table(4, 1), (0.5,) * 4)
-    a = evaluator_trace(prog, Placement(1, 1, 4), 80e9)
-    b = run_engine(prog, Placement(1, 1, 4), 80e9, EngineOptions())
+    a = evaluator_trace(prog, RankLayout(1, 1, 4), 80e9)
+    b = run_engine(prog, RankLayout(1, 1, 4), 80e9, EngineOptions())
     assert [m.peak for m in a.memory] == pytest.approx([m.peak for m in b.memory])
 
 
@@ -360,6 +360,6 @@ def test_property_engine_equals_evaluator(name, S, mult, seed, overlap, buckets)
     prog = compile_program(sched, random_table(S * v, seed),
                            tuple(random.Random(seed).random() for _ in range(S)))
     ev = evaluate(prog, overlap_dp=overlap, buckets=buckets)
-    tr = run_engine(prog, Placement(1, 1, S), 80e9,
+    tr = run_engine(prog, RankLayout(1, 1, S), 80e9,
                     EngineOptions(overlap_dp=overlap, buckets=buckets))
     assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)

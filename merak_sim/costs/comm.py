@@ -7,9 +7,9 @@ reduce-scatter and all-gather (p-1) steps moving (p-1)/p. Across nodes the bette
 flat ring and the hierarchical algorithm (intra-node reduce-scatter, inter-node
 all-reduce of 1/l of the data among the nodes, intra-node all-gather), with each GPU
 getting 1/gpus_per_node of its node's network bandwidth (every data-parallel group
-communicates at once in training). Ranks are placed Megatron-style: tp fastest, then
-dp, then pp (``rank = (pp_rank * dp + dp_rank) * tp + tp_rank``), so TP groups stay in
-a node when tp <= gpus_per_node.
+communicates at once in training). Ranks are placed by :class:`merak_sim.layout.RankLayout`
+(Megatron's order: tp fastest, then dp, then pp), so TP groups stay in a node when
+tp <= gpus_per_node.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from merak_sim.hardware import Cluster
+from merak_sim.layout import RankLayout
 
 __all__ = ["COLLECTIVES", "CostModelError", "collective_time", "group_ranks"]
 
@@ -30,14 +31,13 @@ class CostModelError(ValueError):
 
 def group_ranks(kind: str, config: Any, pp_rank: int = 0, dp_rank: int = 0,
                 tp_rank: int = 0) -> tuple[int, ...]:
-    """Global ranks of the ``kind`` ("tp", "dp") group containing the given coordinates
-    (Megatron placement: tp fastest, then dp, then pp)."""
-    dp, tp = config.dp, config.tp
-    if kind == "tp":
-        return tuple((pp_rank * dp + dp_rank) * tp + t for t in range(tp))
-    if kind == "dp":
-        return tuple((pp_rank * dp + d) * tp + tp_rank for d in range(dp))
-    raise CostModelError(f"unknown group kind {kind!r}; choose tp or dp")
+    """Global ranks of the ``kind`` group ("tp", "dp", "pp", "tied") of ``config``'s
+    :class:`~merak_sim.layout.RankLayout` containing the given coordinates."""
+    layout = RankLayout.of(config)
+    try:
+        return layout.group(kind, layout.rank(pp_rank, dp_rank, tp_rank))
+    except ValueError as e:
+        raise CostModelError(str(e)) from None
 
 
 def _ring(kind: str, nbytes: float, p: int, bw: float, lat: float) -> float:
@@ -103,12 +103,13 @@ def _placement(cluster: Cluster, dp: int, tp: int, pp: int, pp_rank: int,
                last: bool) -> tuple:
     """What a stage's communication depends on: node shape of its TP and DP groups
     and whether its send to the next stage stays in a node."""
-    base = pp_rank * dp * tp
-    tp_shape = _shape(tuple(range(base, base + tp)), cluster)
-    dp_shape = _shape(tuple(base + d * tp for d in range(dp)), cluster)
+    layout = RankLayout(dp, tp, pp)
+    base = layout.rank(pp_rank)
+    tp_shape = _shape(layout.group("tp", base), cluster)
+    dp_shape = _shape(layout.group("dp", base), cluster)
     if last:
         send = None
     else:
-        nxt = ((pp_rank + 1) % pp) * dp * tp
+        nxt = layout.rank((pp_rank + 1) % pp)
         send = None if nxt == base else cluster.same_node(base, nxt)
     return tp_shape, dp_shape, send

@@ -26,7 +26,6 @@ _EXPORTS = {
     "EngineOptions": "engine",
     "Trace": "engine",
     "run_engine": "engine",
-    "Placement": "entities",
     "Topology": "entities",
     "HBM": "entities",
     "Fabric": "entities",

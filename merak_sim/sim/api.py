@@ -13,10 +13,11 @@ from typing import Any
 
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.base import CostTable
+from merak_sim.layout import RankLayout
 from merak_sim.schedule.ir import Schedule
 
 from .engine import EngineOptions, Trace, run_engine
-from .entities import HBM, Placement, Topology, topology_from_cluster
+from .entities import HBM, Topology, topology_from_cluster
 from .evaluator import evaluate, plan
 from .program import Compiled, compile_program
 from .result import SimResult, build_result
@@ -60,7 +61,7 @@ def _load_schedule(schedule: Schedule | str | Path) -> Schedule:
     return lower(sched)
 
 
-def evaluator_trace(prog: Compiled, placement: Placement, capacity: float, *,
+def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
                     overlap_dp: bool = False, buckets: int = 1, zero: int = 0,
                     pl=None, record_memory: bool = True) -> Trace:
     """Run the fast evaluator and package its times as a :class:`Trace` (memory is
@@ -185,7 +186,7 @@ def simulate(
             cost_model = _default_cost_model(AnalyticCostModel)
         cost_table = cost_model.cost_table(spec, clus, cfg)
     prog = compile_program(sched, cost_table, cfg.recompute_per_stage(sched))
-    placement = Placement(cfg.dp, cfg.tp, cfg.pp)
+    placement = RankLayout.of(cfg)
     capacity = float(cost_table.memory_capacity_bytes)
     what_if = bool(slowdown or degraded_links or gpu_types)
     if engine == "evaluator":

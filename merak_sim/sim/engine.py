@@ -43,9 +43,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from merak_sim.layout import RankLayout
 from merak_sim.schedule.ir import Kind
 
-from .entities import HBM, Fabric, Placement, SyncGroup, Topology
+from .entities import HBM, Fabric, SyncGroup, Topology
 from .program import OP_AR, OP_POST, Compiled
 
 __all__ = ["EngineOptions", "Trace", "run_engine"]
@@ -102,7 +103,7 @@ class Trace:
     """
 
     prog: Compiled
-    placement: Placement
+    placement: RankLayout
     mode: str
     ranks: list[int]
     stage_of: list[int]
@@ -116,7 +117,7 @@ class Trace:
     tp_comm: list[dict[int, tuple[float, float, float]]] = field(default_factory=list)
 
 
-def _weights(topo: Topology, pl: Placement, pairs) -> tuple[tuple[str, float], ...]:
+def _weights(topo: Topology, pl: RankLayout, pairs) -> tuple[tuple[str, float], ...]:
     """Links of the first (representative) pair with the number of pairs crossing each."""
     pairs = list(pairs)
     rep = topo.route(*pairs[0])
@@ -127,7 +128,7 @@ def _weights(topo: Topology, pl: Placement, pairs) -> tuple[tuple[str, float], .
     return tuple((link, float(cnt[link])) for link in rep)
 
 
-def run_engine(prog: Compiled, placement: Placement, capacity: float,
+def run_engine(prog: Compiled, placement: RankLayout, capacity: float,
                opts: EngineOptions, capacities: dict[int, float] | None = None) -> Trace:
     """Simulate one iteration of ``prog`` and return its :class:`Trace`
     (``capacities``: memory capacity per global rank where it differs)."""

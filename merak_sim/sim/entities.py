@@ -1,5 +1,6 @@
-"""Simulation entities: rank placement, memory (HBM), links with bandwidth sharing,
-and the synchronisation groups of tensor- and data-parallel peers.
+"""Simulation entities: memory (HBM), links with bandwidth sharing, and the
+synchronisation groups of tensor- and data-parallel peers (where ranks sit:
+:class:`merak_sim.layout.RankLayout`).
 
 Everything here is deterministic: no global counters, ties broken by insertion
 order, which SimPy preserves for events scheduled at the same time.
@@ -22,40 +23,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from merak_sim.layout import node_of
+
 __all__ = [
-    "Placement",
     "Topology",
     "HBM",
     "Fabric",
     "SyncGroup",
     "topology_from_cluster",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where each (pipeline, data, tensor) index lives: Megatron's default order, tensor
-    parallel fastest, then data parallel, pipeline outermost (so a tensor-parallel
-    group shares a node whenever tp divides the GPUs per node)."""
-
-    dp: int
-    tp: int
-    pp: int
-
-    def rank(self, pp_idx: int, dp_idx: int = 0, tp_idx: int = 0) -> int:
-        """Global GPU rank of the given indices."""
-        return (pp_idx * self.dp + dp_idx) * self.tp + tp_idx
-
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        """(pp_idx, dp_idx, tp_idx) of a global rank."""
-        tp_idx = rank % self.tp
-        dp_idx = (rank // self.tp) % self.dp
-        return rank // (self.tp * self.dp), dp_idx, tp_idx
-
-    @property
-    def world_size(self) -> int:
-        """dp * tp * pp."""
-        return self.dp * self.tp * self.pp
 
 
 @dataclass(frozen=True)
@@ -91,7 +67,7 @@ class Topology:
 
     def node(self, rank: int) -> int:
         """Node index of a global rank."""
-        return rank // self.gpus_per_node
+        return node_of(rank, self.gpus_per_node)
 
     def route(self, src: int, dst: int) -> tuple[str, ...]:
         """Directed links a transfer from ``src`` to ``dst`` crosses."""

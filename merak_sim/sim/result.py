@@ -445,8 +445,8 @@ def build_result(tr: Trace, *, capacity: float, peak_flops: float, engine: str,
         comp, recomp, comm = _breakdown(tr, e)
         bubble = max(0.0, T - comp - recomp - comm)
         hbm = tr.memory[e]
-        _p, d_idx, t_idx = pl.coords(grank)
-        ranks.append(RankBreakdown(grank, s, d_idx, t_idx, comp, recomp, comm, bubble,
+        at = pl.coords(grank)
+        ranks.append(RankBreakdown(grank, s, at.dp, at.tp, comp, recomp, comm, bubble,
                                    hbm.peak))
         peak_stage[s] = max(peak_stage[s], hbm.peak)
         if hbm.oom_time is not None:

@@ -1,0 +1,146 @@
+"""Rank layout: the one map between global ranks and parallel coordinates.
+
+A job of ``dp * cp * tp * pp`` GPUs gives every global rank four coordinates
+(pipeline, data, tensor and context parallel index). The default order is Megatron's,
+written fastest first: ``"tp-cp-dp-pp"``: tensor-parallel peers are consecutive ranks
+(one node, fast links whenever tp divides the GPUs per node), pipeline peers lie
+``dp * cp * tp`` ranks apart::
+
+    rank = ((pp_idx * dp + dp_idx) * cp + cp_idx) * tp + tp_idx
+
+With ``cp = 1`` this is ``(pp_idx * dp + dp_idx) * tp + tp_idx``.
+
+Groups: the ranks that differ only in one coordinate ("tp", "cp", "dp", "pp"), and
+"tied": the first and the last pipeline rank of one (dp, cp, tp) slice, which hold the
+two copies of a tied word embedding. Every group lists its ranks in increasing order of
+the varying coordinate, and :meth:`RankLayout.groups` lists groups in increasing order of
+their first rank, the same on every process (torch.distributed needs every process to
+create every group in one order).
+
+Which node a rank is on is a fact of the launch (ranks fill a node before the next):
+:func:`node_of`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+__all__ = ["AXES", "GROUP_KINDS", "Coords", "RankLayout", "node_of"]
+
+AXES = ("tp", "cp", "dp", "pp")
+GROUP_KINDS = (*AXES, "tied")
+
+
+class Coords(NamedTuple):
+    """Parallel coordinates of one global rank."""
+
+    pp: int
+    dp: int
+    tp: int
+    cp: int = 0
+
+
+def node_of(rank: int, gpus_per_node: int) -> int:
+    """Node index of global ``rank`` when ranks fill a node before the next."""
+    return rank // gpus_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class RankLayout:
+    """Degrees of a dp x cp x tp x pp job and the placement of its ranks.
+
+    Attributes:
+        dp, tp, pp: data-, tensor- and pipeline-parallel degrees.
+        cp: context-parallel degree (1: none).
+        order: the four axes joined by "-", fastest varying first.
+
+    Raises ValueError (naming the values) on a degree below 1 or an order that is not a
+    permutation of tp, cp, dp, pp.
+    """
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int = 1
+    order: str = "tp-cp-dp-pp"
+    _stride: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        degrees = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
+        for name, v in degrees.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        axes = self.order.split("-")
+        if len(axes) != len(AXES) or set(axes) != degrees.keys():
+            raise ValueError(f"order must list tp, cp, dp and pp once each joined by '-' "
+                             f"(fastest first), got {self.order!r}")
+        stride, step = {}, 1
+        for a in axes:
+            stride[a] = step
+            step *= degrees[a]
+        # Strides in Coords field order (pp, dp, tp, cp).
+        object.__setattr__(self, "_stride",
+                           (stride["pp"], stride["dp"], stride["tp"], stride["cp"]))
+
+    @classmethod
+    def of(cls, config: Any) -> RankLayout:
+        """The layout of a :class:`merak_sim.config.ParallelConfig` (or any object with
+        ``dp``, ``tp`` and ``pp``)."""
+        return cls(config.dp, config.tp, config.pp)
+
+    @property
+    def world_size(self) -> int:
+        """dp * cp * tp * pp."""
+        return self.dp * self.cp * self.tp * self.pp
+
+    def degree(self, kind: str) -> int:
+        """Size of a ``kind`` group (see :data:`GROUP_KINDS`)."""
+        if kind == "tied":
+            return 2 if self.pp > 1 else 1
+        if kind not in AXES:
+            raise ValueError(f"unknown group kind {kind!r}; choose one of "
+                             f"{', '.join(GROUP_KINDS)}")
+        return getattr(self, kind)
+
+    def rank(self, pp: int, dp: int = 0, tp: int = 0, cp: int = 0) -> int:
+        """Global rank of the given coordinates."""
+        if not (0 <= pp < self.pp and 0 <= dp < self.dp and 0 <= tp < self.tp
+                and 0 <= cp < self.cp):
+            for name, v in zip(Coords._fields, (pp, dp, tp, cp), strict=True):
+                n = getattr(self, name)
+                if not 0 <= v < n:
+                    raise ValueError(f"{name} index {v} outside 0..{n - 1} of layout {self}")
+        s = self._stride
+        return pp * s[0] + dp * s[1] + tp * s[2] + cp * s[3]
+
+    def coords(self, rank: int) -> Coords:
+        """Coordinates of global ``rank``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside 0..{self.world_size - 1} of layout {self}")
+        s = self._stride
+        return Coords((rank // s[0]) % self.pp, (rank // s[1]) % self.dp,
+                      (rank // s[2]) % self.tp, (rank // s[3]) % self.cp)
+
+    def group(self, kind: str, rank: int) -> tuple[int, ...]:
+        """Global ranks of the ``kind`` group that contains ``rank``, in increasing
+        order of the coordinate that varies (for "tied": first, then last pipeline
+        rank; a single rank when pp = 1)."""
+        n = self.degree(kind)
+        c = self.coords(rank)
+        if kind == "tied":
+            first = rank - c.pp * self._stride[0]
+            return tuple(dict.fromkeys((first, first + (self.pp - 1) * self._stride[0])))
+        step = self._stride[Coords._fields.index(kind)]
+        first = rank - getattr(c, kind) * step
+        return tuple(range(first, first + n * step, step))
+
+    def groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
+        """Every ``kind`` group, in increasing order of its first rank: they partition
+        the world (for "tied": the pipeline's first-stage ranks with their partners)."""
+        self.degree(kind)
+        seen: dict[int, tuple[int, ...]] = {}
+        for r in range(self.world_size):
+            g = self.group(kind, r)
+            seen.setdefault(g[0], g)
+        return tuple(seen[k] for k in sorted(seen))
