@@ -43,8 +43,7 @@ def test_golden_shifted_critical_path(rank):
 
 def _valid_args(name, pp, m, v):
     spec = SCHEDULES[name]
-    if name == "shifted-critical-path":
-        m = max(m, pp, 4)
+    m = max(m, spec.min_microbatches(pp))
     if spec.interleaved:
         if pp == 1:
             v = 1
