@@ -90,13 +90,15 @@ class ScheduleSpec:
         if self.interleaved and virtual_stages > 1 and pp < 2:
             return f"{self.name} with virtual stages > 1 needs pp >= 2"
         if self.microbatches_multiple_of_pp and M % pp:
-            return f"{self.name} needs micro-batches ({M}) to be a multiple of pp={pp}"
-        if M < self.min_microbatches(pp):
-            if self.microbatches_at_least_pp and self.microbatch_floor > 1:
-                need = f"max(pp, {self.microbatch_floor})"
-            else:
-                need = str(self.min_microbatches(pp))
-            return f"{self.name} needs micro-batches ({M}) >= {need}"
+            return f"{self.name} needs microbatches to be a multiple of pp: M={M}, pp={pp}"
+        least = self.min_microbatches(pp)
+        if M < least:
+            need = str(least)
+            if self.microbatches_at_least_pp:
+                pp_term = f"max(pp, {self.microbatch_floor})" if self.microbatch_floor > 1 \
+                    else "pp"
+                need = f"{pp_term} = {least}"
+            return f"{self.name} needs microbatches >= {need}, got {M}"
         return ""
 
     def check(self, pp: int, microbatches: int, virtual_stages: int = 1) -> None:
