@@ -16,8 +16,13 @@ __all__ = ["resolve_model", "resolve_cluster", "cluster_record"]
 
 
 def resolve_model(model: Any) -> ModelSpec:
-    """A ModelSpec from a ModelSpec, a preset name, or a JSON file / dict."""
-    return model if isinstance(model, ModelSpec) else get_model(model)
+    """A ModelSpec from a ModelSpec, a preset name, a JSON file / dict, or a plan
+    file's ``{"preset": NAME}`` record."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, dict) and set(model) == {"preset"}:
+        return get_model(model["preset"])
+    return get_model(model)
 
 
 def resolve_cluster(cluster: Any, nodes: int | None = None) -> Cluster:

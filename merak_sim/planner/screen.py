@@ -33,7 +33,8 @@ class Pricer:
     """Cost tables per :meth:`Candidate.table_key`, built on first use.
 
     ``price`` returns (table, stage arrays) or the ValueError the cost model raised
-    (a configuration it cannot price, reported as a pruned row).
+    (a configuration it cannot price, reported as a pruned row); ``built`` counts the
+    tables priced.
     """
 
     model: Any
@@ -41,8 +42,8 @@ class Pricer:
     cost_model: Any
     global_batch_size: int
     dtype: str
-    built: int = 0
-    _tables: dict[tuple, Any] = field(default_factory=dict)
+    built: int = field(default=0, init=False)
+    _tables: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
 
     def price(self, c: Candidate):
         """(CostTable, stage arrays) of ``c``, or the ValueError pricing raised."""

@@ -1,10 +1,11 @@
 """Pipeline schedule generators and their registry :data:`SCHEDULES`.
 
 Each generator is a pure function (S, M[, v]) -> the *compute* order of every rank
-(F, F*, R, B, I, W; :meth:`ScheduleSpec.build` appends AR and OPT) and places a communication action itself only where its placement deviates from the
-default that :func:`merak_sim.schedule.lowering.lower` would choose (receive right
-before its consumer, send right after its producer, adjacent send+receive to the
-same peer fused). Its :class:`~merak_sim.schedule.spec.ScheduleSpec` declares what it
+(F, F*, R, B, I, W; :meth:`ScheduleSpec.build` appends AR and OPT). It places a
+communication action itself only where its placement deviates from the default that
+:func:`merak_sim.schedule.lowering.lower` would choose (receive right before its
+consumer, send right after its producer, adjacent send+receive to the same peer
+fused). Its :class:`~merak_sim.schedule.spec.ScheduleSpec` declares what it
 requires and which ranks never recompute; the spec checks the requirements before the
 generator runs. Use :func:`generate` to get a lowered, ready-to-run schedule.
 
@@ -209,7 +210,7 @@ def shifted_critical_path(S: int, M: int) -> list[list[Step]]:
 
 def _shifted_stage_fractions(S: int, c0: float) -> tuple[float, ...]:
     """Merak T2 fractions under the shifted critical path: stage S-2 holds three
-    micro-batches at its start, as stage S-3 does, so it takes S-3's ratio."""
+    micro-batches at its start, as stage S-3 does, so it takes S-3's ratio (pp >= 3)."""
     c = list(stage_aware_fractions(S, c0))
     if S >= 3:
         c[S - 2] = c[S - 3]
