@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from merak_sim.schedule import SCHEDULES, generate, stage_aware_fractions
+from merak_sim.schedule import SCHEDULES, generate
 from merak_sim.schedule.ir import Schedule
 
 __all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES"]
@@ -24,7 +24,7 @@ class ParallelConfig:
 
     Attributes:
         dp, tp, pp: data, tensor and pipeline parallel degrees.
-        virtual_stages: model chunks per pipeline rank (interleaved-1f1b only).
+        virtual_stages: model chunks per pipeline rank (interleaved schedules only).
         micro_batch_size: samples per micro-batch per data-parallel replica.
         global_batch_size: samples per iteration over all replicas; the number of
             micro-batches is ``global_batch_size // (dp * micro_batch_size)``.
@@ -117,9 +117,10 @@ class ParallelConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         if self.virtual_stages > 1 and not SCHEDULES[self.schedule].interleaved:
+            interleaving = ", ".join(n for n, s in SCHEDULES.items() if s.interleaved)
             raise ValueError(
-                f"virtual stages {self.virtual_stages} need schedule interleaved-1f1b, "
-                f"not {self.schedule}"
+                f"virtual stages {self.virtual_stages} need an interleaved schedule "
+                f"({interleaving}), not {self.schedule}"
             )
 
     def build_schedule(self) -> Schedule:
@@ -132,26 +133,24 @@ class ParallelConfig:
 
         "none" -> 0, "full" -> 1, "selective" -> 0 (its cheaper recompute is charged
         by the cost model), "stage-aware" -> explicit fractions or Merak's formula from
-        c0 (with stage S-2 taking stage S-3's ratio under the shifted schedule, since
-        it holds 3 micro-batches at its start). Ranks the schedule marks as never
-        recomputing get 0.
+        c0 as the schedule's spec maps it onto its stages
+        (:attr:`~merak_sim.schedule.ScheduleSpec.stage_fractions`). Ranks that never
+        recompute (``schedule.no_recompute_stages``, or the spec's
+        :meth:`~merak_sim.schedule.ScheduleSpec.never_recompute` without a schedule)
+        get 0.
         """
         S = self.pp
+        spec = SCHEDULES[self.schedule]
         if self.recompute == "full":
             c = [1.0] * S
         elif self.recompute == "stage-aware":
-            if self.recompute_fractions is not None:
-                c = list(self.recompute_fractions)
-            else:
-                c = list(stage_aware_fractions(S, self.recompute_c0))
-                if self.schedule == "shifted-critical-path" and S >= 3:
-                    c[S - 2] = c[S - 3]
+            c = list(self.recompute_fractions if self.recompute_fractions is not None
+                     else spec.stage_fractions(S, self.recompute_c0))
         else:
             c = [0.0] * S
-        sched_nr = schedule.no_recompute_stages if schedule is not None else frozenset()
-        if schedule is None and self.schedule in ("last-no-recompute", "shifted-critical-path"):
-            sched_nr = frozenset({S - 1})
-        return tuple(0.0 if s in sched_nr else x for s, x in enumerate(c))
+        never = (schedule.no_recompute_stages if schedule is not None
+                 else spec.never_recompute(S))
+        return tuple(0.0 if s in never else x for s, x in enumerate(c))
 
     def to_dict(self) -> dict:
         """Plain-JSON form (stable keys), the inverse of :meth:`from_dict`."""

@@ -11,7 +11,7 @@ REFERENCE_1F1B_S0 = (
     "F0 sA0 F1 sA1 F2 sA2 F3 [sA3/rG0] B0 F4 [sA4/rG1] B1 F5 [sA5/rG2] B2 F6 [sA6/rG3] B3 "
     "F7 [sA7/rG4] B4 rG5 B5 rG6 B6 rG7 B7 AR OPT"
 )
-# shared/reference/merak.md, shifted critical path schedule, S=4, M=8.
+# Merak (Lai et al., TPDS 2023): the shifted critical path schedule, S=4, M=8.
 SHIFTED = {
     0: "F0 sA0 F1 sA1 F2 sA2 F3 [sA3/rG0] B0 F4 [sA4/rG1] B1 F*5 [sA5/rG2] B2 F*6 [sA6/rG3] B3 "
     "F*7 [sA7/rG4] B4 R5 rG5 B5 R6 rG6 B6 R7 rG7 B7 AR OPT",
@@ -43,8 +43,7 @@ def test_golden_shifted_critical_path(rank):
 
 def _valid_args(name, pp, m, v):
     spec = SCHEDULES[name]
-    if name == "shifted-critical-path":
-        m = max(m, pp, 4)
+    m = max(m, spec.min_microbatches(pp))
     if spec.interleaved:
         if pp == 1:
             v = 1

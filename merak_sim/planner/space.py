@@ -7,14 +7,16 @@ interleaved 1F1B), recompute policy, sequence parallelism, TP overlap and ZeRO s
 A restricted :class:`SearchSpace` expresses a system: the Megatron-LM-like baseline is
 1F1B + full recompute + synchronous TP, the DeepSpeed-like one adds ZeRO-1, Merak is the
 shifted critical path + stage-aware recompute + sub-pipelined TP (Lai et al., TPDS
-2023; shared/reference/merak.md "Baselines").
+2023, "Baselines").
 
 Options that cannot apply to a candidate collapse instead of multiplying: sequence
 parallelism and TP overlap need tp > 1 (sub-pipelined TP also an even micro-batch), ZeRO
 needs dp > 1; when every allowed value is inapplicable the candidate runs without the
-technique (Merak at tp = 1 simply has no TP to overlap). Merak's schedules (F* / R
-re-forwards) are only paired with a recompute policy that checkpoints (full or
-stage-aware); with pp = 1 every schedule is 1F1B, so only one is kept.
+technique (Merak at tp = 1 simply has no TP to overlap). Each schedule's declared
+:class:`~merak_sim.schedule.ScheduleSpec` says which degrees it accepts (a violation is a
+pruned row naming it) and which recompute policies it is paired with (Merak's schedules,
+with explicit F* / R re-forwards, only with one that checkpoints); with pp = 1 every
+schedule is 1F1B, so only one is kept.
 """
 
 from __future__ import annotations
@@ -22,12 +24,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from merak_sim.config import RECOMPUTE_POLICIES, TP_OVERLAPS
 from merak_sim.schedule import SCHEDULES
 
 __all__ = ["SearchSpace", "Candidate", "enumerate_candidates", "SYSTEMS", "divisors"]
-
-#: Policies a Merak schedule (which re-forwards explicitly) may be paired with.
-_CHECKPOINTING = ("full", "stage-aware")
 
 
 def divisors(n: int) -> list[int]:
@@ -73,10 +73,10 @@ class SearchSpace:
                 raise ValueError(f"search space: unknown schedule {s!r}; choose from "
                                  f"{', '.join(SCHEDULES)}")
         for r in self.recompute:
-            if r not in ("none", "selective", "full", "stage-aware"):
+            if r not in RECOMPUTE_POLICIES:
                 raise ValueError(f"search space: unknown recompute policy {r!r}")
         for o in self.tp_overlap:
-            if o not in ("none", "sub-pipelined"):
+            if o not in TP_OVERLAPS:
                 raise ValueError(f"search space: unknown tp overlap {o!r}")
         for z in self.zero:
             if z not in (0, 1):
@@ -206,21 +206,11 @@ def enumerate_candidates(model, gpus: int, gpus_per_node: int, global_batch_size
 
 def _variants(model, dp, tp, pp, v, mbs, M, sched, space) -> Iterator[Candidate]:
     spec = SCHEDULES[sched]
-    rule = ""
     if pp * v > model.layers:
         rule = f"pp={pp} x virtual stages {v} exceeds the model's {model.layers} layers"
-    elif spec.interleaved and v > 1 and pp < 2:
-        rule = "interleaving needs pp >= 2"
-    elif spec.interleaved and M % pp:
-        rule = f"interleaved-1f1b needs micro-batches ({M}) to be a multiple of pp={pp}"
-    elif sched == "shifted-critical-path" and M < max(pp, 4):
-        rule = f"shifted-critical-path needs micro-batches ({M}) >= max(pp, 4)"
-    rcs = space.recompute
-    if spec.merak:
-        rcs = tuple(r for r in rcs if r in _CHECKPOINTING)
-        if not rcs:
-            return
-    for rc in rcs:
+    else:
+        rule = spec.violation(pp, M, v)
+    for rc in (r for r in space.recompute if spec.pairs_with(r)):
         for sp in _collapse(space.sequence_parallel, tp > 1, False):
             ovs = tuple(dict.fromkeys(
                 o if (o == "none" or (tp > 1 and mbs % 2 == 0)) else "none"

@@ -1,7 +1,7 @@
 """The schedule IR, generators, lowering, validation and unit-cost replay (torch-free)."""
 
 from .execute import DeadlockError, Execution, execute
-from .generators import SCHEDULES, ScheduleSpec, generate
+from .generators import SCHEDULES, generate
 from .ir import (
     Action,
     Fused,
@@ -16,6 +16,7 @@ from .ir import (
 )
 from .lowering import lower
 from .replay import ReplayResult, replay, stage_aware_fractions
+from .spec import ScheduleSpec
 from .validate import ValidationReport, live_profile, validate
 
 __all__ = [

@@ -1,37 +1,28 @@
-"""Pipeline schedule generators: pure functions (S, M, ...) -> compute-only Schedule.
+"""Pipeline schedule generators and their registry :data:`SCHEDULES`.
 
-Each generator returns the *compute* order of every rank (F, F*, R, B, I, W, AR, OPT)
-and places a communication action itself only where its placement deviates from the
-default that :func:`merak_sim.schedule.lowering.lower` would choose (receive right
-before its consumer, send right after its producer, adjacent send+receive to the
-same peer fused). Use :func:`generate` to get a lowered, ready-to-run schedule.
+Each generator is a pure function (S, M[, v]) -> the *compute* order of every rank
+(F, F*, R, B, I, W; :meth:`ScheduleSpec.build` appends AR and OPT). It places a
+communication action itself only where its placement deviates from the default that
+:func:`merak_sim.schedule.lowering.lower` would choose (receive right before its
+consumer, send right after its producer, adjacent send+receive to the same peer
+fused). Its :class:`~merak_sim.schedule.spec.ScheduleSpec` declares what it
+requires and which ranks never recompute; the spec checks the requirements before the
+generator runs. Use :func:`generate` to get a lowered, ready-to-run schedule.
 
 Sources: GPipe (Huang et al., NeurIPS 2019); 1F1B / PipeDream-flush (Narayanan et
 al., ICML 2021); interleaved 1F1B (Narayanan et al., SC 2021, Megatron-LM); ZB-H1
 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024); Merak's family (Lai et
-al., TPDS 2023, as described in shared/reference/merak.md).
+al., TPDS 2023).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from .ir import Action, Kind, Schedule, ScheduleError, Step
 from .lowering import lower
+from .replay import stage_aware_fractions
+from .spec import ScheduleSpec
 
-__all__ = [
-    "SCHEDULES",
-    "ScheduleSpec",
-    "generate",
-    "gpipe",
-    "one_f_one_b",
-    "interleaved_1f1b",
-    "zb_h1",
-    "pre_recompute",
-    "last_no_recompute",
-    "shifted_critical_path",
-]
+__all__ = ["SCHEDULES", "generate"]
 
 F, FN, R, B, I, W = (  # noqa: E741 - the IR's own letters
     Kind.FORWARD,
@@ -43,41 +34,15 @@ F, FN, R, B, I, W = (  # noqa: E741 - the IR's own letters
 )
 
 
-def _check(S: int, M: int, v: int = 1) -> None:
-    for name, val in (("pp", S), ("microbatches", M), ("virtual stages", v)):
-        if not isinstance(val, int) or isinstance(val, bool):
-            raise ScheduleError(f"{name} must be an integer, got {val!r}")
-        if val < 1:
-            raise ScheduleError(f"{name} must be >= 1, got {val}")
-
-
-def _tail(s: int) -> tuple[Step, ...]:
-    return (Action(Kind.ALL_REDUCE, s), Action(Kind.OPTIMIZER, s))
-
-
-def _schedule(name: str, S: int, M: int, programs, v: int = 1, no_recompute=()) -> Schedule:
-    return Schedule(
-        name=name,
-        num_stages=S,
-        num_microbatches=M,
-        virtual_stages=v,
-        programs=tuple(tuple(p) + _tail(s) for s, p in enumerate(programs)),
-        no_recompute_stages=frozenset(no_recompute),
-        lowered=False,
-    )
-
-
-def gpipe(S: int, M: int) -> Schedule:
+def gpipe(S: int, M: int) -> list[list[Step]]:
     """GPipe: every forward, then every backward (in micro-batch order).
 
-    Requirements: S >= 1, M >= 1. Holds all M micro-batches' activations at once.
+    Holds all M micro-batches' activations at once.
     """
-    _check(S, M)
-    progs = [
+    return [
         [Action(F, s, m) for m in range(M)] + [Action(B, s, m) for m in range(M)]
         for s in range(S)
     ]
-    return _schedule("gpipe", S, M, progs)
 
 
 def _1f1b_order(S: int, M: int, s: int) -> list[tuple[Kind, int]]:
@@ -91,31 +56,21 @@ def _1f1b_order(S: int, M: int, s: int) -> list[tuple[Kind, int]]:
     return order
 
 
-def one_f_one_b(S: int, M: int) -> Schedule:
+def one_f_one_b(S: int, M: int) -> list[list[Step]]:
     """1F1B (PipeDream-flush): at most S - s micro-batches in flight on stage s.
 
-    Requirements: S >= 1, M >= 1 (M < S works but leaves a larger bubble).
+    M < S works but leaves a larger bubble.
     """
-    _check(S, M)
-    progs = [[Action(k, s, m) for k, m in _1f1b_order(S, M, s)] for s in range(S)]
-    return _schedule("1f1b", S, M, progs)
+    return [[Action(k, s, m) for k, m in _1f1b_order(S, M, s)] for s in range(S)]
 
 
-def interleaved_1f1b(S: int, M: int, v: int = 2) -> Schedule:
+def interleaved_1f1b(S: int, M: int, v: int) -> list[list[Step]]:
     """Megatron's interleaved 1F1B with v model chunks per rank.
 
     Virtual micro-batch k runs chunk (k // S) % v of micro-batch (k // (S v)) S + k % S;
     backwards visit chunks in reverse. Rank s warms up with 2 (S - s - 1) + (v - 1) S
-    forwards (all of them when M == S). Requirements: M a multiple of S; v >= 1; S >= 2
-    when v > 1 (one rank cannot interleave with itself).
+    forwards (all of them when M == S). Needs M a multiple of S.
     """
-    _check(S, M, v)
-    if v > 1 and S < 2:
-        raise ScheduleError("interleaved-1f1b with virtual stages > 1 needs pp >= 2")
-    if M % S:
-        raise ScheduleError(
-            f"interleaved-1f1b needs microbatches to be a multiple of pp: M={M}, pp={S}"
-        )
     total = M * v
 
     def fwd(k: int) -> tuple[int, int]:
@@ -140,10 +95,10 @@ def interleaved_1f1b(S: int, M: int, v: int = 2) -> Schedule:
             c, m = bwd(k)
             prog.append(Action(B, s, m, c))
         progs.append(prog)
-    return _schedule("interleaved-1f1b", S, M, progs, v=v)
+    return progs
 
 
-def zb_h1(S: int, M: int) -> Schedule:
+def zb_h1(S: int, M: int) -> list[list[Step]]:
     """ZB-H1-style zero-bubble schedule: 1F1B with each backward split into I (input
     gradient) and W (weight gradient).
 
@@ -154,16 +109,14 @@ def zb_h1(S: int, M: int) -> Schedule:
     of (S-1)(F+I) instead of 1F1B's (S-1)(F+I+W); Qi et al. (ICLR 2024) reach
     (S-1)(F+I-W) by also filling the cool-down with postponed W passes adaptively,
     which a static order cannot express without extra memory.
-    Requirements: S >= 1, M >= 1.
     """
-    _check(S, M)
     progs = []
     for s in range(S):
         prog: list[Action] = []
         for k, m in _1f1b_order(S, M, s):
             prog += [Action(F, s, m)] if k is F else [Action(I, s, m), Action(W, s, m)]
         progs.append(prog)
-    return _schedule("zb-h1", S, M, progs)
+    return progs
 
 
 def _pre_recompute_programs(
@@ -195,49 +148,36 @@ def _pre_recompute_programs(
     return progs
 
 
-def pre_recompute(S: int, M: int) -> Schedule:
+def pre_recompute(S: int, M: int) -> list[list[Step]]:
     """Merak T1 item 2 alone ("recompute while waiting"), every stage recomputing.
 
     On every stage but the last, each micro-batch whose backward would start after an
     idle wait for its gradient (the cool-down ones, and micro-batch 0 after the
     warm-up) runs as F*, and its backward as "R rG B": the re-forward fills the wait.
-    This reading reproduces the toy makespans of shared/reference/merak.md (41 for
-    S=4, M=8 and 85 for S=8, M=16; f=1, b=2, r=1). Requirements: S >= 1, M >= 1.
+    This reading reproduces Merak's toy makespans (41 for S=4, M=8 and 85 for S=8,
+    M=16; f=1, b=2, r=1).
     """
-    _check(S, M)
-    return _schedule("pre-recompute", S, M, _pre_recompute_programs(S, M, S - 2, True))
+    return _pre_recompute_programs(S, M, S - 2, True)
 
 
-def last_no_recompute(S: int, M: int) -> Schedule:
+def last_no_recompute(S: int, M: int) -> list[list[Step]]:
     """Merak T1 items 1-2: :func:`pre_recompute` plus a last stage that never
-    recomputes (its backward follows its forward at once). Toy makespans 39 (S=4,
-    M=8) and 83 (S=8, M=16). Requirements: S >= 1, M >= 1.
+    recomputes (its backward follows its forward at once; its spec declares it).
+    Toy makespans 39 (S=4, M=8) and 83 (S=8, M=16).
     """
-    _check(S, M)
-    return _schedule(
-        "last-no-recompute",
-        S,
-        M,
-        _pre_recompute_programs(S, M, S - 2, True),
-        no_recompute={S - 1},
-    )
+    return _pre_recompute_programs(S, M, S - 2, True)
 
 
-def shifted_critical_path(S: int, M: int) -> Schedule:
+def shifted_critical_path(S: int, M: int) -> list[list[Step]]:
     """Merak's shifted critical path schedule (T1 items 1-3).
 
     On top of :func:`last_no_recompute`: stage S-2 starts F*0 sA0 F*1 F2 R0 rG0 sA1 B0
     sG0 R1 rG1 sA2 B1 (its third forward takes the slot where 1F1B runs B0, and B0/B1
     need no recompute because R0/R1 ran while waiting); stage S-3 starts with F*0 and
     runs R0 before B0; the last stage posts its first two gradient sends on their own
-    instead of fused with the next receive, matching stage S-2's order.
-    Requirements: M >= max(S, 4).
+    instead of fused with the next receive, matching stage S-2's order. Needs
+    M >= max(S, 4); the last stage never recomputes.
     """
-    _check(S, M)
-    if M < max(S, 4):
-        raise ScheduleError(
-            f"shifted-critical-path needs microbatches >= max(pp, 4) = {max(S, 4)}, got {M}"
-        )
     progs = _pre_recompute_programs(S, M, S - 3, False)
     if S >= 3:  # stage S-3: F*0, and R0 right before B0
         s = S - 3
@@ -265,42 +205,37 @@ def shifted_critical_path(S: int, M: int) -> Schedule:
             if k is B and m < 2:
                 prog.append(Action(Kind.SEND_GRAD, s, m))
         progs[s] = prog
-    return _schedule("shifted-critical-path", S, M, progs, no_recompute={S - 1})
+    return progs
 
 
-@dataclass(frozen=True)
-class ScheduleSpec:
-    """A registered schedule: its generator and a one-line statement of requirements."""
-
-    name: str
-    build: Callable[..., Schedule]
-    requires: str
-    interleaved: bool = False
-    merak: bool = False
+def _shifted_stage_fractions(S: int, c0: float) -> tuple[float, ...]:
+    """Merak T2 fractions under the shifted critical path: stage S-2 holds three
+    micro-batches at its start, as stage S-3 does, so it takes S-3's ratio (pp >= 3)."""
+    c = list(stage_aware_fractions(S, c0))
+    if S >= 3:
+        c[S - 2] = c[S - 3]
+    return tuple(c)
 
 
+#: Policies Merak's schedules (explicit F* / R re-forwards) are paired with.
+_CHECKPOINTING = ("full", "stage-aware")
+_MERAK = dict(explicit_recompute=True, recompute_policies=_CHECKPOINTING)
+
+#: Every registered schedule generator by name, with its declared facts.
 SCHEDULES: dict[str, ScheduleSpec] = {
     s.name: s
     for s in (
-        ScheduleSpec("gpipe", gpipe, "pp >= 1, microbatches >= 1"),
-        ScheduleSpec("1f1b", one_f_one_b, "pp >= 1, microbatches >= 1"),
-        ScheduleSpec(
-            "interleaved-1f1b",
-            interleaved_1f1b,
-            "microbatches a multiple of pp; pp >= 2 if virtual stages > 1",
-            interleaved=True,
-        ),
-        ScheduleSpec("zb-h1", zb_h1, "pp >= 1, microbatches >= 1"),
-        ScheduleSpec("pre-recompute", pre_recompute, "pp >= 1, microbatches >= 1", merak=True),
-        ScheduleSpec(
-            "last-no-recompute", last_no_recompute, "pp >= 1, microbatches >= 1", merak=True
-        ),
-        ScheduleSpec(
-            "shifted-critical-path",
-            shifted_critical_path,
-            "microbatches >= max(pp, 4)",
-            merak=True,
-        ),
+        ScheduleSpec("gpipe", gpipe),
+        ScheduleSpec("1f1b", one_f_one_b),
+        ScheduleSpec("interleaved-1f1b", interleaved_1f1b, interleaved=True,
+                     microbatches_multiple_of_pp=True),
+        ScheduleSpec("zb-h1", zb_h1),
+        ScheduleSpec("pre-recompute", pre_recompute, **_MERAK),
+        ScheduleSpec("last-no-recompute", last_no_recompute, last_stage_never_recomputes=True,
+                     **_MERAK),
+        ScheduleSpec("shifted-critical-path", shifted_critical_path, microbatch_floor=4,
+                     microbatches_at_least_pp=True, last_stage_never_recomputes=True,
+                     stage_fractions=_shifted_stage_fractions, **_MERAK),
     )
 }
 
@@ -315,13 +250,4 @@ def generate(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> 
         raise ScheduleError(
             f"unknown schedule {name!r}; choose one of: {', '.join(SCHEDULES)}"
         )
-    if spec.interleaved:
-        sched = spec.build(pp, microbatches, virtual_stages)
-    else:
-        if virtual_stages != 1:
-            raise ScheduleError(
-                f"schedule {name!r} has no virtual stages (got {virtual_stages}); "
-                "use interleaved-1f1b or virtual stages 1"
-            )
-        sched = spec.build(pp, microbatches)
-    return lower(sched)
+    return lower(spec.build(pp, microbatches, virtual_stages))

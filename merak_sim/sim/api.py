@@ -14,6 +14,7 @@ from typing import Any
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.base import CostTable
 from merak_sim.layout import RankLayout
+from merak_sim.resolve import resolve_cluster, resolve_model
 from merak_sim.schedule.ir import Schedule
 
 from .engine import EngineOptions, Trace, run_engine
@@ -143,17 +144,9 @@ def simulate(
         raise SimulationError(f"unknown mode {mode!r}; choose representative or full")
     if engine not in ("simpy", "evaluator"):
         raise SimulationError(f"unknown engine {engine!r}; choose simpy or evaluator")
-    spec = clus = None
-    if model is not None:
-        from merak_sim.model import ModelSpec, get_model
-
-        spec = model if isinstance(model, ModelSpec) else get_model(model)
-    if cluster is not None:
-        from merak_sim.hardware import Cluster, get_cluster
-
-        clus = cluster if isinstance(cluster, Cluster) else get_cluster(cluster, nodes=nodes)
-        if isinstance(cluster, Cluster) and nodes is not None:
-            clus = clus.with_nodes(nodes)
+    spec = None if model is None else resolve_model(model)
+    clus = None if cluster is None else resolve_cluster(cluster, nodes)
+    if clus is not None:
         world = clus.world_size
         if cfg.world_size > world:
             raise SimulationError(

@@ -1,0 +1,206 @@
+"""The planner's report: one row per candidate saying how it ended and why it lost,
+the ranked table, :class:`PlanResult` and the no-fit error.
+
+Every candidate ends with a status (best, confirmed, evaluated, bounded, pruned) and a
+reason ("pruned: tp=3 does not divide 32 attention heads", "memory: stage 0 needs ...",
+"12.3 % slower than the best").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from merak_sim.config import ParallelConfig
+from merak_sim.plan import Plan
+
+from .space import Candidate, SearchSpace
+
+__all__ = ["GiB", "PlannerError", "NoFeasiblePlanError", "PlanResult", "row",
+           "ranked_table", "no_fit", "new_counts"]
+
+GiB = float(2**30)
+_STATUS_ORDER = {"best": 0, "confirmed": 1, "evaluated": 2, "bounded": 3, "pruned": 4}
+
+
+class PlannerError(ValueError):
+    """Bad planner input (message names the problem and the fix)."""
+
+
+class NoFeasiblePlanError(PlannerError):
+    """No candidate fits in memory; the message gives the smallest shortfall and the
+    closest candidate."""
+
+    def __init__(self, message: str, closest: dict | None = None,
+                 shortfall_bytes: float | None = None) -> None:
+        super().__init__(message)
+        self.closest = closest
+        self.shortfall_bytes = shortfall_bytes
+
+
+def new_counts() -> dict[str, int]:
+    """Zeroed search counts (see :attr:`PlanResult.counts`)."""
+    return dict(considered=0, pruned_rule=0, pruned_memory=0, bounded=0, evaluated=0,
+                simulated=0, cost_tables=0, schedules=0)
+
+
+def row(c: Candidate, status: str, reason: str, **values: Any) -> dict:
+    """One table row for candidate ``c`` (unknown figures NaN)."""
+    d = dict(status=status, time_s=np.nan, samples_per_s=np.nan, tokens_per_s=np.nan,
+             mfu=np.nan, peak_memory_gib=np.nan, dp=c.dp, tp=c.tp, pp=c.pp,
+             virtual_stages=c.virtual_stages, micro_batch_size=c.micro_batch_size,
+             microbatches=c.microbatches, schedule=c.schedule, recompute=c.recompute,
+             recompute_fractions=None, sequence_parallel=c.sequence_parallel,
+             tp_overlap=c.tp_overlap, zero=c.zero, bound_s=np.nan, engine="",
+             reason=reason, shortfall_gib=np.nan)
+    d.update(values)
+    return d
+
+
+def ranked_table(rows: list[dict]):
+    """The rows as a pandas DataFrame: by status, then by time (or bound)."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    df["_o"] = df.status.map(_STATUS_ORDER)
+    df["_t"] = df.time_s.fillna(df.bound_s).fillna(np.inf)
+    df = df.sort_values(["_o", "_t"], kind="stable").drop(columns=["_o", "_t"])
+    return df.reset_index(drop=True)
+
+
+def _describe(r: dict) -> str:
+    s = (f"dp={r['dp']} tp={r['tp']} pp={r['pp']}"
+         + (f" v={r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
+         + f" mbs={r['micro_batch_size']} {r['schedule']} recompute={r['recompute']}")
+    if r["sequence_parallel"]:
+        s += " +sp"
+    if r["tp_overlap"] != "none":
+        s += f" tp-overlap={r['tp_overlap']}"
+    if r["zero"]:
+        s += f" zero={r['zero']}"
+    return s
+
+
+def no_fit(model, cluster, gbs: int, rows: list[dict], space: SearchSpace
+           ) -> NoFeasiblePlanError:
+    """The error when nothing was evaluated: every candidate broke a rule, or the one
+    closest to fitting and its shortfall."""
+    mem = [r for r in rows if not np.isnan(r["shortfall_gib"])]
+    if not mem:
+        reasons = sorted({r["reason"] for r in rows})[:3]
+        return NoFeasiblePlanError(
+            f"no configuration of {model.name} on {cluster.name} ({cluster.world_size} GPUs) "
+            f"with global batch {gbs} passes the divisibility rules ({'; '.join(reasons)}); "
+            "change the global batch size or the search space")
+    r = min(mem, key=lambda x: x["shortfall_gib"])
+    return NoFeasiblePlanError(
+        f"{model.name} fits nowhere on {cluster.name} ({cluster.world_size} GPUs, "
+        f"{cluster.gpu.memory_bytes / GiB:.1f} GiB each) with global batch {gbs} in the "
+        f"{space.name} space: the closest candidate ({_describe(r)}) is short "
+        f"{r['shortfall_gib']:.2f} GiB ({r['reason']}); add nodes, use GPUs with more "
+        "memory, or allow more recompute / ZeRO / sequence parallelism",
+        closest=r, shortfall_bytes=r["shortfall_gib"] * GiB)
+
+
+def _fmt(x, fmt: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else format(x, fmt)
+
+
+def _losers(df) -> list:
+    """Up to two rows per way of losing (bounded, pruned), one per distinct reason."""
+    extra = []
+    for st in ("bounded", "pruned"):
+        seen = set()
+        for _, r in df[df.status == st].iterrows():
+            head = str(r.reason).split(" ")[0] + str(r.reason).split(":")[1][:12]
+            if head not in seen:
+                seen.add(head)
+                extra.append(r)
+            if len(seen) >= 2:
+                break
+    return extra
+
+
+def _table_row(i: int, r) -> list[str]:
+    rc = r.recompute
+    if rc == "stage-aware" and r.recompute_fractions is not None:
+        rc += " [" + ",".join(f"{x:.2g}" for x in r.recompute_fractions) + "]"
+    return [str(i + 1), r.status,
+            f"{r.dp}.{r.tp}.{r.pp} v{r.virtual_stages} {r.micro_batch_size}",
+            f"{r.schedule} / {rc}",
+            f"{'y' if r.sequence_parallel else 'n'} "
+            f"{'sub' if r.tp_overlap != 'none' else '-'} {r.zero}",
+            _fmt(r.time_s, ".3f"), _fmt(r.samples_per_s, ".1f"), _fmt(r.mfu, ".1%"),
+            _fmt(r.peak_memory_gib, ".1f"), str(r.reason)]
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """What :func:`~merak_sim.planner.search` found.
+
+    Attributes:
+        table: pandas DataFrame, one row per candidate, best first (columns: status,
+            time_s, samples_per_s, tokens_per_s, mfu, peak_memory_gib, dp, tp, pp,
+            virtual_stages, micro_batch_size, microbatches, schedule, recompute,
+            recompute_fractions, sequence_parallel, tp_overlap, zero, bound_s,
+            engine, reason).
+        best: the winning configuration as a :class:`~merak_sim.plan.Plan`.
+        best_result: its SimPy :class:`~merak_sim.sim.result.SimResult` (or the
+            evaluator's when confirmation is off).
+        counts: candidates considered, pruned by rule, pruned by memory, bounded,
+            evaluated, simulated with SimPy; cost tables and schedules built.
+        seconds: wall-clock time of the search.
+        notes: assumptions of the cost model and cluster.
+    """
+
+    model: Any
+    cluster: Any
+    global_batch_size: int
+    space: SearchSpace
+    table: Any
+    best: Plan
+    best_result: Any
+    counts: dict[str, int]
+    seconds: float
+    notes: tuple[str, ...] = ()
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def best_config(self) -> ParallelConfig:
+        """The winning ParallelConfig."""
+        return self.best.parallel
+
+    def top(self, k: int = 10):
+        """The k best rows that ran (confirmed or evaluated)."""
+        df = self.table
+        return df[df.status.isin(["best", "confirmed", "evaluated"])].head(k)
+
+    def rich_table(self, k: int = 10):
+        """A rich Table of the k best candidates plus one example of each way to lose."""
+        from rich.table import Table
+
+        t = Table(title=f"{self.model.name} on {self.cluster.name} "
+                        f"({self.cluster.world_size} GPUs), global batch "
+                        f"{self.global_batch_size}: {self.space.name} search")
+        for col in ("#", "status", "dp.tp.pp v mbs", "schedule / recompute", "sp ovl zero",
+                    "time s", "samples/s", "MFU", "peak GiB", "why it lost"):
+            t.add_column(col, overflow="fold")
+        rows = [r for _, r in self.top(k).iterrows()] + _losers(self.table)
+        for i, r in enumerate(rows):
+            t.add_row(*_table_row(i, r))
+        return t
+
+    def counts_line(self) -> str:
+        """One line: candidates considered, pruned, bounded, evaluated, simulated."""
+        c = self.counts
+        return (f"{c['considered']} candidates: {c['pruned_rule']} pruned by divisibility, "
+                f"{c['pruned_memory']} by memory, {c['bounded']} bounded out, "
+                f"{c['evaluated']} evaluated (fast evaluator), {c['simulated']} simulated "
+                f"(SimPy); {c['cost_tables']} cost tables, {c['schedules']} schedules; "
+                f"{self.seconds:.2f} s")
+
+    def save(self, path) -> None:
+        """Write the best plan (``merak-plan/1``) atomically."""
+        self.best.save(path)

@@ -1,0 +1,130 @@
+"""Stage 2 of the planner: price candidates and screen out those that cannot fit.
+
+Pricing caches cost tables by what they depend on (:meth:`Candidate.table_key`: not
+the schedule nor the checkpointed fraction), so many candidates share one. The cheap
+memory screen charges model state plus *one* micro-batch at the most economical
+checkpointing the policy allows, plus the send/receive buffers: a candidate over the
+capacity here can only be worse with more micro-batches in flight. The exact screen
+(:func:`fit_fractions`) walks the schedule's live micro-batches
+(:class:`~merak_sim.planner.templates.MemoryTemplate`) and, for "stage-aware", picks
+the smallest layer-granular checkpointed fraction per stage that fits (Merak chose c0
+by hand, Lai et al. TPDS 2023, Sec. on stage-aware recomputation; choosing it from the
+memory model is the improvement Merak suggests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from merak_sim.config import ParallelConfig
+from merak_sim.schedule import SCHEDULES
+
+from .space import Candidate
+from .templates import MemoryTemplate, stage_arrays
+
+__all__ = ["Pricer", "Fit", "quick_memory", "fit_fractions"]
+
+
+@dataclass
+class Pricer:
+    """Cost tables per :meth:`Candidate.table_key`, built on first use.
+
+    ``price`` returns (table, stage arrays) or the ValueError the cost model raised
+    (a configuration it cannot price, reported as a pruned row); ``built`` counts the
+    tables priced.
+    """
+
+    model: Any
+    cluster: Any
+    cost_model: Any
+    global_batch_size: int
+    dtype: str
+    built: int = field(default=0, init=False)
+    _tables: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
+
+    def price(self, c: Candidate):
+        """(CostTable, stage arrays) of ``c``, or the ValueError pricing raised."""
+        key = c.table_key()
+        if key not in self._tables:
+            try:
+                tab = self.cost_model.cost_table(self.model, self.cluster, self._config(c))
+                self._tables[key] = (tab, stage_arrays(tab))
+            except ValueError as e:
+                self._tables[key] = e
+            self.built += 1
+        return self._tables[key]
+
+    def _config(self, c: Candidate) -> ParallelConfig:
+        # The table does not depend on the schedule or the checkpointed fraction
+        # (table_key); only selective recompute changes it.
+        return ParallelConfig(
+            dp=c.dp, tp=c.tp, pp=c.pp, virtual_stages=c.virtual_stages,
+            micro_batch_size=c.micro_batch_size, global_batch_size=self.global_batch_size,
+            schedule=c.schedule, recompute="selective" if c.recompute == "selective" else "none",
+            sequence_parallel=c.sequence_parallel, tp_overlap=c.tp_overlap, zero=c.zero,
+            dtype=self.dtype)
+
+
+def quick_memory(c: Candidate, arr: dict[str, np.ndarray], cap: float) -> tuple[float, int]:
+    """(largest excess over capacity of one micro-batch at the cheapest checkpointing,
+    its rank): > 0 means the candidate cannot fit under any schedule."""
+    S, v = c.pp, c.virtual_stages
+    frac = 0.0 if c.recompute in ("none", "selective") else 1.0
+    kept = frac * arr["checkpoint_bytes"] + (1 - frac) * arr["activation_bytes"]
+    if c.recompute == "full":
+        kept = kept.copy()
+        for s in SCHEDULES[c.schedule].never_recompute(S):
+            for ch in range(v):
+                kept[ch * S + s] = arr["activation_bytes"][ch * S + s]
+    # One micro-batch alive on one chunk (the largest), plus every chunk's state.
+    state = arr["state_bytes"].reshape(v, S).sum(axis=0)
+    one = kept.reshape(v, S).max(axis=0)
+    buf = 2 * arr["p2p_bytes"].reshape(v, S).max(axis=0)
+    need = state + one + buf
+    r = int(np.argmax(need - cap))
+    return float(need[r] - cap), r
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The exact memory screen of one candidate.
+
+    Attributes:
+        fractions: checkpointed fraction per rank (the policy's, or for stage-aware
+            the smallest that fits).
+        peaks: peak bytes per rank at those fractions.
+        shortfall: worst excess over capacity (bytes; <= 0: it fits).
+        rank: the rank of that excess.
+    """
+
+    fractions: tuple[float, ...]
+    peaks: tuple[float, ...]
+    shortfall: float
+    rank: int
+
+
+def fit_fractions(c: Candidate, arr: dict[str, np.ndarray], mt: MemoryTemplate,
+                  cap: float) -> Fit:
+    """Fractions and peaks per rank for the candidate's policy (module docstring)."""
+    fracs, peaks = [], []
+    worst, worst_rank = -np.inf, 0
+    for r in range(c.pp):
+        if r in mt.no_recompute or c.recompute in ("none", "selective"):
+            opts = np.zeros(1)
+        elif c.recompute == "full":
+            opts = np.ones(1)
+        else:
+            n = max(int(arr["layers"][r]), 1)
+            opts = np.arange(n + 1) / n
+        pk = mt.peak_bytes(arr, r, opts)
+        ok = np.nonzero(pk <= cap)[0]
+        j = int(ok[0]) if len(ok) else len(opts) - 1
+        x = float(opts[j])
+        fracs.append(round(x, 6) if x < 1 else 1.0)
+        peaks.append(float(pk[j]))
+        if pk[j] - cap > worst:
+            worst, worst_rank = float(pk[j] - cap), r
+    return Fit(tuple(fracs), tuple(peaks), float(worst), worst_rank)
