@@ -1,7 +1,7 @@
 """Measured timelines: a per-rank :class:`Recorder` and the gathered :class:`RunResult`.
 
-Events use the schema shared with the simulator (pandas columns, in this order):
-``rank, stage, chunk, stream, kind, action, microbatch, start_s, end_s, bytes``.
+Events use the schema shared with the simulator (:data:`merak_sim.timeline.EVENT_COLUMNS`:
+``rank, stage, chunk, stream, kind, action, microbatch, start_s, end_s, bytes``).
 ``action`` is the IR token (``str(Action)``), ``kind`` the Kind name, ``stream`` one of
 "compute", "p2p", "collective", ``rank`` the global rank. Compute actions are timed
 with ``time.perf_counter`` on CPU and CUDA events on GPU; a send or receive spans
@@ -12,19 +12,16 @@ above. Times are seconds from the start of the iteration on each rank.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from merak_sim.io import atomic_write_text
 from merak_sim.schedule.ir import Action, Kind
+from merak_sim.timeline import (EVENT_COLUMNS, chrome_trace, plot_gantt,
+                                write_chrome_trace)
 
-__all__ = ["EVENT_COLUMNS", "Recorder", "RunResult"]
-
-EVENT_COLUMNS = ["rank", "stage", "chunk", "stream", "kind", "action", "microbatch",
-                 "start_s", "end_s", "bytes"]
+__all__ = ["Recorder", "RunResult"]
 
 
 class Recorder:
@@ -121,7 +118,7 @@ class RunResult:
         """Events as a pandas DataFrame with the shared column order."""
         import pandas as pd
 
-        return pd.DataFrame(self.events, columns=EVENT_COLUMNS)
+        return pd.DataFrame(self.events, columns=list(EVENT_COLUMNS))
 
     @property
     def iteration_time_s(self) -> float:
@@ -130,46 +127,16 @@ class RunResult:
         return ts[len(ts) // 2] if ts else float("nan")
 
     def to_chrome_trace(self) -> dict:
-        """Chrome-trace JSON (open in Perfetto): one process per rank, one thread per
-        stream."""
-        tids = {"compute": 0, "p2p": 1, "collective": 2}
-        evs = []
-        for r in sorted({e["rank"] for e in self.events}):
-            evs.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0,
-                        "args": {"name": f"rank {r}"}})
-            for s, tid in tids.items():
-                evs.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tid,
-                            "args": {"name": s}})
-        for e in self.events:
-            evs.append({
-                "ph": "X", "name": e["action"], "cat": e["kind"], "pid": e["rank"],
-                "tid": tids[e["stream"]], "ts": e["start_s"] * 1e6,
-                "dur": max(0.0, e["end_s"] - e["start_s"]) * 1e6,
-                "args": {"microbatch": e["microbatch"], "chunk": e["chunk"],
-                         "bytes": e["bytes"]},
-            })
-        return {"traceEvents": evs, "displayTimeUnit": "ms", "metadata": self.meta}
+        """Chrome-trace JSON (open in Perfetto) of the events, one process per rank, one
+        thread per stream (:func:`merak_sim.timeline.chrome_trace`); ``otherData`` holds
+        :attr:`meta`."""
+        return chrome_trace(self.events, self.meta)
 
     def save_chrome_trace(self, path) -> None:
         """Write :meth:`to_chrome_trace` atomically."""
-        atomic_write_text(path, json.dumps(self.to_chrome_trace()))
+        write_chrome_trace(self.events, path, self.meta)
 
     def gantt(self, ax=None):
-        """Matplotlib Gantt chart of the compute stream, one row per rank."""
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots(figsize=(10, 1 + 0.5 * len({e["rank"] for e in self.events})))
-        colors = {"FORWARD": "tab:blue", "FORWARD_NOGRAD": "tab:cyan",
-                  "RECOMPUTE": "tab:orange", "BACKWARD": "tab:green",
-                  "BACKWARD_INPUT": "tab:olive", "BACKWARD_WEIGHT": "tab:purple",
-                  "ALL_REDUCE": "tab:red", "OPTIMIZER": "tab:gray"}
-        for e in self.events:
-            if e["stream"] == "p2p":
-                continue
-            ax.barh(e["rank"], e["end_s"] - e["start_s"], left=e["start_s"],
-                    color=colors.get(e["kind"], "k"), edgecolor="white")
-        ax.set_xlabel("time (s)")
-        ax.set_ylabel("rank")
-        ax.invert_yaxis()
-        return ax
+        """Gantt chart of the compute stream and collectives, one row per rank
+        (:func:`merak_sim.timeline.plot_gantt`); returns the matplotlib Axes."""
+        return plot_gantt(self.events, ax=ax, row_label="rank {}")

@@ -38,14 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from merak_sim.io import atomic_write_text
+from merak_sim.timeline import EVENT_COLUMNS
 
 __all__ = ["RUN_FORMAT", "PROFILE_FORMAT", "RunDirError", "MeasuredRun", "read_run",
            "write_run", "write_measured", "combine_profiles", "EVENT_COLUMNS"]
 
 RUN_FORMAT = "merak-run/1"
 PROFILE_FORMAT = "merak-stage-profile/1"
-EVENT_COLUMNS = ("rank", "stage", "chunk", "stream", "kind", "action", "microbatch",
-                 "start_s", "end_s", "bytes")
 _INT_COLS = {"rank", "stage", "chunk", "microbatch", "step"}
 _FLOAT_COLS = {"start_s", "end_s", "bytes"}
 

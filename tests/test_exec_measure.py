@@ -2,8 +2,8 @@
 
 import json
 
-from merak_exec.result import EVENT_COLUMNS
 from merak_exec.testing import launch_scenario
+from merak_sim.timeline import EVENT_COLUMNS
 
 
 def test_events_cover_every_action_in_the_shared_schema(tmp_path):
@@ -12,9 +12,9 @@ def test_events_cover_every_action_in_the_shared_schema(tmp_path):
     assert codes == [0, 0], res
     r = res[0]
     assert "exception" not in r, r.get("exception")
-    assert r["columns"] == EVENT_COLUMNS == ["rank", "stage", "chunk", "stream", "kind",
-                                             "action", "microbatch", "start_s", "end_s",
-                                             "bytes"]
+    assert r["columns"] == list(EVENT_COLUMNS) == ["rank", "stage", "chunk", "stream",
+                                                   "kind", "action", "microbatch",
+                                                   "start_s", "end_s", "bytes"]
     # one row per action of the schedule on every rank (global rank == pp rank here)
     assert [list(a) for a in r["actions"]] == r["expected"]
     assert r["ordered"]

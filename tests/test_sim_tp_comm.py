@@ -14,7 +14,7 @@ from merak_sim.model import get_model
 from merak_sim.schedule.ir import Kind
 from merak_sim.sim import Topology, simulate
 from merak_sim.sim.program import compile_program
-from merak_sim.sim.result import TP_KIND
+from merak_sim.timeline import TP_KIND
 
 GPT20 = get_model("gpt-20b")
 C3090 = get_cluster("paper-3090")

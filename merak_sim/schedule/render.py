@@ -1,29 +1,18 @@
-"""Gantt renderings of an executed schedule: plain text and matplotlib.
-
-matplotlib is imported only inside :func:`plot_gantt`, so importing this module (and
-``merak_sim``) stays light.
+"""Gantt renderings of an executed schedule: plain text, and matplotlib through
+:mod:`merak_sim.timeline` (which imports matplotlib only when drawing, so importing
+this module and ``merak_sim`` stays light).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from merak_sim import timeline
+
 from .execute import Execution
 from .ir import Kind
 
-__all__ = ["text_gantt", "plot_gantt", "KIND_COLORS"]
-
-#: One colour per compute kind, shared by every Gantt chart in the toolkit.
-KIND_COLORS = {
-    Kind.FORWARD: "#4C72B0",
-    Kind.FORWARD_NOGRAD: "#8FB0E0",
-    Kind.RECOMPUTE: "#DD8452",
-    Kind.BACKWARD: "#55A868",
-    Kind.BACKWARD_INPUT: "#55A868",
-    Kind.BACKWARD_WEIGHT: "#A6D8A8",
-    Kind.ALL_REDUCE: "#8172B3",
-    Kind.OPTIMIZER: "#937860",
-}
+__all__ = ["text_gantt", "execution_events", "plot_gantt"]
 
 _LETTER = {
     Kind.FORWARD: "F",
@@ -54,41 +43,28 @@ def text_gantt(ex: Execution, scale: float = 1.0) -> str:
     return "\n".join(lines)
 
 
+def execution_events(ex: Execution) -> list[tuple]:
+    """The compute actions of an execution as events-table rows
+    (:data:`merak_sim.timeline.EVENT_COLUMNS`; times in the execution's units, AR on
+    the "collective" stream)."""
+    return [(r, a.stage, a.chunk, "collective" if a.kind is Kind.ALL_REDUCE else "compute",
+             a.kind.name, str(a), a.microbatch, s, e, 0)
+            for r, acts in enumerate(ex.compute) for a, s, e in acts]
+
+
 def plot_gantt(ex: Execution, path: str | Path | None = None, title: str = "", ax=None):
-    """Draw the execution as a Gantt chart; save to ``path`` (atomically) if given.
+    """Draw the execution as a Gantt chart (:func:`merak_sim.timeline.plot_gantt`, each
+    bar labelled with its micro-batch); save to ``path`` (atomically) if given.
 
     Returns the matplotlib Axes.
     """
-    import matplotlib
-
+    n = len(ex.compute)
+    out = timeline.plot_gantt(
+        execution_events(ex), ax=ax, path=path, max_ranks=n, title=title, time_scale=1.0,
+        time_label="time", row_label="S{}", annotate=True,
+        figsize=(max(6.0, ex.makespan * 0.25), 0.5 * n + 1))
     if path is not None and ax is None:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt
 
-    own = ax is None
-    if own:
-        fig, ax = plt.subplots(figsize=(max(6.0, ex.makespan * 0.25), 0.5 * len(ex.compute) + 1))
-    for r, acts in enumerate(ex.compute):
-        for a, s, e in acts:
-            if e <= s:
-                continue
-            ax.barh(r, e - s, left=s, color=KIND_COLORS.get(a.kind, "grey"), edgecolor="black",
-                    linewidth=0.4)
-            if a.kind.per_microbatch:
-                ax.text((s + e) / 2, r, str(a.microbatch), ha="center", va="center", fontsize=7)
-    ax.set_yticks(range(len(ex.compute)), [f"S{r}" for r in range(len(ex.compute))])
-    ax.invert_yaxis()
-    ax.set_xlabel("time")
-    if title:
-        ax.set_title(title)
-    if path is not None and own:
-        import io
-
-        from merak_sim.io import atomic_write_bytes
-
-        buf = io.BytesIO()
-        ax.figure.tight_layout()
-        ax.figure.savefig(buf, format="png", dpi=110)
-        plt.close(ax.figure)
-        atomic_write_bytes(Path(path), buf.getvalue())
-    return ax
+        plt.close(out.figure)  # written to a file, not shown
+    return out

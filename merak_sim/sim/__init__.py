@@ -16,7 +16,6 @@ _EXPORTS = {
     "SimResult": "result",
     "RankBreakdown": "result",
     "OutOfMemory": "result",
-    "EVENT_COLUMNS": "result",
     "Compiled": "program",
     "compile_program": "program",
     "Plan": "evaluator",

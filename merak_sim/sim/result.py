@@ -24,31 +24,24 @@ row per compute action for its tensor-parallel collectives: stream "collective",
 GPU, spanning the time the collectives occupy the links (the action's last ``tp_s``
 seconds, or what the fabric simulated under contention).
 
-pandas and matplotlib are imported lazily by the methods that need them.
+The events table, Chrome trace and charts are :mod:`merak_sim.timeline`'s; pandas and
+matplotlib are imported lazily by the methods that need them.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merak_sim.io import atomic_write_text
+from merak_sim import timeline
 from merak_sim.schedule.ir import Kind
+from merak_sim.timeline import EVENT_COLUMNS, TP_KIND
 
 from .engine import Trace
 from .program import OP_COMPUTE
 
-__all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "EVENT_COLUMNS", "TP_KIND",
-           "build_result"]
-
-#: Events-table kind of an action's tensor-parallel collectives (stream "collective").
-TP_KIND = "TP_COLLECTIVE"
-
-#: Column order of the events table shared by simulated and measured timelines.
-EVENT_COLUMNS = ("rank", "stage", "chunk", "stream", "kind", "action", "microbatch",
-                 "start_s", "end_s", "bytes")
+__all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "build_result"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,36 +237,19 @@ class SimResult:
         return df.sort_values(["rank", "start_s", "stream"], kind="stable").reset_index(
             drop=True)
 
+    def _trace_info(self) -> dict:
+        return {"iteration_time_s": self.iteration_time_s, "mode": self.mode,
+                "engine": self.engine}
+
     def chrome_trace(self) -> dict:
-        """Chrome trace-event JSON (opens in Perfetto / chrome://tracing): one complete
-        ("X") event per action, one process per GPU, one thread per stream (the
-        "collective" stream's TP collectives on a thread of their own)."""
-        tids = {"compute": 0, "p2p": 1, "collective": 2, "collective (tp)": 3}
-        out = []
-        seen = set()
-        for row in self._event_rows():
-            rank, s, ch, stream, kind, action, mb, st, en, nbytes = row
-            if rank not in seen:
-                seen.add(rank)
-                out.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
-                            "args": {"name": f"GPU {rank} (stage {s})"}})
-                for name, t in tids.items():
-                    out.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": t,
-                                "args": {"name": name}})
-            # TP collectives get their own track: they may overlap a data-parallel
-            # bucket in time, and Chrome-trace slices on one track must nest.
-            tid = tids["collective (tp)"] if kind == TP_KIND else tids[stream]
-            out.append({"name": action, "cat": kind, "ph": "X", "pid": rank,
-                        "tid": tid, "ts": st * 1e6, "dur": (en - st) * 1e6,
-                        "args": {"stage": s, "chunk": ch, "microbatch": mb,
-                                 "bytes": nbytes}})
-        return {"traceEvents": out, "displayTimeUnit": "ms",
-                "otherData": {"iteration_time_s": self.iteration_time_s,
-                              "mode": self.mode, "engine": self.engine}}
+        """Chrome trace-event JSON of the events (:func:`merak_sim.timeline.chrome_trace`:
+        one process per GPU, one thread per stream, TP collectives on a thread of their
+        own); ``otherData`` holds the iteration time, mode and engine."""
+        return timeline.chrome_trace(self._event_rows(), self._trace_info())
 
     def write_chrome_trace(self, path: str | Path) -> None:
         """Write :meth:`chrome_trace` atomically."""
-        atomic_write_text(path, json.dumps(self.chrome_trace()))
+        timeline.write_chrome_trace(self._event_rows(), path, self._trace_info())
 
     def memory_timeline(self, rank: int | None = None):
         """Memory over time as a DataFrame (rank, time_s, bytes); one GPU if given."""
@@ -290,80 +266,22 @@ class SimResult:
         return pd.DataFrame.from_records(rows, columns=["rank", "time_s", "bytes"])
 
     def plot_gantt(self, path: str | Path | None = None, max_ranks: int = 32):
-        """Gantt chart of the compute stream (and collectives) per GPU; saves to
-        ``path`` if given and returns the matplotlib figure."""
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        from merak_sim.schedule.render import KIND_COLORS
-
-        df = self.events()
-        df = df[df["stream"] != "p2p"]
-        ranks = sorted(df["rank"].unique())[:max_ranks]
-        fig, ax = plt.subplots(figsize=(12, 0.45 * len(ranks) + 1.5))
-        colors = {k.name: c for k, c in KIND_COLORS.items()}
-        colors.setdefault(TP_KIND, "#9467bd")
-        for i, r in enumerate(ranks):
-            sub = df[df["rank"] == r]
-            for kind, g in sub.groupby("kind"):
-                bars = list(zip(g["start_s"] * 1e3, (g["end_s"] - g["start_s"]) * 1e3,
-                                strict=True))
-                coll = kind in ("ALL_REDUCE", TP_KIND)
-                y = i - 0.4 if not coll else i + 0.05
-                h = 0.8 if not coll else 0.35
-                ax.broken_barh(bars, (y, h), facecolors=colors.get(kind, "grey"),
-                               edgecolor="white", linewidth=0.3, label=kind)
-        handles, labels = ax.get_legend_handles_labels()
-        uniq = dict(zip(labels, handles, strict=False))
-        ax.legend(uniq.values(), uniq.keys(), loc="upper left", bbox_to_anchor=(1.005, 1),
-                  fontsize=7)
-        ax.set_yticks(range(len(ranks)), [f"GPU {r}" for r in ranks])
-        ax.invert_yaxis()
-        ax.set_xlabel("time (ms)")
-        ax.set_title(f"iteration {self.iteration_time_s * 1e3:.2f} ms ({self.mode})")
-        fig.tight_layout()
-        if path is not None:
-            _save(fig, path)
-        return fig
+        """Gantt chart of the compute stream and collectives per GPU
+        (:func:`merak_sim.timeline.plot_gantt`); saves to ``path`` if given and returns
+        the matplotlib figure."""
+        ax = timeline.plot_gantt(
+            list(self._event_rows()), path=path, max_ranks=max_ranks,
+            title=f"iteration {self.iteration_time_s * 1e3:.2f} ms ({self.mode})")
+        return ax.figure
 
     def plot_memory(self, path: str | Path | None = None, max_ranks: int = 16):
-        """Memory over time per GPU (step plot) with the capacity line."""
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        tr = self.trace
-        fig, ax = plt.subplots(figsize=(10, 4))
-        for e, hbm in enumerate(tr.memory[:max_ranks]):
-            if not hbm.timeline:
-                continue
-            ts = [t * 1e3 for t, _ in hbm.timeline] + [self.iteration_time_s * 1e3]
-            bs = [b / 2**30 for _, b in hbm.timeline]
-            bs.append(bs[-1])
-            ax.step(ts, bs, where="post", label=f"GPU {tr.ranks[e]}")
-        ax.axhline(self.memory_capacity_bytes / 2**30, color="red", linestyle="--",
-                   label="capacity")
-        ax.set_xlabel("time (ms)")
-        ax.set_ylabel("memory (GiB)")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1))
-        fig.tight_layout()
-        if path is not None:
-            _save(fig, path)
-        return fig
-
-
-def _save(fig, path: str | Path) -> None:
-    import io
-
-    from merak_sim.io import atomic_write_bytes
-
-    buf = io.BytesIO()
-    fmt = Path(path).suffix.lstrip(".") or "png"
-    fig.savefig(buf, format=fmt, dpi=120)
-    atomic_write_bytes(path, buf.getvalue())
+        """Memory over time per GPU (step plot) with the capacity line
+        (:func:`merak_sim.timeline.plot_memory`); saves to ``path`` if given and returns
+        the matplotlib figure."""
+        ax = timeline.plot_memory(self.memory_timeline(), path=path, max_ranks=max_ranks,
+                                  capacity_bytes=self.memory_capacity_bytes,
+                                  end_s=self.iteration_time_s)
+        return ax.figure
 
 
 def _breakdown(tr: Trace, e: int) -> tuple[float, float, float]:
