@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from merak_sim.io import atomic_write_text
 from merak_sim.schedule.ir import Action, Kind
+from merak_sim.validation.rundir import load_result, save_result
 
 __all__ = ["EVENT_COLUMNS", "Recorder", "RunResult"]
 
@@ -173,3 +175,15 @@ class RunResult:
         ax.set_ylabel("rank")
         ax.invert_yaxis()
         return ax
+
+    def save(self, path, profile: dict | None = None) -> Path:
+        """Write this result as a run directory (``merak-run/1``, with ``profile`` as
+        its profile.json if given); see :func:`merak_sim.validation.rundir.save_result`."""
+        return save_result(path, self.events, self.step_times_s, self.losses, self.meta,
+                           profile)
+
+    @classmethod
+    def load(cls, path) -> RunResult:
+        """Read a run directory written by :meth:`save` (or by the validation
+        measurement); events keep their iteration index ``step``."""
+        return cls(**load_result(path))
