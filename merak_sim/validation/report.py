@@ -215,33 +215,31 @@ def _headline_lines(s: dict, name: str, blocks) -> list[str]:
     return lines
 
 
+def _table(header: str, rows: list[str]) -> list[str]:
+    """A markdown table: ``header``, its separator row, then ``rows``."""
+    return [header, "|" + "---|" * (header.count("|") - 1), *rows]
+
+
 def _action_lines(actions, errs: dict[str, float]) -> list[str]:
-    lines = ["| stage | action kind | n | measured ms | predicted ms | median error |",
-             "|---|---|---|---|---|---|"]
-    for (st, kind), g in actions.groupby(["stage", "kind"]):
-        lines.append(f"| {st} | {kind} | {len(g)} | {g['measured_s'].median() * 1e3:.2f} | "
-                     f"{g['predicted_s'].median() * 1e3:.2f} | "
-                     f"{errs[f'{st} {kind}'] * 100:+.1f} % |")
-    return lines
+    return _table("| stage | action kind | n | measured ms | predicted ms | median error |", [
+        f"| {st} | {kind} | {len(g)} | {g['measured_s'].median() * 1e3:.2f} | "
+        f"{g['predicted_s'].median() * 1e3:.2f} | {errs[f'{st} {kind}'] * 100:+.1f} % |"
+        for (st, kind), g in actions.groupby(["stage", "kind"])])
 
 
 def _rank_lines(ranks) -> list[str]:
-    lines = ["", "| rank | compute ms (meas/pred) | exposed comm ms | bubble ms |",
-             "|---|---|---|---|"]
-    for r in ranks.itertuples():
-        lines.append(f"| {r.rank} | {r.measured_compute_s * 1e3:.1f} / "
-                     f"{r.predicted_compute_s * 1e3:.1f} | {r.measured_comm_s * 1e3:.1f} / "
-                     f"{r.predicted_comm_s * 1e3:.1f} | {r.measured_bubble_s * 1e3:.1f} / "
-                     f"{r.predicted_bubble_s * 1e3:.1f} |")
-    return lines
+    return [""] + _table("| rank | compute ms (meas/pred) | exposed comm ms | bubble ms |", [
+        f"| {r.rank} | {r.measured_compute_s * 1e3:.1f} / {r.predicted_compute_s * 1e3:.1f} | "
+        f"{r.measured_comm_s * 1e3:.1f} / {r.predicted_comm_s * 1e3:.1f} | "
+        f"{r.measured_bubble_s * 1e3:.1f} / {r.predicted_bubble_s * 1e3:.1f} |"
+        for r in ranks.itertuples()])
 
 
 def _memory_lines(memory) -> list[str]:
-    lines = ["", "| stage | activation MiB (meas/pred) | error | params MiB (meas/pred) |",
-             "|---|---|---|---|"]
-    for r in memory.itertuples():
-        lines.append(f"| {r.stage} | {r.measured_activation_bytes / 2**20:.3f} / "
-                     f"{r.predicted_activation_bytes / 2**20:.3f} | "
-                     f"{r.activation_error * 100:+.1f} % | {r.measured_param_bytes / 2**20:.3f}"
-                     f" / {r.predicted_param_bytes / 2**20:.3f} |")
-    return lines
+    mib = 2**20
+    return [""] + _table(
+        "| stage | activation MiB (meas/pred) | error | params MiB (meas/pred) |", [
+            f"| {r.stage} | {r.measured_activation_bytes / mib:.3f} / "
+            f"{r.predicted_activation_bytes / mib:.3f} | {r.activation_error * 100:+.1f} % | "
+            f"{r.measured_param_bytes / mib:.3f} / {r.predicted_param_bytes / mib:.3f} |"
+            for r in memory.itertuples()])
