@@ -42,7 +42,7 @@ from typing import Any
 from merak_sim.io import atomic_write_text
 from merak_sim.validation.profile import PROFILE_FORMAT, stage_times
 
-__all__ = ["RUN_FORMAT", "PROFILE_FORMAT", "RunDirError", "MeasuredRun", "read_run",
+__all__ = ["RUN_FORMAT", "RunDirError", "MeasuredRun", "read_run",
            "read_run_files", "write_run", "write_measured", "save_result", "load_result",
            "EVENT_COLUMNS"]
 
