@@ -44,14 +44,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from merak_sim.io import atomic_write_text  # noqa: E402
-from merak_sim.rundir import RunDirError  # noqa: E402
-from merak_sim.validation import ValidationError, repeat_pairs, summarize, validate  # noqa: E402
-from merak_sim.validation_history import (  # noqa: E402
+from merak_sim.validation.compare import validate  # noqa: E402
+from merak_sim.validation.history import (  # noqa: E402
     append_history,
     pooled,
     read_history,
     spread,
 )
+from merak_sim.validation.pricing import ValidationError  # noqa: E402
+from merak_sim.validation.rundir import RunDirError  # noqa: E402
+from merak_sim.validation.suite import repeat_pairs, summarize  # noqa: E402
 from merak_sim.validation_measure import Case, MeasureError, measure_cases, small_gpt  # noqa: E402
 
 TARGETS = {"iteration_median_abs_error": 0.05, "iteration_worst_abs_error": 0.10,

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from merak_sim.io import atomic_write_bytes, atomic_write_text  # noqa: E402
-from merak_sim.validation import validate  # noqa: E402
+from merak_sim.validation.compare import validate  # noqa: E402
 from merak_sim.validation_measure import Case, measure_cases, small_gpt  # noqa: E402
 
 # (name, GPT settings, micro-batch size, micro-batches). GPT-2 vocabulary padded to a

@@ -13,7 +13,7 @@ trained for real in ``--blocks`` blocks between profiles, simulated from its own
 profiles, exactly as in the suite), and appends each repeat to
 ``speedup_repeats.jsonl`` under ``--out``: measured and simulated iterations, their
 errors, the speed-ups and their gap, and the lowest CPU share of the repeat's
-iterations (:func:`merak_sim.validation.cpu_shares`).
+iterations (:func:`merak_sim.validation.measured.cpu_shares`).
 
 Prints each repeat and, over every repeat recorded in the file (earlier invocations
 included), the mean gap with its standard error: a mean gap within a few standard
@@ -36,14 +36,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from cpu_validation import BASELINE, MERAK, SPEEDUP_GAP_POINTS, suite  # noqa: E402
 
 from merak_sim.io import atomic_write_text  # noqa: E402
-from merak_sim.validation_history import append_history, read_history, spread  # noqa: E402
+from merak_sim.validation.history import append_history, read_history, spread  # noqa: E402
 
 HISTORY = "speedup_repeats.jsonl"
 
 
 def measure_once(runs: Path, steps: int, blocks: int, repeats: int) -> dict:
     """Measure, simulate and compare the baseline / Merak pair once (fresh processes)."""
-    from merak_sim.validation import summarize, validate
+    from merak_sim.validation.compare import validate
+    from merak_sim.validation.suite import summarize
     from merak_sim.validation_measure import measure_cases
 
     cases = [c for c in suite() if c.name in (BASELINE, MERAK)]

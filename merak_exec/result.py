@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from merak_sim.schedule.ir import Action, Kind
 from merak_sim.timeline import (EVENT_COLUMNS, chrome_trace, plot_gantt,
                                 write_chrome_trace)
+from merak_sim.validation.rundir import load_result, save_result
 
 __all__ = ["Recorder", "RunResult"]
 
@@ -140,3 +142,15 @@ class RunResult:
         """Gantt chart of the compute stream and collectives, one row per rank
         (:func:`merak_sim.timeline.plot_gantt`); returns the matplotlib Axes."""
         return plot_gantt(self.events, ax=ax, row_label="rank {}")
+
+    def save(self, path, profile: dict | None = None) -> Path:
+        """Write this result as a run directory (``merak-run/1``, with ``profile`` as
+        its profile.json if given); see :func:`merak_sim.validation.rundir.save_result`."""
+        return save_result(path, self.events, self.step_times_s, self.losses, self.meta,
+                           profile)
+
+    @classmethod
+    def load(cls, path) -> RunResult:
+        """Read a run directory written by :meth:`save` (or by the validation
+        measurement); events keep their iteration index ``step``."""
+        return cls(**load_result(path))

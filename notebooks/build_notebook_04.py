@@ -37,8 +37,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import merak_sim
-from merak_sim.validation import validate, summarize, repeat_pairs
-from merak_sim.validation_history import pooled, read_history, spread
+from merak_sim.validation.compare import validate
+from merak_sim.validation.history import pooled, read_history, spread
+from merak_sim.validation.suite import repeat_pairs, summarize
 pd.set_option("display.width", 160)
 ROOT = Path(merak_sim.__file__).resolve().parents[1]
 RUNS = ROOT / "benchmarks" / "results" / "cpu_validation_runs"

@@ -16,17 +16,12 @@ import pytest
 
 from merak_sim.cli import main as cli_main
 from merak_sim.config import ParallelConfig
-from merak_sim.rundir import MeasuredRun, RunDirError, read_run, write_run
-from merak_sim.validation import (
-    cost_table_from_profile,
-    cpu_shares,
-    effective_config,
-    gpt_param_bytes,
-    measured_breakdown,
-    simulate_run,
-    summarize,
-    validate,
-)
+from merak_sim.validation.compare import validate
+from merak_sim.validation.measured import cpu_shares, measured_breakdown
+from merak_sim.validation.memory import gpt_param_bytes
+from merak_sim.validation.pricing import cost_table_from_profile, effective_config, simulate_run
+from merak_sim.validation.rundir import MeasuredRun, RunDirError, read_run, write_run
+from merak_sim.validation.suite import summarize
 
 MODEL = {"vocab_size": 64, "n_positions": 16, "n_embd": 32, "n_layer": 4, "n_head": 4,
          "dropout": 0.0}
@@ -186,6 +181,51 @@ def test_gpt_param_bytes_matches_the_real_model():
     per = [sum(p.numel() * 4 for i in r for p in chain.layers[i].parameters()) for r in ranges]
     # the head's weight is the tied embedding: on another rank it is a private copy
     assert gpt_param_bytes(MODEL, 2, 1) == per
+
+
+def test_gpt_param_bytes_follow_the_runtime_split_when_layers_do_not_divide():
+    import torch
+
+    from merak_exec.capture import to_chain
+    from merak_exec.models import GPT, GPTConfig
+    from merak_exec.stages import uniform_split
+
+    model = dict(MODEL, n_embd=16, n_layer=6)
+    # 6 blocks on 4 stages: the remainder goes to the middle stages (1, 2, 2, 1 blocks)
+    assert gpt_param_bytes(model, 4, 1) == [18240, 26240, 26240, 17344]
+    torch.manual_seed(0)
+    chain, _ = to_chain(GPT(GPTConfig(**model)), seq_len=16)
+    ranges = uniform_split(chain, 4)
+    per = [sum(p.numel() * 4 for i in r for p in chain.layers[i].parameters()) for r in ranges]
+    assert gpt_param_bytes(model, 4, 1) == per
+
+
+def test_run_result_saves_and_loads_a_run_directory(tmp_path):
+    from merak_exec.result import RunResult
+
+    ev = [{"rank": r, "stage": r, "chunk": 0, "stream": "compute", "kind": "FORWARD",
+           "action": f"F{r}.0", "microbatch": 0, "start_s": 0.25 * r, "end_s": 0.25 * r + 0.1,
+           "bytes": 0.0} for r in range(2)]
+    meta = {"config": _cfg(), "model": MODEL, "seq_len": 16, "device": "cpu"}
+    res = RunResult(events=ev, step_times_s=[0.5, 0.4, 0.3], losses=[2.0, 1.5, 1.2], meta=meta)
+    d = res.save(tmp_path / "r")
+    run = json.loads((d / "run.json").read_text())
+    assert run["format"] == "merak-run/1" and run["config"] == meta["config"]
+    assert run["wall_s"] == [0.5, 0.4, 0.3] and run["meta"] == {"device": "cpu"}
+    assert not (d / "profile.json").exists()
+    back = RunResult.load(d)
+    assert back.step_times_s == res.step_times_s and back.losses == res.losses
+    assert back.meta == meta
+    # the events are one iteration's: saved as the last one's
+    assert back.events == [dict(e, step=2) for e in ev]
+    assert back.to_dataframe().equals(res.to_dataframe())
+    # with a profile and the memory it is a run directory the validation reads
+    res2 = RunResult(events=back.events, step_times_s=[0.3], losses=[1.2],
+                     meta=dict(meta, memory=[]))
+    got = read_run(res2.save(tmp_path / "v", profile=_profile(2)))
+    assert got.steps == [2] and got.profile["stages"] == _profile(2)["stages"]
+    with pytest.raises(RunDirError, match="no run.json"):
+        RunResult.load(tmp_path)
 
 
 def test_run_dir_errors(tmp_path):

@@ -1,32 +1,19 @@
 """``merak-sim validate --run RUNDIR``: prediction versus measurement of one run.
 
 Reads a run directory (``merak-run/1``: the measured iterations and the stage profile
-of the machine they ran on, see :mod:`merak_sim.rundir`), simulates the same
-configuration from the profile and prints the iteration-time error, the per-action
-error table, the per-rank compute / exposed-communication / bubble comparison and the
-memory error per stage, and the error of each block of timed iterations against the
-profiler steps bracketing it. ``--json`` prints one JSON object (the summary plus the
-tables); ``--gantt`` writes the side-by-side chart (measured above, simulated below).
-A missing or malformed run directory is a one-line error with exit status 2.
+of the machine they ran on, see :mod:`merak_sim.validation.rundir`), simulates the
+same configuration from the profile and prints the iteration-time error, the
+per-action error table, the per-rank compute / exposed-communication / bubble
+comparison and the memory error per stage, and the error of each block of timed
+iterations against the profiler steps bracketing it. ``--json`` prints one JSON
+object (the summary plus the tables); ``--gantt`` writes the side-by-side chart
+(measured above, simulated below). A missing or malformed run directory is a one-line
+error with exit status 2.
 """
 
 from __future__ import annotations
 
-import json
-import math
-
 import click
-
-
-def _finite(x):
-    """``x`` with NaN and infinities as null (JSON has no NaN)."""
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 @click.command("validate")
@@ -48,7 +35,7 @@ def command(run_dir: str, profile: str | None, gantt: str | None, report_path: s
             statistic: str, as_json: bool) -> None:
     """Compare a measured run with its simulation (iteration, actions, memory)."""
     from merak_sim.io import atomic_write_text
-    from merak_sim.validation import validate
+    from merak_sim.validation.compare import validate
 
     rep = validate(run_dir, profile, statistic=statistic)
     if gantt:
@@ -57,11 +44,6 @@ def command(run_dir: str, profile: str | None, gantt: str | None, report_path: s
     if report_path:
         atomic_write_text(report_path, md)
     if as_json:
-        out = {"summary": rep.summary(), "config": rep.config.to_dict(),
-               "actions": rep.actions.to_dict(orient="records"),
-               "ranks": rep.ranks.to_dict(orient="records"),
-               "memory": rep.memory.to_dict(orient="records"),
-               "blocks": rep.blocks.to_dict(orient="records")}
-        click.echo(json.dumps(_finite(out), default=float))
+        click.echo(rep.to_json())
     else:
         click.echo(md, nl=False)

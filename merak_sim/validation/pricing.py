@@ -1,9 +1,8 @@
-"""The prediction side of the validation loop: price a measured run's configuration
-from its stage profile and simulate it.
+"""Pricing: a measured run's configuration priced from its stage profile and simulated.
 
 Pricing (:func:`cost_table_from_profile`): every figure is a measured parameter of
 this machine, none is fitted to the run being validated. Action times come from the
-profiler step (:mod:`merak_sim.validation_profile`), which times each action through
+profiler step (merak_exec's validation profiler), which times each action through
 the runtime's own code (its Python overhead per action included) while all ranks are
 busy (thread contention included); point-to-point transfers use gloo's one-way
 latency and bandwidth fitted from timed transfers.
@@ -17,7 +16,7 @@ follows it; a receive met by a pending send of a computing peer costs the measur
 blocked figure), a pipeline stage computing while the others idle runs at its
 measured alone speed (both by :func:`_refine`, which needs the simulated timeline),
 the tied-embedding all-reduce waits for both of its ranks
-(:func:`_sync_tied_all_reduce`), and every backward (B or W) but a rank's first of the
+(:func:`tied_embedding_wait`), and every backward (B or W) but a rank's first of the
 step adds the profiled cost of adding into existing gradients (:func:`_accumulating`:
 the runtime clears them once per step, so the others add into them). The
 contract-only prediction (``refined=False``) is kept for comparison. Action times are
@@ -30,10 +29,17 @@ from dataclasses import replace
 
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.base import CostTable, StageCost
-from merak_sim.rundir import MeasuredRun
+from merak_sim.layout import RankLayout
+from merak_sim.schedule.ir import Kind
+from merak_sim.sim.api import evaluator_trace, simulate
+from merak_sim.sim.evaluator import evaluate, plan
+from merak_sim.sim.program import OP_COMPUTE, OP_POST, compile_program
+from merak_sim.sim.result import build_result
+from merak_sim.validation.rundir import MeasuredRun
 
 __all__ = ["ValidationError", "effective_config", "cost_table_from_profile",
-           "simulate_run", "profile_view", "STATISTICS"]
+           "simulate_run", "profile_view", "STATISTICS", "POST_BLOCK_WINDOW_S",
+           "tied_embedding_wait"]
 
 
 class ValidationError(ValueError):
@@ -125,12 +131,6 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
     contention it met), posts and the tied all-reduce are priced as usual. The gap
     between this and the measured iteration is what the schedule, communication and
     posting model alone get wrong. Returns a :class:`~merak_sim.sim.result.SimResult`."""
-    from merak_sim.layout import RankLayout
-    from merak_sim.schedule.ir import Kind
-    from merak_sim.sim.api import evaluator_trace, simulate
-    from merak_sim.sim.program import compile_program
-    from merak_sim.sim.result import build_result
-
     run = replace(run, profile=profile_view(run.profile, statistic))
     cfg = effective_config(run)
     table = cost_table_from_profile(run.profile, cfg)
@@ -139,6 +139,30 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
     sched = cfg.build_schedule()
     prog = compile_program(sched, table, cfg.recompute_per_stage(sched))
     st = run.profile["stages"]
+    dur = _profiled_durations(prog, st, action_s)
+    # Posting a send or receive costs the runtime time on the rank's thread; the
+    # program's posts are instantaneous, so each post's measured cost is added to the
+    # compute action that follows it (and remembered, to compare actions alone).
+    dur, extra = _refine(prog, dur, st, run.profile.get("machine", {}),
+                         contended=cfg.dp * cfg.tp == 1 and cfg.pp > 1 and not action_s)
+    post_extra = {(prog.actions[x].stage, str(prog.actions[x])): v for x, v in extra.items()
+                  if v > 0}
+    if cfg.pp > 1:
+        dur = tied_embedding_wait(prog, dur)
+    prog = replace(prog, duration_s=tuple(dur))
+    tr = evaluator_trace(prog, RankLayout.of(cfg), table.memory_capacity_bytes,
+                         zero=cfg.zero)
+    return build_result(tr, capacity=table.memory_capacity_bytes, peak_flops=1.0,
+                        engine="evaluator", global_batch=cfg.global_batch_size,
+                        seq_len=run.seq_len, config=cfg, notes=table.notes,
+                        meta={"prediction": "replay" if action_s else "refined",
+                              "post_extra_s": post_extra})
+
+
+def _profiled_durations(prog, st: list[dict], action_s: dict | None) -> list[float]:
+    """The program's durations with F* and R at their profiled times, the profiled
+    cost of adding into existing gradients on the backwards that do, and ``action_s``
+    (the replay's measured times) in place of the actions it names."""
     dur = list(prog.duration_s)
     for i, a in enumerate(prog.actions):
         if a.kind is Kind.FORWARD_NOGRAD:
@@ -155,32 +179,13 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
     if action_s:
         for i, a in enumerate(prog.actions):
             dur[i] = action_s.get((a.stage, str(a)), dur[i])
-    # Posting a send or receive costs the runtime time on the rank's thread; the
-    # program's posts are instantaneous, so each post's measured cost is added to the
-    # compute action that follows it (and remembered, to compare actions alone).
-    dur, extra = _refine(prog, dur, st, run.profile.get("machine", {}),
-                         contended=cfg.dp * cfg.tp == 1 and cfg.pp > 1 and not action_s)
-    post_extra = {(prog.actions[x].stage, str(prog.actions[x])): v for x, v in extra.items()
-                  if v > 0}
-    if cfg.pp > 1:
-        dur = _sync_tied_all_reduce(prog, dur)
-    prog = replace(prog, duration_s=tuple(dur))
-    tr = evaluator_trace(prog, RankLayout.of(cfg), table.memory_capacity_bytes,
-                         zero=cfg.zero)
-    return build_result(tr, capacity=table.memory_capacity_bytes, peak_flops=1.0,
-                        engine="evaluator", global_batch=cfg.global_batch_size,
-                        seq_len=run.seq_len, config=cfg, notes=table.notes,
-                        meta={"prediction": "replay" if action_s else "refined",
-                              "post_extra_s": post_extra})
+    return dur
 
 
 def _accumulating(prog) -> list[int]:
     """Action ids of the backwards (B, W) that find their parameters' gradients already
     there: every one of a rank's chunk but its first of the step, since the runtime
     clears the gradients (sets them to None) with each optimizer step."""
-    from merak_sim.schedule.ir import Kind
-    from merak_sim.sim.program import OP_COMPUTE
-
     seen, out = set(), []
     for r, ops in enumerate(prog.ops):
         for code, x, _ in ops:
@@ -216,8 +221,6 @@ def _post_groups(prog) -> tuple[dict, dict]:
     ``{action id: (previous action id on the rank or -1, [(transfer id, is_send)])}``,
     and for every transfer the action id after which its send is posted (-1: before
     the rank's first action)."""
-    from merak_sim.sim.program import OP_POST
-
     groups: dict[int, tuple[int, list]] = {}
     send_after: dict[int, int] = {}
     for ops in prog.ops:
@@ -238,10 +241,59 @@ def _post_groups(prog) -> tuple[dict, dict]:
 #: A receive posted against a pending send is priced as blocked when the peer computes
 #: within this long of the post: the peer may start the moment this post's own send
 #: reaches it, which on the loopback machine takes a transfer (about 0.2 ms) plus the
-#: wake-up of its thread, up to several scheduler ticks when the cores are busy.
-#: :class:`merak_sim.validation_measure._PostProbe` classifies measured posts with
-#: the same window.
+#: wake-up of its thread, up to several scheduler ticks when the cores are busy. The
+#: measuring side classifies measured posts with the same window.
 POST_BLOCK_WINDOW_S = 1e-3
+
+
+def _compute_spans(prog, ev) -> dict[int, list[tuple[float, float]]]:
+    """Per rank, the (start, end) of its actions in evaluation ``ev`` (AR excluded)."""
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for x, r in enumerate(prog.rank_of_action):
+        if prog.actions[x].kind is not Kind.ALL_REDUCE:
+            spans.setdefault(r, []).append((ev.start[x], ev.end[x]))
+    return spans
+
+
+def _post_costs(prog, ev, spans, groups: dict, send_after: dict, post_s: float,
+                blocked_s: float) -> dict[int, float]:
+    """Per action id, the cost of the posts before it: ``post_s`` each, plus the
+    blocked figure's excess when a receive meets a pending send of a peer computing at
+    the post or within :data:`POST_BLOCK_WINDOW_S` of it (it may have been waiting
+    for exactly this post's send)."""
+
+    def busy(rank: int, t0: float, t1: float) -> bool:
+        return any(s0 < t1 and e0 > t0 for s0, e0 in spans.get(rank, ()))
+
+    extra = {}
+    for x, (prev, ops) in groups.items():
+        t_post = ev.end[prev] if prev >= 0 else 0.0
+        hit = False
+        for tid, is_send in ops:
+            tr = prog.transfers[tid]
+            sp = send_after.get(tid, -1)
+            pending = (ev.end[sp] if sp >= 0 else 0.0) <= t_post
+            hit = hit or (not is_send and pending and busy(tr.src, t_post,
+                                                           t_post + POST_BLOCK_WINDOW_S))
+        extra[x] = post_s * len(ops) + (blocked_s - post_s if hit else 0.0)
+    return extra
+
+
+def _contended(prog, ev, spans, base: list[float], ratio: list[float],
+               extra: dict[int, float]) -> list[float]:
+    """Durations for the next fixed-point round: each action's alone time plus the
+    all-busy slowdown scaled by the fraction of it overlapping another rank's compute
+    in ``ev``, plus its post cost."""
+    nxt = []
+    for x, r in enumerate(prog.rank_of_action):
+        f = 1.0
+        if ratio[x] != 1.0:
+            s0, e0 = ev.start[x], ev.end[x]
+            ov = sum(max(0.0, min(e0, e1) - max(s0, s1)) for q, sp in spans.items()
+                     if q != r for s1, e1 in sp)
+            f = min(1.0, ov / (e0 - s0)) if e0 > s0 else 1.0
+        nxt.append(extra.get(x, 0.0) + base[x] * (ratio[x] + (1.0 - ratio[x]) * f))
+    return nxt
 
 
 def _refine(prog, base: list[float], stages: list[dict], machine: dict, contended: bool,
@@ -253,8 +305,7 @@ def _refine(prog, base: list[float], stages: list[dict], machine: dict, contende
       posted while the peer computes within :data:`POST_BLOCK_WINDOW_S` of the post
       (it may have waited for exactly this post's send), which costs
       ``p2p_post_blocked_s`` (gloo's receive then often waits for a thread to get one
-      of the busy cores; measured through the runtime by
-      :class:`merak_sim.validation_measure._PostProbe` with the same rule);
+      of the busy cores; measured through the runtime with the same rule);
     - contention (``contended``: pipeline ranks without replicas, which do not always
       compute together): an action costs its alone time plus the measured slowdown of
       all ranks computing at once, scaled by the fraction of it that overlaps another
@@ -262,9 +313,6 @@ def _refine(prog, base: list[float], stages: list[dict], machine: dict, contende
       always run together, so their all-busy times stand.
 
     Returns the durations and the post cost added to each action id."""
-    from merak_sim.schedule.ir import Kind
-    from merak_sim.sim.evaluator import evaluate, plan
-
     post_s = float(machine.get("p2p_post_s", 0.0))
     blocked_s = float(machine.get("p2p_post_blocked_s", post_s))
     groups, send_after = _post_groups(prog)
@@ -273,57 +321,26 @@ def _refine(prog, base: list[float], stages: list[dict], machine: dict, contende
     if blocked_s == post_s and all(abs(r - 1.0) < 1e-12 for r in ratio):
         return [d + extra.get(x, 0.0) for x, d in enumerate(base)], extra
     pl = plan(prog)
-    ranks = prog.rank_of_action
-    is_ar = [a.kind is Kind.ALL_REDUCE for a in prog.actions]
     cur = [d + extra.get(x, 0.0) for x, d in enumerate(base)]
     for _ in range(iterations):
         ev = evaluate(replace(prog, duration_s=tuple(cur)), pl)
-        spans: dict[int, list[tuple[float, float]]] = {}
-        for x, r in enumerate(ranks):
-            if not is_ar[x]:
-                spans.setdefault(r, []).append((ev.start[x], ev.end[x]))
-
-        def busy(rank: int, t0: float, t1: float, spans=spans) -> bool:
-            return any(s0 < t1 and e0 > t0 for s0, e0 in spans.get(rank, ()))
-
-        extra = {}
-        for x, (prev, ops) in groups.items():
-            t_post = ev.end[prev] if prev >= 0 else 0.0
-            # The peer computing at the post or within POST_BLOCK_WINDOW_S of it (it may
-            # have been waiting for exactly this post's send) blocks the receive.
-            window = POST_BLOCK_WINDOW_S
-            hit = False
-            for tid, is_send in ops:
-                tr = prog.transfers[tid]
-                sp = send_after.get(tid, -1)
-                pending = (ev.end[sp] if sp >= 0 else 0.0) <= t_post
-                hit = hit or (not is_send and pending and busy(tr.src, t_post,
-                                                               t_post + window))
-            extra[x] = post_s * len(ops) + (blocked_s - post_s if hit else 0.0)
-        nxt = []
-        for x, r in enumerate(ranks):
-            f = 1.0
-            if ratio[x] != 1.0:
-                s0, e0 = ev.start[x], ev.end[x]
-                ov = sum(max(0.0, min(e0, e1) - max(s0, s1)) for q, sp in spans.items()
-                         if q != r for s1, e1 in sp)
-                f = min(1.0, ov / (e0 - s0)) if e0 > s0 else 1.0
-            nxt.append(extra.get(x, 0.0) + base[x] * (ratio[x] + (1.0 - ratio[x]) * f))
+        spans = _compute_spans(prog, ev)
+        extra = _post_costs(prog, ev, spans, groups, send_after, post_s, blocked_s)
+        nxt = _contended(prog, ev, spans, base, ratio, extra)
         if nxt == cur:
             break
         cur = nxt
     return cur, extra
 
 
-def _sync_tied_all_reduce(prog, dur: list[float]) -> list[float]:
-    """The built-in GPT ties its embedding and head, so AR on the first and last
-    pipeline ranks starts with one collective between them (merak_exec sums the tied
-    gradients there): it cannot finish before the later rank arrives. The program
-    prices each rank's AR alone, so the earlier rank's AR is lengthened by the wait
-    (AR is followed only by OPT, so nothing else moves)."""
-    from merak_sim.schedule.ir import Kind
-    from merak_sim.sim.evaluator import evaluate, plan
-
+def tied_embedding_wait(prog, dur: list[float]) -> list[float]:
+    """The tied-embedding wait, priced here on top of the evaluator: the built-in GPT
+    ties its embedding and head, so AR on the first and last pipeline ranks starts
+    with one collective between them (merak_exec sums the tied gradients there): it
+    cannot finish before the later rank arrives. The program prices each rank's AR
+    alone, so the earlier rank's AR is lengthened by the wait (AR is followed only by
+    OPT, so nothing else moves). Once the engine and the evaluator model this wait
+    themselves, this function and its one call in :func:`simulate_run` go."""
     S = prog.num_ranks
     ar = {r: x for x, (a, r) in enumerate(zip(prog.actions, prog.rank_of_action, strict=True))
           if a.kind is Kind.ALL_REDUCE and r in (0, S - 1)}

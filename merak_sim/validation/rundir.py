@@ -1,7 +1,6 @@
 """Run directories (``merak-run/1``): a measured run plus the profile of its machine.
 
-merak_exec's :class:`~merak_exec.result.RunResult` has no save/load, so the validation
-loop keeps a measured run in a directory of plain files::
+A measured run is kept in a directory of plain files::
 
     RUNDIR/
       run.json      {"format": "merak-run/1", "config": ParallelConfig dict,
@@ -24,7 +23,9 @@ loop keeps a measured run in a directory of plain files::
 
 ``profile.json`` is what the validation prices the configuration from; it can be
 replaced by a profile from elsewhere (``merak-sim validate --profile``). Every file
-is written atomically.
+is written atomically. The functions here work on plain data (dicts and lists), so
+the backend's ``RunResult.save`` / ``RunResult.load`` use them without this package
+knowing the backend: :func:`save_result` and :func:`load_result`.
 """
 
 from __future__ import annotations
@@ -32,21 +33,25 @@ from __future__ import annotations
 import csv
 import io
 import json
-import statistics
+import platform
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from merak_sim.io import atomic_write_text
 from merak_sim.timeline import EVENT_COLUMNS
+from merak_sim.validation.profile import PROFILE_FORMAT, stage_times
 
-__all__ = ["RUN_FORMAT", "PROFILE_FORMAT", "RunDirError", "MeasuredRun", "read_run",
-           "write_run", "write_measured", "combine_profiles", "EVENT_COLUMNS"]
+__all__ = ["RUN_FORMAT", "RunDirError", "MeasuredRun", "read_run",
+           "read_run_files", "write_run", "write_measured", "save_result", "load_result"]
 
 RUN_FORMAT = "merak-run/1"
-PROFILE_FORMAT = "merak-stage-profile/1"
 _INT_COLS = {"rank", "stage", "chunk", "microbatch", "step"}
 _FLOAT_COLS = {"start_s", "end_s", "bytes"}
+# run.json fields a RunResult keeps in its ``meta`` (the rest of run.json's own "meta"
+# there too); wall_s and losses are its step_times_s and losses.
+_META_FIELDS = ("config", "model", "seq_len", "memory", "step_block", "cpu_s")
 
 
 class RunDirError(ValueError):
@@ -73,7 +78,7 @@ class MeasuredRun:
         cpu_s: per global rank, per timed iteration, the CPU seconds of the rank's
             main thread during the iteration (empty for older run directories);
             compared with its busy time it shows when other work took the rank's
-            core (see :func:`merak_sim.validation.cpu_shares`).
+            core (see :func:`merak_sim.validation.measured.cpu_shares`).
     """
 
     path: Path
@@ -104,6 +109,7 @@ class MeasuredRun:
         return sorted({int(e["step"]) for e in self.events})
 
 
+# -- writing -----------------------------------------------------------------------------
 def _events_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=[*EVENT_COLUMNS, "step"], lineterminator="\n")
@@ -113,67 +119,105 @@ def _events_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def write_run(path: str | Path, run: dict, events: list[dict], profile: dict) -> Path:
-    """Write a run directory from its three parts (run.json body without ``format``)."""
+def write_run(path: str | Path, run: dict, events: list[dict],
+              profile: dict | None = None) -> Path:
+    """Write a run directory from its parts (run.json body without ``format``; event
+    rows with ``step``; the profile, if there is one)."""
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
     atomic_write_text(p / "run.json", json.dumps({"format": RUN_FORMAT, **run}, indent=1))
     atomic_write_text(p / "events.csv", _events_csv(events))
-    atomic_write_text(p / "profile.json", json.dumps(profile, indent=1))
+    if profile is not None:
+        atomic_write_text(p / "profile.json", json.dumps(profile, indent=1))
     return p
+
+
+def save_result(path: str | Path, events: list[dict], step_times_s: list[float],
+                losses: list[float], meta: dict, profile: dict | None = None) -> Path:
+    """Write a gathered run's fields (those of the backend's ``RunResult``) as a run
+    directory. ``meta`` entries named like run.json fields (config, model, seq_len,
+    memory, step_block, cpu_s) become those fields, the rest run.json's ``meta``;
+    events without a ``step`` are written as the last iteration's."""
+    last = max(0, len(step_times_s) - 1)
+    run = {k: meta[k] for k in _META_FIELDS if k in meta}
+    run.update(wall_s=list(step_times_s), losses=list(losses),
+               meta={k: v for k, v in meta.items() if k not in _META_FIELDS})
+    rows = [e if "step" in e else {**e, "step": last} for e in events]
+    return write_run(path, run, rows, profile)
+
+
+# -- reading -----------------------------------------------------------------------------
+def _read_json(path: Path, missing: str) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunDirError(missing) from None
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+
+
+def _parse_row(r: dict) -> dict[str, Any]:
+    return {k: int(r[k]) if k in _INT_COLS else float(r[k]) if k in _FLOAT_COLS else r[k]
+            for k in (*EVENT_COLUMNS, "step")}
+
+
+def _read_events(p: Path) -> list[dict]:
+    try:
+        text = (p / "events.csv").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RunDirError(f"{p} has no events.csv") from None
+    reader = csv.DictReader(io.StringIO(text))
+    missing = {*EVENT_COLUMNS, "step"} - set(reader.fieldnames or [])
+    if missing:
+        raise RunDirError(f"{p / 'events.csv'} lacks column(s) {', '.join(sorted(missing))}")
+    rows = []
+    for i, r in enumerate(reader, start=2):
+        try:
+            rows.append(_parse_row(r))
+        except (TypeError, ValueError):
+            raise RunDirError(f"{p / 'events.csv'} line {i}: bad value {r!r}") from None
+    if not rows:
+        raise RunDirError(f"{p / 'events.csv'} has no events")
+    return rows
+
+
+def _read_run_json(p: Path) -> dict:
+    if not p.is_dir():
+        raise RunDirError(f"run directory {p} does not exist; measure one with "
+                          "benchmarks/cpu_validation.py (merak_exec.profiling)")
+    run = _read_json(p / "run.json", f"{p} has no run.json; it is not a merak-run/1 "
+                     "directory")
+    if run.get("format") != RUN_FORMAT:
+        raise RunDirError(f"{p / 'run.json'} has format {run.get('format')!r}; expected "
+                          f"{RUN_FORMAT!r}")
+    return run
+
+
+def _read_profile(path: Path) -> dict:
+    prof = _read_json(path, f"profile {path} does not exist")
+    if prof.get("format") != PROFILE_FORMAT:
+        raise RunDirError(f"{path} has format {prof.get('format')!r}; expected "
+                          f"{PROFILE_FORMAT!r}")
+    return prof
+
+
+def read_run_files(path: str | Path) -> tuple[dict, list[dict]]:
+    """The run.json body (format checked) and the event rows (typed, with ``step``) of
+    a run directory; the profile is not read."""
+    p = Path(path)
+    return _read_run_json(p), _read_events(p)
 
 
 def read_run(path: str | Path, profile: str | Path | None = None) -> MeasuredRun:
     """Read a run directory (and optionally another profile file)."""
     p = Path(path)
-    if not p.is_dir():
-        raise RunDirError(f"run directory {p} does not exist; measure one with "
-                          "benchmarks/cpu_validation.py or merak_sim.validation_measure")
-    try:
-        run = json.loads((p / "run.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RunDirError(f"{p} has no run.json; it is not a merak-run/1 directory") from None
-    except json.JSONDecodeError as e:
-        raise RunDirError(f"{p / 'run.json'} is not valid JSON: {e.msg} at line "
-                          f"{e.lineno}") from None
-    if run.get("format") != RUN_FORMAT:
-        raise RunDirError(f"{p / 'run.json'} has format {run.get('format')!r}; expected "
-                          f"{RUN_FORMAT!r}")
+    run = _read_run_json(p)
     for k in ("config", "model", "seq_len", "wall_s", "memory"):
         if k not in run:
             raise RunDirError(f"{p / 'run.json'} lacks field {k!r}")
-    prof_path = Path(profile) if profile is not None else p / "profile.json"
-    try:
-        prof = json.loads(prof_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RunDirError(f"profile {prof_path} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise RunDirError(f"{prof_path} is not valid JSON: {e.msg}") from None
-    if prof.get("format") != PROFILE_FORMAT:
-        raise RunDirError(f"{prof_path} has format {prof.get('format')!r}; expected "
-                          f"{PROFILE_FORMAT!r}")
-    try:
-        text = (p / "events.csv").read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RunDirError(f"{p} has no events.csv") from None
-    rows = []
-    reader = csv.DictReader(io.StringIO(text))
-    missing = {*EVENT_COLUMNS, "step"} - set(reader.fieldnames or [])
-    if missing:
-        raise RunDirError(f"{p / 'events.csv'} lacks column(s) {', '.join(sorted(missing))}")
-    for i, r in enumerate(reader, start=2):
-        try:
-            row: dict[str, Any] = {}
-            for k in (*EVENT_COLUMNS, "step"):
-                v = r[k]
-                row[k] = int(v) if k in _INT_COLS else float(v) if k in _FLOAT_COLS else v
-        except (TypeError, ValueError):
-            raise RunDirError(f"{p / 'events.csv'} line {i}: bad value {r!r}") from None
-        rows.append(row)
-    if not rows:
-        raise RunDirError(f"{p / 'events.csv'} has no events")
+    prof = _read_profile(Path(profile) if profile is not None else p / "profile.json")
     return MeasuredRun(path=p, config=run["config"], model=run["model"],
-                       seq_len=int(run["seq_len"]), events=rows,
+                       seq_len=int(run["seq_len"]), events=_read_events(p),
                        wall_s=[float(x) for x in run["wall_s"]],
                        losses=[float(x) for x in run.get("losses", [])],
                        memory=list(run["memory"]), profile=prof, meta=run.get("meta", {}),
@@ -181,61 +225,37 @@ def read_run(path: str | Path, profile: str | Path | None = None) -> MeasuredRun
                        cpu_s=tuple(tuple(float(x) for x in r) for r in run.get("cpu_s", ())))
 
 
-_TIME_KEYS = ("forward_s", "forward_plain_s", "backward_ckpt_s", "backward_s",
-              "forward_nograd_s", "reforward_s", "backward_input_s", "backward_weight_s",
-              "bare_forward_nograd_s", "all_reduce_s", "optimizer_s", "forward_solo_s",
-              "backward_ckpt_solo_s", "backward_solo_s", "forward_nograd_solo_s",
-              "reforward_solo_s", "backward_input_solo_s", "backward_weight_solo_s")
-_TIME_KEYS = _TIME_KEYS + tuple(k[:-2] + suffix for k in _TIME_KEYS
-                                 for suffix in ("_min_s", "_mean_s")) + (
-    # paired differences (adding into existing gradients minus fresh): no statistics
-    "backward_ckpt_accum_delta_s", "backward_accum_delta_s", "backward_weight_accum_delta_s",
-    # the profiled samples' main-thread CPU and wall seconds (their ratio: the CPU share)
-    "lockstep_cpu_s", "lockstep_wall_s")
+def load_result(path: str | Path) -> dict:
+    """A run directory as the fields of the backend's ``RunResult`` (``events`` with
+    their ``step``, ``step_times_s``, ``losses``, ``meta``: the inverse of
+    :func:`save_result`); the profile, if any, is left in the directory."""
+    run, rows = read_run_files(path)
+    meta = {**run.get("meta", {}), **{k: run[k] for k in _META_FIELDS if k in run}}
+    return {"events": rows, "step_times_s": [float(x) for x in run.get("wall_s", [])],
+            "losses": [float(x) for x in run.get("losses", [])], "meta": meta}
 
 
-def combine_profiles(profiles: list[dict]) -> dict:
-    """One profile from several of the same rank or stage: the mean of each time, the
-    fastest of each ``*_min_s``, other entries (bytes, counts) from the first."""
-    out = dict(profiles[0])
-    for k, v in profiles[0].items():
-        if isinstance(v, float) and k.endswith("_min_s"):
-            out[k] = min(p[k] for p in profiles)
-        elif isinstance(v, float) and k.endswith("_s"):
-            out[k] = statistics.fmean(p[k] for p in profiles)
-    out["profiles_combined"] = len(profiles)
-    return out
-
-
-def _stage_times(group: list[dict]) -> dict:
-    """The action times of one stage: the median over the ranks holding it."""
-    return {k: statistics.median(g[k] for g in group) for k in _TIME_KEYS
-            if all(k in g for g in group)}
-
-
-def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Path:
-    """Write the run directory from the gathered per-rank measurements of
-    :mod:`merak_sim.validation_measure` (events aligned to one clock per iteration;
-    stage profile = median over the ranks holding the stage)."""
-    import platform
-    import time
-
-    ranks = sorted(res["ranks"], key=lambda r: r["rank"])
-    n_steps = len(ranks[0]["origins"])
+# -- the validation measurement's run directory -------------------------------------------
+def _aligned_events(ranks: list[dict]) -> list[dict]:
+    """Every rank's events of each iteration on one clock: times from the iteration's
+    earliest rank origin."""
     events = []
-    for k in range(n_steps):
+    for k in range(len(ranks[0]["origins"])):
         origin = min(r["origins"][k] for r in ranks)
         for r in ranks:
             shift = r["origins"][k] - origin
-            for e in r["events"]:
-                if e["step"] == k:
-                    events.append(dict(e, start_s=e["start_s"] + shift,
-                                       end_s=e["end_s"] + shift))
+            events += [dict(e, start_s=e["start_s"] + shift, end_s=e["end_s"] + shift)
+                       for e in r["events"] if e["step"] == k]
+    return events
+
+
+def _stage_profile(ranks: list[dict], machine: dict, opts: dict) -> dict:
+    """The stage profile: per stage the median over the ranks holding it (other
+    entries from the stage's first rank), and per profiler step its samples."""
     pp = max(r["pp_rank"] for r in ranks) + 1
     stages = []
     for s in range(pp):
-        group = [r["profile"] for r in ranks if r["pp_rank"] == s]
-        st = _stage_times(group)
+        st = stage_times([r["profile"] for r in ranks if r["pp_rank"] == s])
         first = next(r["profile"] for r in ranks if r["pp_rank"] == s)
         for k, v in first.items():
             st.setdefault(k, v)
@@ -248,9 +268,17 @@ def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Pa
     n_samples = min(len(r.get("profile_samples", [])) for r in ranks)
     if n_samples:
         profile["samples"] = [
-            {"stages": [_stage_times([r["profile_samples"][k] for r in ranks
-                                      if r["pp_rank"] == s]) for s in range(pp)]}
+            {"stages": [stage_times([r["profile_samples"][k] for r in ranks
+                                     if r["pp_rank"] == s]) for s in range(pp)]}
             for k in range(n_samples)]
+    return profile
+
+
+def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Path:
+    """Write the run directory from the gathered per-rank measurements of the
+    validation measurement (events aligned to one clock per iteration; stage profile
+    = median over the ranks holding the stage)."""
+    ranks = sorted(res["ranks"], key=lambda r: r["rank"])
     memory = [{"rank": r["rank"], "pp_rank": r["pp_rank"], **r["memory"]} for r in ranks]
     run = {"config": res["config"], "model": res["model"], "seq_len": res["seq_len"],
            "wall_s": ranks[0]["wall_s"], "losses": ranks[0]["losses"], "memory": memory,
@@ -258,4 +286,4 @@ def write_measured(path: str | Path, res: dict, machine: dict, opts: dict) -> Pa
            "cpu_s": [r.get("cpu_s", []) for r in ranks],
            "meta": {"world": len(ranks), "backend": opts.get("backend", "gloo"),
                     "threads_per_rank": 1}}
-    return write_run(path, run, events, profile)
+    return write_run(path, run, _aligned_events(ranks), _stage_profile(ranks, machine, opts))
