@@ -50,7 +50,7 @@ def test_event_columns_are_defined_once_in_the_packages():
 
 def test_every_events_table_uses_the_shared_columns():
     from merak_sim.config import ParallelConfig
-    from merak_sim.rundir import MeasuredRun
+    from merak_sim.validation.rundir import MeasuredRun
     from merak_sim.sim import simulate, uniform_table
 
     cfg = ParallelConfig(pp=2, global_batch_size=4, micro_batch_size=1)
