@@ -58,10 +58,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from merak_sim.model import ModelSpec
+from merak_sim.schedule.liveness import liveness, stash_sizes
 
 __all__ = [
     "ActivationProfile", "KORTHIKANTI", "FLASH", "CPU_EAGER", "CPU_EAGER_HF_GPT2",
-    "MemoryError_", "ModelState", "model_state_bytes", "layer_activation_breakdown",
+    "MemoryModelError", "ModelState", "model_state_bytes", "layer_activation_breakdown",
     "layer_activation_bytes", "layer_checkpoint_bytes", "korthikanti_layer_bytes",
     "stage_input_bytes", "first_stage_extra_bytes", "last_stage_extra_bytes",
     "peak_memory", "StageMemory", "DTYPE_BYTES",
@@ -70,8 +71,8 @@ __all__ = [
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
-class MemoryError_(ValueError):
-    """Bad input to the memory model (named so it does not shadow the builtin)."""
+class MemoryModelError(ValueError):
+    """Bad input to the memory model (a ValueError naming the offending value)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +128,7 @@ def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
     or flash statistics).
     """
     if micro_batch < 1:
-        raise MemoryError_(f"micro_batch must be a positive integer, got {micro_batch}")
+        raise MemoryModelError(f"micro_batch must be a positive integer, got {micro_batch}")
     model.check_tp(tp)
     h, f, kv, a, s = model.hidden, model.ffn_hidden, model.kv_dim, model.heads, model.seq_len
     e, m = _e(model, profile, dtype), profile.mask_bytes
@@ -146,7 +147,7 @@ def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
     elif attn == "flash":
         scores = 4 * a
     else:
-        raise MemoryError_(f"unknown attention storage {profile.attention!r}")
+        raise MemoryModelError(f"unknown attention storage {profile.attention!r}")
     return {
         "residual": tok * 4 * e * h / rep,
         "masks": tok * (2 * m * h if p else 0) / rep,
@@ -171,7 +172,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: 
     if recompute == "selective":
         d = dict(d, scores=0.0)
     elif recompute != "none":
-        raise MemoryError_(f"unknown recompute setting {recompute!r}; choose none, "
+        raise MemoryModelError(f"unknown recompute setting {recompute!r}; choose none, "
                            "selective or full")
     return float(sum(d.values()))
 
@@ -207,7 +208,7 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1,
         return s * b * h / t * 34
     if setting == "full":
         return 2 * s * b * h
-    raise MemoryError_(f"unknown Korthikanti setting {setting!r}")
+    raise MemoryModelError(f"unknown Korthikanti setting {setting!r}")
 
 
 def first_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
@@ -276,9 +277,9 @@ def model_state_bytes(params: float, dtype: str = "bf16", dp: int = 1,
     docstring: 2+2+12 mixed precision, 4+4+8 fp32; ZeRO-1 divides the optimizer part
     by dp)."""
     if dtype not in DTYPE_BYTES:
-        raise MemoryError_(f"unknown dtype {dtype!r}; choose bf16, fp16 or fp32")
+        raise MemoryModelError(f"unknown dtype {dtype!r}; choose bf16, fp16 or fp32")
     if dp < 1:
-        raise MemoryError_(f"dp must be a positive integer, got {dp}")
+        raise MemoryModelError(f"dp must be a positive integer, got {dp}")
     if dtype == "fp32":
         w, g, o = 4, 4, 8
     else:
@@ -295,64 +296,33 @@ class StageMemory:
     Attributes:
         state_bytes: weights + gradients + optimizer state (all its chunks).
         activation_peak_bytes: the largest sum of kept activations of alive
-            micro-batches over the schedule.
-        buffer_bytes: pipeline send/receive buffers (activation and gradient of one
-            micro-batch each way) plus the working set of one layer's recompute.
+            micro-batches over the schedule (:mod:`merak_sim.schedule.liveness`).
         peak_in_flight: most micro-batches alive at once (from the schedule).
     """
 
     state_bytes: float
     activation_peak_bytes: float
-    buffer_bytes: float
     peak_in_flight: int
 
     @property
     def total_bytes(self) -> float:
-        """Peak bytes on the rank."""
-        return self.state_bytes + self.activation_peak_bytes + self.buffer_bytes
+        """Peak bytes on the rank (what the simulator reports for it)."""
+        return self.state_bytes + self.activation_peak_bytes
 
 
 def peak_memory(table: Any, config: Any, schedule: Any | None = None) -> tuple[StageMemory, ...]:
     """Peak memory per pipeline rank for a :class:`~merak_sim.costs.base.CostTable` and
-    a ParallelConfig, walking the schedule's actions: F keeps ``kept_bytes(c_s)``, F*
-    keeps ``input_bytes``, R turns an F* into the full ``activation_bytes``, B / W free
-    (as :func:`merak_sim.schedule.validate.live_profile` does, but per chunk in bytes)."""
-    from merak_sim.schedule import Kind, iter_actions
-
+    a ParallelConfig: the schedule's :func:`~merak_sim.schedule.liveness.liveness` walk
+    priced per chunk at the rank's checkpointed fraction (the simulator's own memory
+    deltas, so the peaks equal the simulated ones)."""
     sched = schedule if schedule is not None else config.build_schedule()
     fracs = config.recompute_per_stage(sched)
     pp = sched.num_stages
     out = []
     for rank in range(pp):
         chunks = [table.stages[c * pp + rank] for c in range(sched.virtual_stages)]
-        c_s = fracs[rank]
-        alive: dict[tuple[int, int], float] = {}
-        cur = peak = 0.0
-        peak_n = 0
-        for a in iter_actions(sched.programs[rank]):
-            key = (a.chunk, a.microbatch)
-            st = chunks[a.chunk]
-            k = a.kind
-            if k is Kind.FORWARD:
-                new = st.kept_bytes(c_s)
-            elif k is Kind.FORWARD_NOGRAD:
-                new = st.input_bytes
-            elif k is Kind.RECOMPUTE:
-                new = st.activation_bytes
-            elif k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT):
-                cur -= alive.pop(key, 0.0)
-                continue
-            else:
-                continue
-            cur += new - alive.get(key, 0.0)
-            alive[key] = new
-            peak = max(peak, cur)
-            peak_n = max(peak_n, len(alive))
+        live = liveness(sched, rank)
+        peak = live.peak([stash_sizes(st, fracs[rank]) for st in chunks])
         state = sum(s.state_bytes for s in chunks)
-        per_layer = max((s.activation_bytes - s.checkpoint_bytes) / max(s.layers, 1)
-                        for s in chunks)
-        # A checkpointed layer's activations are rebuilt one layer at a time in backward.
-        work = per_layer if c_s > 0 else 0.0
-        buf = 2 * max(s.p2p_bytes for s in chunks) + work
-        out.append(StageMemory(state, peak, buf, peak_n))
+        out.append(StageMemory(state, peak, live.peak_in_flight))
     return tuple(out)

@@ -167,8 +167,8 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
     click.echo(_table(hdr, rows))
     cap = table.memory_capacity_bytes
     worst = max(p.total_bytes for p in peaks)
-    click.echo(f"\npeak memory (state + activations in flight per the {schedule} schedule + "
-               f"buffers): {worst / GiB:.2f} GiB of {cap / GiB:.2f} GiB"
+    click.echo(f"\npeak memory (state + activations in flight per the {schedule} schedule): "
+               f"{worst / GiB:.2f} GiB of {cap / GiB:.2f} GiB"
                + ("  ** exceeds GPU memory **" if worst > cap else ""))
     for n in table.notes:
         click.echo(f"note: {n}")

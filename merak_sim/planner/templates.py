@@ -12,14 +12,14 @@ structure once and re-prices it with array arithmetic:
   :meth:`EvalTemplate.evaluate` with numpy (the same rules, see that module's
   docstring), and the exact fast evaluator runs on the result. Tests check it equals
   ``simulate(..., engine="evaluator")``.
-- :class:`MemoryTemplate`: per rank, the distinct multisets of live micro-batches
-  ("k forwards keeping their activations, j F* keeping only the input, i re-forwarded")
-  seen after each allocation, from the *unlowered* compute order (communication does
-  not allocate). The peak for a checkpointed fraction c is the largest dot product of
-  those counts with the per-micro-batch bytes, exactly the walk of
-  :func:`merak_sim.memory.peak_memory` (state + activations + send/receive buffers +
-  one layer's recompute working set), so the planner can solve for the smallest
-  fraction per stage that fits without walking the schedule again.
+- :class:`MemoryTemplate`: per rank, the distinct (chunk, held state) count vectors
+  of the schedule's :func:`~merak_sim.schedule.liveness.liveness` walk after each
+  allocation ("k forwards keeping their activations, j F* keeping only the input, i
+  re-forwarded"). The peak for a checkpointed fraction c is the largest dot product of
+  those counts with the per-micro-batch bytes plus the model state: the peak the
+  simulator reports and :func:`merak_sim.memory.peak_memory` computes, so the planner
+  can solve for the smallest fraction per stage that fits without walking the
+  schedule again.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import numpy as np
 
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.schedule import SCHEDULES, Kind, Schedule, generate, iter_actions
+from merak_sim.schedule.liveness import liveness
 from merak_sim.sim.evaluator import Plan as DepPlan
 from merak_sim.sim.evaluator import evaluate, plan
 from merak_sim.sim.program import Compiled, compile_program
@@ -176,9 +177,9 @@ class MemoryTemplate:
 
     def peak_bytes(self, arrays: dict[str, np.ndarray], rank: int,
                    fractions: np.ndarray | float) -> np.ndarray | float:
-        """Peak bytes of ``rank`` for each checkpointed fraction in ``fractions`` (same
-        terms as :func:`merak_sim.memory.peak_memory`: state, live activations,
-        send/receive buffers and one layer's recompute working set)."""
+        """Peak bytes of ``rank`` for each checkpointed fraction in ``fractions``: model
+        state plus the largest live activation total (the terms of
+        :func:`merak_sim.memory.peak_memory`)."""
         S, v = self.pp, self.virtual_stages
         scalar = np.ndim(fractions) == 0
         cs = np.atleast_1d(np.asarray(fractions, dtype=float))
@@ -187,16 +188,14 @@ class MemoryTemplate:
         inp = arrays["input_bytes"][g]
         st = self.states[rank]
         if len(st):
-            # kept(c) = act + c (ck - act): the live bytes are affine in c per state.
-            base = st @ np.stack([act, inp, act], axis=1).reshape(-1)
+            # kept(c) = act + c (ck - act): the live bytes are affine in c per state;
+            # an R'd micro-batch never holds less than the input it grew from.
+            base = st @ np.stack([act, inp, np.maximum(act, inp)], axis=1).reshape(-1)
             slope = st @ np.stack([ck - act, 0 * inp, 0 * act], axis=1).reshape(-1)
-            peak = (base[:, None] + slope[:, None] * cs[None, :]).max(axis=0)
+            peak = np.maximum((base[:, None] + slope[:, None] * cs[None, :]).max(axis=0), 0.0)
         else:
             peak = np.zeros_like(cs)
-        state = float(arrays["state_bytes"][g].sum())
-        per_layer = float(((act - ck) / np.maximum(arrays["layers"][g], 1)).max())
-        buf = 2 * float(arrays["p2p_bytes"][g].max()) + np.where(cs > 0, per_layer, 0.0)
-        out = state + peak + buf
+        out = float(arrays["state_bytes"][g].sum()) + peak
         return float(out[0]) if scalar else out
 
 
@@ -204,36 +203,14 @@ class MemoryTemplate:
 def memory_template(name: str, pp: int, microbatches: int, virtual_stages: int
                     ) -> MemoryTemplate:
     """The :class:`MemoryTemplate` of a schedule (cached; built from the unlowered
-    compute order, raising ScheduleError when the schedule's requirements fail)."""
+    schedule, raising ScheduleError when the schedule's requirements fail)."""
     spec = SCHEDULES[name]
     if spec.interleaved:
         sched = spec.build(pp, microbatches, virtual_stages)
     else:
         sched = spec.build(pp, microbatches)
-    v = virtual_stages
-    col = {Kind.FORWARD: 0, Kind.FORWARD_NOGRAD: 1, Kind.RECOMPUTE: 2}
-    states, flights = [], []
-    for rank in range(pp):
-        alive: dict[tuple[int, int], int] = {}
-        counts = [0] * (3 * v)
-        seen: set[tuple[int, ...]] = set()
-        most = 0
-        for a in iter_actions(sched.programs[rank]):
-            key = (a.chunk, a.microbatch)
-            k = a.kind
-            if k in col:
-                old = alive.get(key)
-                if old is not None:
-                    counts[old] -= 1
-                j = a.chunk * 3 + col[k]
-                counts[j] += 1
-                alive[key] = j
-                seen.add(tuple(counts))
-                most = max(most, len(alive))
-            elif k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT):
-                old = alive.pop(key, None)
-                if old is not None:
-                    counts[old] -= 1
-        states.append(np.array(sorted(seen), dtype=float).reshape(-1, 3 * v))
-        flights.append(most)
-    return MemoryTemplate(pp, v, tuple(states), tuple(flights), sched.no_recompute_stages)
+    lives = [liveness(sched, rank) for rank in range(pp)]
+    states = tuple(np.array(lv.allocation_counts(), dtype=float).reshape(-1, 3 * virtual_stages)
+                   for lv in lives)
+    return MemoryTemplate(pp, virtual_stages, states, tuple(lv.peak_in_flight for lv in lives),
+                          sched.no_recompute_stages)

@@ -14,10 +14,11 @@ from .ir import (
     parse_program,
     parse_step,
 )
+from .liveness import LiveTrace, liveness
 from .lowering import lower
 from .replay import ReplayResult, replay, stage_aware_fractions
 from .spec import ScheduleSpec
-from .validate import ValidationReport, live_profile, validate
+from .validate import ScheduleCheck, validate
 
 __all__ = [
     "Action",
@@ -25,18 +26,19 @@ __all__ = [
     "Execution",
     "Fused",
     "Kind",
+    "LiveTrace",
     "ReplayResult",
     "SCHEDULES",
     "Schedule",
     "ScheduleError",
+    "ScheduleCheck",
     "ScheduleSpec",
     "Step",
-    "ValidationReport",
     "execute",
     "format_program",
     "generate",
     "iter_actions",
-    "live_profile",
+    "liveness",
     "lower",
     "parse_program",
     "parse_step",

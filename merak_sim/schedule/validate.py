@@ -15,8 +15,9 @@ grid with the point where each rank stopped):
    every compute action's receive was posted before it, every send has a receive.
 5. AR and OPT, if present, come once each, after every backward, AR before OPT.
 
-It returns a :class:`ValidationReport` with the peak number of micro-batches whose
-activations are held on each rank (forward done, backward not yet complete).
+It returns a :class:`ScheduleCheck` with the peak number of micro-batches whose
+activations are held on each rank (forward done, backward not yet complete), counted
+by the :func:`~merak_sim.schedule.liveness.liveness` walk with unit sizes.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from dataclasses import dataclass
 
 from .execute import execute
 from .ir import Kind, Schedule, ScheduleError, iter_actions
+from .liveness import FULL, liveness
 from .lowering import comm_key, peer_of
 
-__all__ = ["ValidationReport", "validate", "live_profile"]
+__all__ = ["ScheduleCheck", "validate"]
 
 
 @dataclass(frozen=True)
-class ValidationReport:
+class ScheduleCheck:
     """What validate() proved and measured.
 
     Attributes:
@@ -46,31 +48,6 @@ class ValidationReport:
     peak_in_flight: tuple[int, ...]
     peak_full_in_flight: tuple[int, ...]
     makespan_unit: float
-
-
-def live_profile(sched: Schedule, rank: int) -> list[tuple[int, int]]:
-    """After each compute action of ``rank``: (chunks alive holding full activations,
-    chunks alive holding only their input because they ran as F* and await R)."""
-    full: set = set()
-    nograd: set = set()
-    out = []
-    for a in iter_actions(sched.programs[rank]):
-        key = (a.chunk, a.microbatch)
-        k = a.kind
-        if k is Kind.FORWARD:
-            full.add(key)
-        elif k is Kind.FORWARD_NOGRAD:
-            nograd.add(key)
-        elif k is Kind.RECOMPUTE:
-            nograd.discard(key)
-            full.add(key)
-        elif k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT):
-            full.discard(key)
-            nograd.discard(key)
-        else:
-            continue
-        out.append((len(full), len(nograd)))
-    return out
 
 
 def _check_rank(sched: Schedule, rank: int) -> None:
@@ -155,7 +132,7 @@ def _check_order(sched: Schedule) -> None:
             )
 
 
-def validate(sched: Schedule) -> ValidationReport:
+def validate(sched: Schedule) -> ScheduleCheck:
     """Prove ``sched`` complete, well-ordered and deadlock-free (see module docstring)."""
     for rank in range(sched.num_stages):
         _check_rank(sched, rank)
@@ -165,9 +142,6 @@ def validate(sched: Schedule) -> ValidationReport:
         makespan = ex.makespan
     else:
         makespan = float("nan")
-    peaks, fulls = [], []
-    for rank in range(sched.num_stages):
-        prof = live_profile(sched, rank)
-        peaks.append(max((f + n for f, n in prof), default=0))
-        fulls.append(max((f for f, _ in prof), default=0))
-    return ValidationReport(tuple(peaks), tuple(fulls), makespan)
+    lives = [liveness(sched, rank) for rank in range(sched.num_stages)]
+    return ScheduleCheck(tuple(lv.peak_in_flight for lv in lives),
+                         tuple(int(lv.peak(FULL)) for lv in lives), makespan)

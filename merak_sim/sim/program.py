@@ -22,10 +22,13 @@ action's compute under sub-pipelined TP), ``tp_bytes`` what one GPU sends. Durat
 are unchanged by them: the engine only uses them to draw the collective and to put it
 on the links.
 
-Memory (bytes per GPU): model state of every chunk is resident from the start; F
-allocates ``kept_bytes(c_s)`` when it starts, F* allocates ``input_bytes``, R grows the
-micro-batch to ``activation_bytes``; B (or W after I) frees what the micro-batch held
-when it ends. Transient buffers inside one action are not modelled.
+Memory (bytes per GPU): model state of every chunk is resident from the start; the
+activation deltas of each compute action are those of the rank's
+:func:`~merak_sim.schedule.liveness.liveness` walk priced with
+:func:`~merak_sim.schedule.liveness.stash_sizes` at the rank's c_s (F allocates
+``kept_bytes(c_s)`` when it starts, F* ``input_bytes``, R grows the micro-batch to
+``activation_bytes``; B, or W after I, frees what it held when it ends). Transient
+buffers are not counted (see that module).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass, replace
 
 from merak_sim.costs.base import CostTable
 from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, ScheduleError, iter_actions
+from merak_sim.schedule.liveness import liveness, stash_sizes
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
 __all__ = ["Compiled", "Transfer", "compile_program", "OP_COMPUTE", "OP_POST", "OP_AR"]
@@ -205,7 +209,8 @@ def compile_program(
     n_actions = 0
     for rank, prog in enumerate(sched.programs):
         ops = []
-        held: dict = {}  # (chunk, mb) -> bytes held
+        mem = iter(liveness(sched, rank).deltas(
+            [stash_sizes(st[ch * S + rank], c[rank]) for ch in range(sched.virtual_stages)]))
         chunks = sorted({a.chunk for a in iter_actions(prog) if a.kind.per_microbatch})
         last_b: dict[int, int] = {}
         rank_flops = rank_rflops = 0.0
@@ -220,11 +225,11 @@ def compile_program(
             aid = len(actions)
             actions.append(a)
             rank_of.append(rank)
-            d = r_s = al = fr = 0.0
+            al, fr = next(mem)
+            d = r_s = 0.0
             tt = tx = trx = tb = 0.0
             if k.per_microbatch:
                 sc = st[sched.model_stage(a)]
-                key = (a.chunk, a.microbatch)
                 cs = 0.0 if (rank, a.chunk, a.microbatch) in explicit_r else c[rank]
                 fwd_flops = sc.flops / 3.0  # forward ~ 1/3 of forward+backward FLOPs
                 if k in (Kind.FORWARD, Kind.FORWARD_NOGRAD, Kind.RECOMPUTE):
@@ -234,26 +239,16 @@ def compile_program(
                     trx = cs * sc.tp_exposed_recompute_s
                     tx = sc.tp_exposed_bwd_s + trx
                     tb = sc.tp_bytes_bwd + cs * sc.tp_bytes_recompute
-                if k is Kind.FORWARD:
+                if k in (Kind.FORWARD, Kind.FORWARD_NOGRAD):
                     d = sc.forward_s
-                    al = sc.kept_bytes(c[rank])
-                    held[key] = al
-                    rank_flops += sc.flops
-                elif k is Kind.FORWARD_NOGRAD:
-                    d = sc.forward_s
-                    al = sc.input_bytes
-                    held[key] = al
                     rank_flops += sc.flops
                 elif k is Kind.RECOMPUTE:
                     d = r_s = sc.forward_s
                     trx = tx
-                    al = max(0.0, sc.activation_bytes - held.get(key, 0.0))
-                    held[key] = held.get(key, 0.0) + al
                     rank_rflops += fwd_flops
                 elif k is Kind.BACKWARD:
                     r_s = cs * sc.recompute_s
                     d = sc.backward_s + r_s
-                    fr = held.pop(key, 0.0)
                     last_b[a.chunk] = aid
                     rank_rflops += cs * fwd_flops
                 elif k is Kind.BACKWARD_INPUT:
@@ -262,7 +257,6 @@ def compile_program(
                     rank_rflops += cs * fwd_flops
                 elif k is Kind.BACKWARD_WEIGHT:
                     d = sc.backward_weight_s
-                    fr = held.pop(key, 0.0)
                     last_b[a.chunk] = aid
             elif k is Kind.ALL_REDUCE:
                 d = sum(st[ch * S + rank].grad_allreduce_s for ch in chunks)
