@@ -3,7 +3,7 @@
 Pricing caches cost tables by what they depend on (:meth:`Candidate.table_key`: not
 the schedule nor the checkpointed fraction), so many candidates share one. The cheap
 memory screen charges model state plus *one* micro-batch at the most economical
-checkpointing the policy allows, plus the send/receive buffers: a candidate over the
+checkpointing the policy allows (the liveness walk's count): a candidate over the
 capacity here can only be worse with more micro-batches in flight. The exact screen
 (:func:`fit_fractions`) walks the schedule's live micro-batches
 (:class:`~merak_sim.planner.templates.MemoryTemplate`) and, for "stage-aware", picks
@@ -82,8 +82,7 @@ def quick_memory(c: Candidate, arr: dict[str, np.ndarray], cap: float) -> tuple[
     # One micro-batch alive on one chunk (the largest), plus every chunk's state.
     state = arr["state_bytes"].reshape(v, S).sum(axis=0)
     one = kept.reshape(v, S).max(axis=0)
-    buf = 2 * arr["p2p_bytes"].reshape(v, S).max(axis=0)
-    need = state + one + buf
+    need = state + one
     r = int(np.argmax(need - cap))
     return float(need[r] - cap), r
 
