@@ -38,7 +38,7 @@ from merak_sim.sim import (  # noqa: E402
     run_engine,
     simulate,
 )
-from merak_sim.sim.calibration import calibrated_cost_model  # noqa: E402
+from merak_sim.costs.calibrated import calibrated_cost_model  # noqa: E402
 from merak_sim.sim.entities import topology_from_cluster  # noqa: E402
 
 

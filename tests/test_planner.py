@@ -18,7 +18,7 @@ from merak_sim.plan import Plan, PlanError
 from merak_sim.planner import SYSTEMS, NoFeasiblePlanError, PlannerError, SearchSpace, search
 from merak_sim.planner.templates import eval_template, memory_template, stage_arrays
 from merak_sim.sim import simulate
-from merak_sim.sim.calibration import calibrated_cost_model
+from merak_sim.costs.calibrated import calibrated_cost_model
 
 MODEL = get_model("gpt-2.5b")
 CLUSTER = get_cluster("paper-3090", nodes=2)  # 8 RTX 3090

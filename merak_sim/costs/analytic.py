@@ -47,14 +47,7 @@ from functools import lru_cache
 from typing import Any
 
 from merak_sim.costs.base import CostTable, StageCost
-from merak_sim.costs.comm import (  # noqa: F401  (re-exported: older imports)
-    COLLECTIVES,
-    CostModelError,
-    _collective_cached,
-    _placement,
-    collective_time,
-    group_ranks,
-)
+from merak_sim.costs.comm import CostModelError, _placement, collective_time, group_ranks
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.hardware import Cluster
 from merak_sim.memory import (
@@ -71,10 +64,9 @@ from merak_sim.memory import (
     stage_params,
 )
 from merak_sim.model import ModelSpec
-from merak_sim.partition import as_ranges, uniform
+from merak_sim.partition import Partition, as_ranges, balanced, time_balanced, uniform
 
-__all__ = ["AnalyticCostModel", "LayerCost", "CostModelError", "COLLECTIVES",
-           "group_ranks", "collective_time"]
+__all__ = ["AnalyticCostModel", "LayerCost", "parameter_balanced"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +158,15 @@ def _edge_costs(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e
     head = LayerCost(head_f, head_bi, g, 0.0, (0.0, 0), (m * h * e, 1),
                      3.0 * model.logits_forward_flops(mbs) / tp, 5)
     return emb, head
+
+
+def parameter_balanced(model: ModelSpec, num_stages: int, tp: int = 1) -> Partition:
+    """Balance parameters per GPU (embedding on the first stage, head on the last)."""
+    lay = model.layer_params_sharded() / tp + model.layer_params_replicated()
+    first = stage_params(model, 0, True, False, tp)
+    last = stage_params(model, 0, False, True, tp) if num_stages > 1 else \
+        stage_params(model, 0, True, True, tp) - first
+    return balanced([lay] * model.layers, num_stages, first, last, "parameters")
 
 
 # ---------------------------------------------------------------- the model
@@ -317,15 +318,14 @@ class AnalyticCostModel:
                 f"config needs dp*tp*pp = {config.world_size} GPUs but cluster "
                 f"{cluster.name} has {cluster.world_size} (raise --nodes)")
 
-    def default_partition(self, model: ModelSpec, cluster: Cluster, config: Any):
+    def default_partition(self, model: ModelSpec, cluster: Cluster, config: Any
+                          ) -> Partition:
         """The partition used when ``cost_table`` gets none."""
         n = config.pp * config.virtual_stages
         if self.partition_method == "uniform":
             return uniform(model.layers, n)
         if self.partition_method == "parameters":
-            from merak_sim.partition import parameter_balanced
             return parameter_balanced(model, n, config.tp)
-        from merak_sim.partition import time_balanced
         lay, emb, head = self.layer_costs(model, cluster, config)
         t = lay.forward_s + lay.backward_input_s + lay.backward_weight_s
         return time_balanced([t] * model.layers, n,

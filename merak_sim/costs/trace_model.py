@@ -42,8 +42,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from merak_sim.costs.analytic import AnalyticCostModel, CostModelError, LayerCost
+from merak_sim.costs.analytic import AnalyticCostModel, LayerCost
 from merak_sim.costs.base import CostTable
+from merak_sim.costs.comm import CostModelError
 from merak_sim.hardware import Cluster
 from merak_sim.model import ModelSpec
 from merak_sim.partition import as_ranges

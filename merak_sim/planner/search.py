@@ -341,10 +341,9 @@ def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | Non
         raise PlannerError(f"memory margin must lie in [0, 1), got {memory_margin}")
     spec, clus, cdict = _resolve(model, cluster, nodes)
     if cost_model is None:
-        from merak_sim.costs.analytic import AnalyticCostModel
-        from merak_sim.sim.calibration import calibrated_cost_model
+        from merak_sim.costs.calibrated import calibrated_cost_model
 
-        cost_model = calibrated_cost_model(AnalyticCostModel)
+        cost_model = calibrated_cost_model()
     N = clus.world_size
     dtype = space.dtype
     rows: list[dict] = []

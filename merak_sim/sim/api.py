@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from merak_sim.config import ParallelConfig
-from merak_sim.costs.base import CostTable
+from merak_sim.costs.base import CostModel, CostTable
+from merak_sim.costs.calibrated import CalibratedCostModel
+from merak_sim.hardware import GPU, Cluster, get_cluster, get_gpu
+from merak_sim.model import ModelSpec, get_model
+from merak_sim.schedule import lower
 from merak_sim.schedule.ir import Schedule
 
 from .engine import EngineOptions, Trace, run_engine
@@ -53,8 +57,6 @@ def _load_schedule(schedule: Schedule | str | Path) -> Schedule:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise SimulationError(f"cannot read schedule file {p}: {e.strerror}") from None
-    from merak_sim.schedule import lower
-
     sched = Schedule.from_json(text) if text.lstrip().startswith("{") else \
         Schedule.from_csv(text)
     return lower(sched)
@@ -144,12 +146,8 @@ def simulate(
         raise SimulationError(f"unknown engine {engine!r}; choose simpy or evaluator")
     spec = clus = None
     if model is not None:
-        from merak_sim.model import ModelSpec, get_model
-
         spec = model if isinstance(model, ModelSpec) else get_model(model)
     if cluster is not None:
-        from merak_sim.hardware import Cluster, get_cluster
-
         clus = cluster if isinstance(cluster, Cluster) else get_cluster(cluster, nodes=nodes)
         if isinstance(cluster, Cluster) and nodes is not None:
             clus = clus.with_nodes(nodes)
@@ -180,9 +178,7 @@ def simulate(
         if spec is None or clus is None:
             raise SimulationError("give a model and a cluster (or a cost_table)")
         if cost_model is None:
-            from merak_sim.costs.analytic import AnalyticCostModel
-
-            cost_model = _default_cost_model(AnalyticCostModel)
+            cost_model = CalibratedCostModel()
         cost_table = cost_model.cost_table(spec, clus, cfg)
     prog = compile_program(sched, cost_table, cfg.recompute_per_stage(sched))
     placement = Placement(cfg.dp, cfg.tp, cfg.pp)
@@ -211,8 +207,6 @@ def simulate(
         if gpu_types:
             if clus is None:
                 raise SimulationError("gpu_types needs a cluster (the base GPU type)")
-            from merak_sim.hardware import GPU, get_gpu
-
             base = clus.gpu.peak(cfg.dtype)
             for r, g in gpu_types.items():
                 gpu = g if isinstance(g, GPU) else get_gpu(g)
@@ -226,8 +220,6 @@ def simulate(
         caps = None
         if gpu_types and clus is not None:
             frac = capacity / clus.gpu.memory_bytes
-            from merak_sim.hardware import GPU, get_gpu
-
             caps = {int(r): frac * (g if isinstance(g, GPU) else get_gpu(g)).memory_bytes
                     for r, g in gpu_types.items()}
         tr = run_engine(prog, placement, capacity, opts, capacities=caps)
@@ -243,12 +235,4 @@ def simulate(
         seq_len=getattr(spec, "seq_len", None) if spec is not None else None,
         config=cfg, notes=tuple(notes), meta=dict(cost_table.meta),
         keep_trace=keep_trace)
-
-
-def _default_cost_model(cls):
-    """The analytic cost model with the calibrated efficiency parameters when the
-    calibration file exists (benchmarks/vtrain_validation.py writes it)."""
-    from .calibration import calibrated_cost_model
-
-    return calibrated_cost_model(cls)
 
