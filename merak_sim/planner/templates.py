@@ -31,8 +31,7 @@ import numpy as np
 
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.schedule import SCHEDULES, Kind, Schedule, generate, iter_actions
-from merak_sim.sim.evaluator import Plan as DepPlan
-from merak_sim.sim.evaluator import evaluate, plan
+from merak_sim.sim.evaluator import DependencyGraph, evaluate, plan
 from merak_sim.sim.program import Compiled, compile_program
 
 __all__ = ["EvalTemplate", "MemoryTemplate", "eval_template", "memory_template",
@@ -59,7 +58,7 @@ class EvalTemplate:
 
     schedule: Schedule
     prog: Compiled
-    dep: DepPlan
+    dep: DependencyGraph
     fwd_idx: np.ndarray
     fwd_g: np.ndarray
     b_idx: np.ndarray

@@ -19,9 +19,9 @@ from merak_sim.model import ModelSpec, get_model
 from merak_sim.schedule import lower
 from merak_sim.schedule.ir import Schedule
 
-from .engine import EngineOptions, Trace, run_engine
+from .engine import EngineOptions, EventLog, run_engine
 from .entities import HBM, Placement, Topology, topology_from_cluster
-from .evaluator import evaluate, plan
+from .evaluator import DependencyGraph, evaluate, plan
 from .program import Compiled, compile_program
 from .result import SimResult, build_result
 
@@ -64,8 +64,9 @@ def _load_schedule(schedule: Schedule | str | Path) -> Schedule:
 
 def evaluator_trace(prog: Compiled, placement: Placement, capacity: float, *,
                     overlap_dp: bool = False, buckets: int = 1, zero: int = 0,
-                    pl=None, record_memory: bool = True) -> Trace:
-    """Run the fast evaluator and package its times as a :class:`Trace` (memory is
+                    pl: DependencyGraph | None = None,
+                    record_memory: bool = True) -> EventLog:
+    """Run the fast evaluator and package its times as an :class:`EventLog` (memory is
     replayed per rank in program order, which is time order on each rank)."""
     ev = evaluate(prog, pl or plan(prog), overlap_dp=overlap_dp, buckets=buckets, zero=zero)
     S = prog.num_ranks
@@ -81,7 +82,7 @@ def evaluator_trace(prog: Compiled, placement: Placement, capacity: float, *,
             hbm.free(en, prog.mem_free[x])
             acts[r].append((x, st, en))
         mems.append(hbm)
-    return Trace(prog=prog, placement=placement, mode="representative",
+    return EventLog(prog=prog, placement=placement, mode="representative",
                  ranks=[placement.rank(s) for s in range(S)], stage_of=list(range(S)),
                  copy_of=[0] * S, acts=acts, xfers=[(ev.xfer_start, ev.xfer_end)],
                  buckets=list(ev.buckets), memory=mems, makespan=ev.makespan)

@@ -48,7 +48,7 @@ from merak_sim.schedule.ir import Kind
 from .entities import HBM, Fabric, Placement, SyncGroup, Topology
 from .program import OP_AR, OP_POST, Compiled
 
-__all__ = ["EngineOptions", "Trace", "run_engine"]
+__all__ = ["EngineOptions", "EventLog", "run_engine"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class EngineOptions:
 
 
 @dataclass
-class Trace:
+class EventLog:
     """What one simulation produced, shared by the engine and the fast evaluator.
 
     Attributes:
@@ -128,8 +128,8 @@ def _weights(topo: Topology, pl: Placement, pairs) -> tuple[tuple[str, float], .
 
 
 def run_engine(prog: Compiled, placement: Placement, capacity: float,
-               opts: EngineOptions, capacities: dict[int, float] | None = None) -> Trace:
-    """Simulate one iteration of ``prog`` and return its :class:`Trace`
+               opts: EngineOptions, capacities: dict[int, float] | None = None) -> EventLog:
+    """Simulate one iteration of ``prog`` and return its :class:`EventLog`
     (``capacities``: memory capacity per global rank where it differs)."""
     import simpy
 
@@ -443,7 +443,7 @@ def run_engine(prog: Compiled, placement: Placement, capacity: float,
     for rb in buckets_all:
         for _c, _s, en in rb:
             makespan = max(makespan, en)
-    return Trace(prog=prog, placement=pl, mode=opts.mode, ranks=ranks,
+    return EventLog(prog=prog, placement=pl, mode=opts.mode, ranks=ranks,
                  stage_of=[s for s, _ in ents], copy_of=[ci for _, ci in ents],
                  acts=acts_all, xfers=xfers, buckets=[tuple(b) for b in buckets_all],
                  memory=memories, makespan=makespan, events_processed=n_events,

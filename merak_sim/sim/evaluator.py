@@ -22,11 +22,11 @@ from merak_sim.schedule.ir import Kind, ScheduleError
 
 from .program import OP_AR, OP_POST, Compiled
 
-__all__ = ["Plan", "Evaluation", "plan", "evaluate", "ar_buckets"]
+__all__ = ["DependencyGraph", "Evaluation", "plan", "evaluate", "ar_buckets"]
 
 
 @dataclass(frozen=True)
-class Plan:
+class DependencyGraph:
     """Dependency structure of a compiled schedule, in a valid processing order.
 
     Attributes:
@@ -66,7 +66,7 @@ class Evaluation:
     buckets: tuple[tuple[tuple[int, float, float], ...], ...]
 
 
-def plan(prog: Compiled) -> Plan:
+def plan(prog: Compiled) -> DependencyGraph:
     """Order the compute actions so that every dependency comes first (a rank runs
     until it needs a transfer whose send is not posted yet)."""
     S = prog.num_ranks
@@ -124,7 +124,7 @@ def plan(prog: Compiled) -> Plan:
     for t, sp in enumerate(send_prev):
         if sp is None:
             raise ScheduleError(f"transfer {prog.transfers[t].key} is never sent")
-    return Plan(tuple(nodes), tuple(tuple(t) for t in tails),
+    return DependencyGraph(tuple(nodes), tuple(tuple(t) for t in tails),
                 tuple(zip(send_prev, recv_prev, strict=False)))
 
 
@@ -156,7 +156,7 @@ def ar_buckets(
 
 def evaluate(
     prog: Compiled,
-    pl: Plan | None = None,
+    pl: DependencyGraph | None = None,
     *,
     overlap_dp: bool = False,
     buckets: int = 1,
