@@ -45,7 +45,8 @@ def test_template_matches_simulator_evaluator_and_memory(sched, v, rc, fr):
     arr = stage_arrays(tab)
     sch = cfg.build_schedule()
     fr_used = cfg.recompute_per_stage(sch)
-    t = eval_template(sched, 4, cfg.num_microbatches, v).evaluate(arr, fr_used, zero=0)
+    t = eval_template(sched, 4, cfg.num_microbatches, v).evaluate(arr, fr_used, zero=0,
+                                                                 tied=tab.tied_embeddings)
     assert t == pytest.approx(res.iteration_time_s, rel=1e-12)
     mt = memory_template(sched, 4, cfg.num_microbatches, v)
     ref = [m.total_bytes for m in peak_memory(tab, cfg, sch)]

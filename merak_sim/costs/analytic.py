@@ -372,6 +372,7 @@ class AnalyticCostModel:
             meta={"source": "analytic", "efficiency": eff.to_dict(),
                   "profile": self.profile_for(cluster).name, "ranges": ranges,
                   "cluster": cluster.name, "model": model.name, **(extra_meta or {})},
+            tied_embeddings=model.tied_embeddings and config.pp > 1,
         )
 
     # Stage assembly is cheap arithmetic over the cached layer costs.

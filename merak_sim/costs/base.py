@@ -130,6 +130,12 @@ class CostTable:
         notes: assumptions and fallbacks worth showing the user (for example
             "trace lacks mbs=3 for layer 'block': analytic used").
         meta: free-form details (source, trace file, efficiency parameters).
+        tied_embeddings: the first and the last model stage hold copies of one tied
+            weight (the word embedding and the LM head) on different pipeline ranks;
+            AR sums their gradients between those two ranks, so the AR of the first
+            and the last pipeline rank is a two-rank collective that both must reach
+            (:mod:`merak_sim.schedule.ir`, rule 6). Its time is part of those
+            stages' ``grad_allreduce_s``.
     """
 
     stages: tuple[StageCost, ...]
@@ -137,6 +143,7 @@ class CostTable:
     peak_flops: float
     notes: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
+    tied_embeddings: bool = False
 
 
 @runtime_checkable

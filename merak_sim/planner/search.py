@@ -452,7 +452,7 @@ def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | Non
             if skey not in seen_sched:
                 seen_sched.add(skey)
                 counts["schedules"] += 1
-            t = et.evaluate(arr, fracs, zero=c.zero)
+            t = et.evaluate(arr, fracs, zero=c.zero, tied=tab.tied_embeddings)
             counts["evaluated"] += 1
             S, v, M = c.pp, c.virtual_stages, c.microbatches
             flops = M * arr["flops"].reshape(v, S).sum(axis=0).sum() / S

@@ -33,6 +33,11 @@ cost table may price the TP group faster than the topology's nominal link), so w
 idle links the action takes exactly ``d``. With contention off the collective is only
 drawn (``[end - tp_s, end]``) and the action takes ``d``.
 
+Tied embeddings (``Compiled.tied_ar``): the AR of the first and the last pipeline rank
+of each (data, tensor)-parallel copy is a rendezvous; the earlier rank waits there
+until the other arrives, then each runs its own AR (with the reduction overlapped,
+the AR step ends no earlier than the rendezvous).
+
 With contention off every transfer takes its cost-table time and the engine performs
 exactly the additions and maxima of :func:`merak_sim.sim.evaluator.evaluate`.
 Determinism: SimPy orders simultaneous events by insertion; processes are created in

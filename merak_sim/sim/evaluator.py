@@ -5,7 +5,9 @@ Under the IR's semantics (merak_sim/schedule/ir.py) with fixed durations and
 contention-free transfers, every time is a longest path: a compute action starts at
 ``max(end of the previous compute action on its rank, end of the transfer it
 consumes)`` and a transfer starts when both its send and its receive are posted, i.e.
-at the later of the ends of the compute actions preceding the two postings. The
+at the later of the ends of the compute actions preceding the two postings; the AR of
+the two ranks of a tied embedding (``Compiled.tied_ar``) starts when the later of them
+reaches it (with the reduction overlapped, it ends no earlier than that). The
 processing order that makes every dependency available is a property of the schedule
 alone, so :func:`plan` computes it once (integer arrays) and :func:`evaluate` is a
 single pass of additions and maxima, which the planner can call for many cost tables
@@ -197,6 +199,9 @@ def evaluate(
                 t = a
         start[i] = t
         end[i] = t + dur[i]
+    # The tied ranks' AR is a rendezvous: neither passes it before both reached it.
+    meet = max((end[pl.tails[prog.rank_of_action[x]][2]] for x in prog.tied_ar),
+               default=None)
     all_buckets = []
     for r, (ar, opt, before) in enumerate(pl.tails):
         clock = end[before]
@@ -212,10 +217,14 @@ def evaluate(
                     if first is None:
                         first = s0
                 start[ar] = first if first is not None else clock
+                if ar in prog.tied_ar and meet > cs:
+                    cs = meet
                 end[ar] = cs
                 if cs > clock:
                     clock = cs
             else:
+                if ar in prog.tied_ar:
+                    clock = meet
                 start[ar] = clock
                 clock += dur[ar]
                 end[ar] = clock

@@ -71,6 +71,9 @@ class EngineRun:
                 self.tp_groups[(s, d)] = SyncGroup(env, pl.tp) if full and pl.tp > 1 else None
             for t in range(pl.tp if full else 1):
                 self.dp_groups[(s, t)] = SyncGroup(env, pl.dp if full else 1)
+        #: per copy (dp index, tp index), the rendezvous of the tied ranks' AR.
+        self.tied_groups = ({c: SyncGroup(env, 2) for c in self.copies} if prog.tied_ar
+                            else {})
         #: whether TP collectives are put on the fabric.
         self.tp_on_fabric = self.fabric is not None and pl.tp > 1 and any(prog.tp_s)
         #: (stage, dp index, action id) -> (start, end, delay) of a TP collective.
@@ -181,6 +184,10 @@ class GPU:
 
     def _all_reduce(self, x: int) -> Generator:
         env = self.env
+        if x in self.run.prog.tied_ar:
+            # A tied embedding's gradients are summed with the other end of the
+            # pipeline first: wait until that rank reaches its AR too.
+            yield self.run.tied_groups[(self.dp_idx, self.tp_idx)].arrive("tied", 0.0)
         if self.overlap:
             if not self.ar_done.processed:
                 yield self.ar_done
