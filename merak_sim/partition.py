@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-__all__ = ["Partition", "PartitionError", "uniform", "balanced", "time_balanced",
-           "as_ranges"]
+__all__ = ["Partition", "PartitionLike", "PartitionError", "uniform", "balanced",
+           "time_balanced", "as_ranges"]
 
 
 class PartitionError(ValueError):
@@ -150,7 +150,13 @@ def time_balanced(layer_times: Sequence[float], num_stages: int, first_extra_s: 
     return balanced(layer_times, num_stages, first_extra_s, last_extra_s, "time")
 
 
-def as_ranges(partition, num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...]:
+#: What a partition may be given as: a :class:`Partition`, layer counts per stage or
+#: ``(start, end)`` ranges per stage.
+PartitionLike = Partition | Sequence[int] | Sequence[tuple[int, int]]
+
+
+def as_ranges(partition: PartitionLike, num_layers: int, num_stages: int
+              ) -> tuple[tuple[int, int], ...]:
     """Normalise a partition given as a :class:`Partition`, a sequence of ranges or a
     sequence of layer counts; checks it covers ``num_layers`` in ``num_stages``."""
     if isinstance(partition, Partition):

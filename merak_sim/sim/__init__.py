@@ -23,7 +23,7 @@ _EXPORTS = {
     "Evaluation": "evaluator",
     "plan": "evaluator",
     "evaluate": "evaluator",
-    "EngineOptions": "engine",
+    "EngineOptions": "gpu",
     "EventLog": "engine",
     "run_engine": "engine",
     "Placement": "entities",

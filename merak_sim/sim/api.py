@@ -19,9 +19,10 @@ from merak_sim.model import ModelSpec, get_model
 from merak_sim.schedule import lower
 from merak_sim.schedule.ir import Schedule
 
-from .engine import EngineOptions, EventLog, run_engine
+from .engine import EventLog, run_engine
 from .entities import HBM, Placement, Topology, topology_from_cluster
 from .evaluator import DependencyGraph, evaluate, plan
+from .gpu import EngineOptions
 from .program import Compiled, compile_program
 from .result import SimResult, build_result
 
@@ -89,12 +90,12 @@ def evaluator_trace(prog: Compiled, placement: Placement, capacity: float, *,
 
 
 def simulate(
-    model: Any = None,
-    cluster: Any = None,
+    model: ModelSpec | str | Path | dict | None = None,
+    cluster: Cluster | str | Path | dict | None = None,
     config: ParallelConfig | dict | None = None,
     *,
     nodes: int | None = None,
-    cost_model: Any = None,
+    cost_model: CostModel | None = None,
     cost_table: CostTable | None = None,
     custom_schedule: Schedule | str | Path | None = None,
     mode: str = "representative",
@@ -106,7 +107,7 @@ def simulate(
     sub_cluster: bool = False,
     slowdown: dict[int, float] | None = None,
     degraded_links: dict[str, float] | None = None,
-    gpu_types: dict[int, Any] | None = None,
+    gpu_types: dict[int, GPU | str] | None = None,
     keep_trace: bool = True,
     **config_kwargs: Any,
 ) -> SimResult:
@@ -118,8 +119,9 @@ def simulate(
         cluster: a cluster preset name, JSON file/dict or Cluster; ``nodes`` resizes it.
         config: a ParallelConfig, its dict form, or None with keyword degrees
             (``dp=2, tp=4, pp=8, micro_batch_size=1, global_batch_size=128, ...``).
-        cost_model: anything with ``cost_table(model, cluster, config)``; default the
-            analytic model with its calibrated A100 efficiency parameters.
+        cost_model: a :class:`~merak_sim.costs.base.CostModel`; default the analytic
+            model with its calibrated A100 efficiency parameters
+            (:class:`~merak_sim.costs.calibrated.CalibratedCostModel`).
         cost_table: use these costs directly instead of a cost model.
         custom_schedule: a Schedule or a schedule JSON/CSV file to run instead of the
             configuration's generator (``config.schedule``).

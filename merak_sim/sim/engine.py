@@ -48,37 +48,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .entities import HBM, Placement, Topology
-from .gpu import GPU, EngineRun
+from .entities import HBM, Placement
+from .gpu import GPU, EngineOptions, EngineRun
 from .program import OP_POST, Compiled
 
-__all__ = ["EngineOptions", "EventLog", "run_engine"]
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """How to run the engine.
-
-    Attributes:
-        mode: "representative" or "full".
-        contention: share link bandwidth between concurrent flows (needs topology).
-        topology: the cluster's links (required when contention is on).
-        overlap_dp: overlap the bucketed gradient reduction with the last backwards.
-        buckets: gradient buckets per model chunk when overlapping.
-        zero: ZeRO stage (0 or 1).
-        slowdown: global rank -> compute-time multiplier (full mode what-if; 2.0 is a
-            GPU twice as slow).
-        record_memory: keep every memory change (the memory timeline).
-    """
-
-    mode: str = "representative"
-    contention: bool = False
-    topology: Topology | None = None
-    overlap_dp: bool = False
-    buckets: int = 1
-    zero: int = 0
-    slowdown: dict[int, float] = field(default_factory=dict)
-    record_memory: bool = True
+__all__ = ["EventLog", "run_engine"]
 
 
 @dataclass

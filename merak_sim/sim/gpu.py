@@ -1,6 +1,6 @@
 """The simulated GPUs of the SimPy engine (:mod:`merak_sim.sim.engine`).
 
-An :class:`EngineRun` holds what every GPU of one run shares: the SimPy clock, the
+:class:`EngineOptions` says how to run the engine; an :class:`EngineRun` holds what every GPU of one run shares: the SimPy clock, the
 compiled program, the fabric and its routes, the lockstep and collective groups, and
 the state of every point-to-point transfer. A :class:`GPU` owns its streams: the
 compute stream runs its pipeline rank's program in order; the collective stream (only
@@ -10,21 +10,45 @@ as they become ready. The engine's module docstring states the timing rules.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from merak_sim.schedule.ir import Kind
 
-from .entities import HBM, Fabric, Placement, SyncGroup
+from .entities import HBM, Fabric, Placement, SyncGroup, Topology
 from .program import OP_AR, OP_POST, Compiled
 from .routes import LinkRoutes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator
 
-    from .engine import EngineOptions
+__all__ = ["EngineOptions", "TransferState", "EngineRun", "GPU"]
 
-__all__ = ["TransferState", "EngineRun", "GPU"]
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to run the engine.
+
+    Attributes:
+        mode: "representative" or "full".
+        contention: share link bandwidth between concurrent flows (needs topology).
+        topology: the cluster's links (required when contention is on).
+        overlap_dp: overlap the bucketed gradient reduction with the last backwards.
+        buckets: gradient buckets per model chunk when overlapping.
+        zero: ZeRO stage (0 or 1).
+        slowdown: global rank -> compute-time multiplier (full mode what-if; 2.0 is a
+            GPU twice as slow).
+        record_memory: keep every memory change (the memory timeline).
+    """
+
+    mode: str = "representative"
+    contention: bool = False
+    topology: Topology | None = None
+    overlap_dp: bool = False
+    buckets: int = 1
+    zero: int = 0
+    slowdown: dict[int, float] = field(default_factory=dict)
+    record_memory: bool = True
 
 
 @dataclass(slots=True)
