@@ -24,7 +24,7 @@ from merak_sim.hardware import Cluster
 if TYPE_CHECKING:
     from merak_sim.config import ParallelConfig
     from merak_sim.model import ModelSpec
-    from merak_sim.partition import Partition
+    from merak_sim.partition import PartitionLike
 
 __all__ = ["CALIBRATED", "CALIBRATED_LINKS", "CalibratedCostModel", "calibrated_cost_model",
            "with_intra_link"]
@@ -80,7 +80,7 @@ class CalibratedCostModel:
         return m
 
     def cost_table(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
-                   partition: Partition | None = None) -> CostTable:
+                   partition: PartitionLike | None = None) -> CostTable:
         """Cost table from the analytic model with the calibrated efficiency (and the
         calibrated intra-node link for the cluster the fit was made on)."""
         link = CALIBRATED_LINKS.get(cluster.name)
