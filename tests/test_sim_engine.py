@@ -47,6 +47,15 @@ def random_table(n: int, seed: int) -> CostTable:
     return CostTable(tuple(stages), memory_capacity_bytes=80e9, peak_flops=312e12)
 
 
+def assert_same_times(tr, ev):
+    """The engine's makespan and every action's start and end equal the evaluator's."""
+    assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)
+    for acts in tr.acts:
+        for aid, st, en in acts:
+            assert st == pytest.approx(ev.start[aid], rel=1e-9, abs=1e-12)
+            assert en == pytest.approx(ev.end[aid], rel=1e-9, abs=1e-12)
+
+
 @pytest.mark.parametrize("name, S, M, v", SCHEDS)
 @pytest.mark.parametrize("overlap, zero", [(False, 0), (True, 0), (True, 1)])
 def test_simpy_agrees_with_evaluator(name, S, M, v, overlap, zero):
@@ -57,11 +66,7 @@ def test_simpy_agrees_with_evaluator(name, S, M, v, overlap, zero):
     ev = evaluate(prog, overlap_dp=overlap, buckets=3, zero=zero)
     tr = run_engine(prog, Placement(1, 1, S), 80e9,
                     EngineOptions(overlap_dp=overlap, buckets=3, zero=zero))
-    assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)
-    for r in range(S):
-        for aid, st, en in tr.acts[r]:
-            assert st == pytest.approx(ev.start[aid], rel=1e-9, abs=1e-12)
-            assert en == pytest.approx(ev.end[aid], rel=1e-9, abs=1e-12)
+    assert_same_times(tr, ev)
     xs, xe = tr.xfers[0]
     assert xs == pytest.approx(ev.xfer_start, rel=1e-9)
     assert xe == pytest.approx(ev.xfer_end, rel=1e-9)
@@ -399,11 +404,7 @@ def test_tied_all_reduce_on_the_critical_path():
     assert ev.makespan == pytest.approx(reach0 + 4.0)
     assert ev.makespan > free.makespan + 1.0
     tr = run_engine(prog, Placement(1, 1, S), 80e9, EngineOptions())
-    assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)
-    for r in range(S):
-        for aid, s0, e0 in tr.acts[r]:
-            assert s0 == pytest.approx(ev.start[aid], rel=1e-9, abs=1e-12)
-            assert e0 == pytest.approx(ev.end[aid], rel=1e-9, abs=1e-12)
+    assert_same_times(tr, ev)
     # a simulation reports the wait as the last rank's bubble
     cfg = ParallelConfig(pp=S, global_batch_size=M, schedule="1f1b")
     res = simulate(config=cfg, cost_table=_tied(table))
@@ -438,11 +439,7 @@ def test_tied_engine_agrees_with_evaluator(name, S, M, v, overlap, zero):
     ev = evaluate(prog, overlap_dp=overlap, buckets=3, zero=zero)
     tr = run_engine(prog, Placement(1, 1, S), 80e9,
                     EngineOptions(overlap_dp=overlap, buckets=3, zero=zero))
-    assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)
-    for r in range(S):
-        for aid, s0, e0 in tr.acts[r]:
-            assert s0 == pytest.approx(ev.start[aid], rel=1e-9, abs=1e-12)
-            assert e0 == pytest.approx(ev.end[aid], rel=1e-9, abs=1e-12)
+    assert_same_times(tr, ev)
     # every (dp, tp) copy of the two ends meets in full mode: same answer
     full = run_engine(prog, Placement(2, 2, S), 80e9,
                       EngineOptions(mode="full", overlap_dp=overlap, buckets=3, zero=zero))
