@@ -1,11 +1,12 @@
 """The simulated GPUs of the SimPy engine (:mod:`merak_sim.sim.engine`).
 
-:class:`EngineOptions` says how to run the engine; an :class:`EngineRun` holds what every GPU of one run shares: the SimPy clock, the
-compiled program, the fabric and its routes, the lockstep and collective groups, and
-the state of every point-to-point transfer. A :class:`GPU` owns its streams: the
-compute stream runs its pipeline rank's program in order; the collective stream (only
-when the data-parallel reduction overlaps the backwards) reduces the gradient buckets
-as they become ready. The engine's module docstring states the timing rules.
+:class:`EngineOptions` says how to run the engine; an :class:`EngineRun` holds what
+every GPU of one run shares: the SimPy clock, the compiled program, the fabric and its
+routes, the lockstep and collective groups, and the state of every point-to-point
+transfer. A :class:`GPU` owns its streams: the compute stream runs its pipeline rank's
+program in order; the collective stream (only when the data-parallel reduction
+overlaps the backwards) reduces the gradient buckets as they become ready. The
+engine's module docstring states the timing rules.
 """
 
 from __future__ import annotations
