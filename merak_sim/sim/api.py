@@ -23,7 +23,7 @@ from .engine import EventLog, run_engine
 from .entities import HBM, Placement, Topology, topology_from_cluster
 from .evaluator import DependencyGraph, evaluate, plan
 from .gpu import EngineOptions
-from .program import Compiled, compile_program
+from .program import OP_POST, Compiled, compile_program
 from .result import SimResult, build_result
 
 __all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config"]
@@ -76,7 +76,7 @@ def evaluator_trace(prog: Compiled, placement: Placement, capacity: float, *,
     for r in range(S):
         hbm = HBM(capacity, prog.state_bytes[r], record_memory)
         for code, x, _y in prog.ops[r]:
-            if code == 1:  # OP_POST
+            if code == OP_POST:
                 continue
             st, en = ev.start[x], ev.end[x]
             hbm.alloc(st, prog.mem_alloc[x], x)
@@ -87,6 +87,79 @@ def evaluator_trace(prog: Compiled, placement: Placement, capacity: float, *,
                  ranks=[placement.rank(s) for s in range(S)], stage_of=list(range(S)),
                  copy_of=[0] * S, acts=acts, xfers=[(ev.xfer_start, ev.xfer_end)],
                  buckets=list(ev.buckets), memory=mems, makespan=ev.makespan)
+
+
+def _resolve_model_cluster(model: ModelSpec | str | Path | dict | None,
+                           cluster: Cluster | str | Path | dict | None, nodes: int | None,
+                           cfg: ParallelConfig, sub_cluster: bool
+                           ) -> tuple[ModelSpec | None, Cluster | None]:
+    """The ModelSpec and Cluster named by ``model`` and ``cluster`` (None where not
+    given), checked against the configuration's degrees."""
+    spec = clus = None
+    if model is not None:
+        spec = model if isinstance(model, ModelSpec) else get_model(model)
+    if cluster is not None:
+        clus = cluster if isinstance(cluster, Cluster) else get_cluster(cluster, nodes=nodes)
+        if isinstance(cluster, Cluster) and nodes is not None:
+            clus = clus.with_nodes(nodes)
+        world = clus.world_size
+        if cfg.world_size > world:
+            raise SimulationError(
+                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
+                f"{clus.name} has only {world}; lower the degrees or use --nodes")
+        if cfg.world_size < world and not sub_cluster:
+            raise SimulationError(
+                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
+                f"{clus.name} has {world}; match the degrees to the cluster, set --nodes, or "
+                "pass --sub-cluster (sub_cluster=True)")
+    if spec is not None:
+        if hasattr(spec, "check_tp"):
+            spec.check_tp(cfg.tp)
+        if hasattr(spec, "check_pp"):
+            spec.check_pp(cfg.pp, cfg.virtual_stages)
+    return spec, clus
+
+
+def _engine_options(cfg: ParallelConfig, clus: Cluster | None, capacity: float, *,
+                    mode: str, topology: Topology | None, contention: bool | None,
+                    overlap_dp: bool, buckets: int, slowdown: dict[int, float] | None,
+                    degraded_links: dict[str, float] | None,
+                    gpu_types: dict[int, GPU | str] | None, keep_trace: bool
+                    ) -> tuple[EngineOptions, dict[int, float] | None]:
+    """The SimPy engine's options and the per-rank memory capacities where GPU types
+    differ (see :func:`simulate` for the what-ifs)."""
+    what_if = bool(slowdown or degraded_links or gpu_types)
+    topo = topology
+    if topo is None and clus is not None:
+        topo = topology_from_cluster(clus)
+    if degraded_links:
+        if topo is None:
+            raise SimulationError("degrading a link needs a cluster or a topology")
+        topo = topo.with_degraded(degraded_links)
+    use_cont = (topo is not None) if contention is None else bool(contention)
+    slow = {int(k): float(v) for k, v in (slowdown or {}).items()}
+    for r, v in slow.items():
+        if not v > 0:
+            raise SimulationError(f"slowdown of GPU {r} must be > 0, got {v}")
+    if gpu_types:
+        if clus is None:
+            raise SimulationError("gpu_types needs a cluster (the base GPU type)")
+        base = clus.gpu.peak(cfg.dtype)
+        for r, g in gpu_types.items():
+            gpu = g if isinstance(g, GPU) else get_gpu(g)
+            slow[int(r)] = slow.get(int(r), 1.0) * base / gpu.peak(cfg.dtype)
+    if what_if and mode != "full":
+        raise SimulationError("what-ifs (slowdown, degraded links, gpu types) need "
+                              "mode='full'")
+    opts = EngineOptions(mode=mode, contention=use_cont, topology=topo,
+                         overlap_dp=overlap_dp, buckets=buckets, zero=cfg.zero,
+                         slowdown=slow, record_memory=keep_trace)
+    caps = None
+    if gpu_types and clus is not None:
+        frac = capacity / clus.gpu.memory_bytes
+        caps = {int(r): frac * (g if isinstance(g, GPU) else get_gpu(g)).memory_bytes
+                for r, g in gpu_types.items()}
+    return opts, caps
 
 
 def simulate(
@@ -147,28 +220,7 @@ def simulate(
         raise SimulationError(f"unknown mode {mode!r}; choose representative or full")
     if engine not in ("simpy", "evaluator"):
         raise SimulationError(f"unknown engine {engine!r}; choose simpy or evaluator")
-    spec = clus = None
-    if model is not None:
-        spec = model if isinstance(model, ModelSpec) else get_model(model)
-    if cluster is not None:
-        clus = cluster if isinstance(cluster, Cluster) else get_cluster(cluster, nodes=nodes)
-        if isinstance(cluster, Cluster) and nodes is not None:
-            clus = clus.with_nodes(nodes)
-        world = clus.world_size
-        if cfg.world_size > world:
-            raise SimulationError(
-                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
-                f"{clus.name} has only {world}; lower the degrees or use --nodes")
-        if cfg.world_size < world and not sub_cluster:
-            raise SimulationError(
-                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
-                f"{clus.name} has {world}; match the degrees to the cluster, set --nodes, or "
-                "pass --sub-cluster (sub_cluster=True)")
-    if spec is not None:
-        if hasattr(spec, "check_tp"):
-            spec.check_tp(cfg.tp)
-        if hasattr(spec, "check_pp"):
-            spec.check_pp(cfg.pp, cfg.virtual_stages)
+    spec, clus = _resolve_model_cluster(model, cluster, nodes, cfg, sub_cluster)
     sched = (cfg.build_schedule() if custom_schedule is None
              else _load_schedule(custom_schedule))
     if (sched.num_stages, sched.num_microbatches, sched.virtual_stages) != (
@@ -195,36 +247,11 @@ def simulate(
                              buckets=buckets, zero=cfg.zero)
         eng = "evaluator"
     else:
-        topo = topology
-        if topo is None and clus is not None:
-            topo = topology_from_cluster(clus)
-        if degraded_links:
-            if topo is None:
-                raise SimulationError("degrading a link needs a cluster or a topology")
-            topo = topo.with_degraded(degraded_links)
-        use_cont = (topo is not None) if contention is None else bool(contention)
-        slow = {int(k): float(v) for k, v in (slowdown or {}).items()}
-        for r, v in slow.items():
-            if not v > 0:
-                raise SimulationError(f"slowdown of GPU {r} must be > 0, got {v}")
-        if gpu_types:
-            if clus is None:
-                raise SimulationError("gpu_types needs a cluster (the base GPU type)")
-            base = clus.gpu.peak(cfg.dtype)
-            for r, g in gpu_types.items():
-                gpu = g if isinstance(g, GPU) else get_gpu(g)
-                slow[int(r)] = slow.get(int(r), 1.0) * base / gpu.peak(cfg.dtype)
-        if what_if and mode != "full":
-            raise SimulationError("what-ifs (slowdown, degraded links, gpu types) need "
-                                  "mode='full'")
-        opts = EngineOptions(mode=mode, contention=use_cont, topology=topo,
-                             overlap_dp=overlap_dp, buckets=buckets, zero=cfg.zero,
-                             slowdown=slow, record_memory=keep_trace)
-        caps = None
-        if gpu_types and clus is not None:
-            frac = capacity / clus.gpu.memory_bytes
-            caps = {int(r): frac * (g if isinstance(g, GPU) else get_gpu(g)).memory_bytes
-                    for r, g in gpu_types.items()}
+        opts, caps = _engine_options(cfg, clus, capacity, mode=mode, topology=topology,
+                                     contention=contention, overlap_dp=overlap_dp,
+                                     buckets=buckets, slowdown=slowdown,
+                                     degraded_links=degraded_links, gpu_types=gpu_types,
+                                     keep_trace=keep_trace)
         tr = run_engine(prog, placement, capacity, opts, capacities=caps)
         eng = "simpy"
     # A cost model's table already carries the cluster's notes (CostTable.notes);

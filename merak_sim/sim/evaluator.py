@@ -156,6 +156,53 @@ def ar_buckets(
     return out
 
 
+def _finish_ranks(prog: Compiled, pl: DependencyGraph, start: list[float], end: list[float],
+                  overlap_dp: bool, buckets: int, zero: int
+                  ) -> list[tuple[tuple[int, float, float], ...]]:
+    """Time every rank's AR and OPT (in place) once its last compute action is timed;
+    returns each rank's gradient buckets (see :class:`Evaluation`)."""
+    dur = prog.duration_s
+    # The tied ranks' AR is a rendezvous: neither passes it before both reached it.
+    meet = max((end[pl.tails[prog.rank_of_action[x]][2]] for x in prog.tied_ar),
+               default=None)
+    all_buckets = []
+    for r, (ar, opt, before) in enumerate(pl.tails):
+        clock = end[before]
+        rb: list[tuple[int, float, float]] = []
+        if ar >= 0:
+            if overlap_dp and prog.ar_chunks[r]:
+                cs = 0.0
+                first = None
+                for ch, ready, d in ar_buckets(prog, r, start, end, buckets, zero):
+                    s0 = ready if ready > cs else cs
+                    cs = s0 + d
+                    rb.append((ch, s0, cs))
+                    if first is None:
+                        first = s0
+                start[ar] = first if first is not None else clock
+                if ar in prog.tied_ar and meet > cs:
+                    cs = meet
+                end[ar] = cs
+                if cs > clock:
+                    clock = cs
+            else:
+                if ar in prog.tied_ar:
+                    clock = meet
+                start[ar] = clock
+                clock += dur[ar]
+                end[ar] = clock
+        if opt >= 0:
+            start[opt] = clock
+            clock += dur[opt]
+            end[opt] = clock
+            if ar >= 0 and overlap_dp and zero == 1 and rb:
+                ag = dur[ar] * 0.5
+                rb.append((-1, clock, clock + ag))
+                clock += ag
+        all_buckets.append(tuple(rb))
+    return all_buckets
+
+
 def evaluate(
     prog: Compiled,
     pl: DependencyGraph | None = None,
@@ -199,44 +246,7 @@ def evaluate(
                 t = a
         start[i] = t
         end[i] = t + dur[i]
-    # The tied ranks' AR is a rendezvous: neither passes it before both reached it.
-    meet = max((end[pl.tails[prog.rank_of_action[x]][2]] for x in prog.tied_ar),
-               default=None)
-    all_buckets = []
-    for r, (ar, opt, before) in enumerate(pl.tails):
-        clock = end[before]
-        rb: list[tuple[int, float, float]] = []
-        if ar >= 0:
-            if overlap_dp and prog.ar_chunks[r]:
-                cs = 0.0
-                first = None
-                for ch, ready, d in ar_buckets(prog, r, start, end, buckets, zero):
-                    s0 = ready if ready > cs else cs
-                    cs = s0 + d
-                    rb.append((ch, s0, cs))
-                    if first is None:
-                        first = s0
-                start[ar] = first if first is not None else clock
-                if ar in prog.tied_ar and meet > cs:
-                    cs = meet
-                end[ar] = cs
-                if cs > clock:
-                    clock = cs
-            else:
-                if ar in prog.tied_ar:
-                    clock = meet
-                start[ar] = clock
-                clock += dur[ar]
-                end[ar] = clock
-        if opt >= 0:
-            start[opt] = clock
-            clock += dur[opt]
-            end[opt] = clock
-            if ar >= 0 and overlap_dp and zero == 1 and rb:
-                ag = dur[ar] * 0.5
-                rb.append((-1, clock, clock + ag))
-                clock += ag
-        all_buckets.append(tuple(rb))
+    all_buckets = _finish_ranks(prog, pl, start, end, overlap_dp, buckets, zero)
     start.pop()
     end.pop()
     makespan = max(max(end, default=0.0), max(xe, default=0.0))
