@@ -17,12 +17,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from merak_sim.config import ParallelConfig  # noqa: E402
-from merak_sim.costs.analytic import (  # noqa: E402
-    AnalyticCostModel,
-    _collective_cached,
-    _layer_cost,
-    _placement,
-)
+from merak_sim.costs.analytic import AnalyticCostModel  # noqa: E402
+from merak_sim.costs.comm import _collective_cached, _placement  # noqa: E402
+from merak_sim.costs.layers import layer_cost  # noqa: E402
 from merak_sim.hardware import get_cluster  # noqa: E402
 from merak_sim.model import get_model  # noqa: E402
 
@@ -37,7 +34,7 @@ def main() -> int:
     cm = AnalyticCostModel()
     cold, warm = [], []
     for _ in range(5):
-        _layer_cost.cache_clear()
+        layer_cost.cache_clear()
         _collective_cached.cache_clear()
         _placement.cache_clear()
         t = time.perf_counter()

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from merak_sim.config import ParallelConfig  # noqa: E402
+from merak_sim.costs.calibrated import calibrated_cost_model  # noqa: E402
 from merak_sim.hardware import get_cluster  # noqa: E402
 from merak_sim.layout import RankLayout  # noqa: E402
 from merak_sim.model import get_model  # noqa: E402
@@ -38,7 +39,6 @@ from merak_sim.sim import (  # noqa: E402
     run_engine,
     simulate,
 )
-from merak_sim.sim.calibration import calibrated_cost_model  # noqa: E402
 from merak_sim.sim.entities import topology_from_cluster  # noqa: E402
 
 

@@ -4,7 +4,7 @@ One command reproduces the table (about 2-4 minutes on 2 cores):
 
     .venv/bin/python benchmarks/vtrain_validation.py
 
-Protocol (merak_sim/sim/calibration.py): the A100 efficiency parameters of the
+Protocol (merak_sim/experiments/vtrain.py): the A100 efficiency parameters of the
 analytic cost model are fitted to ground_truth_single.csv only; every row of
 ground_truth_multi.csv is then predicted without refitting, by the exact fast
 evaluator (contention-free) and by the SimPy engine with link contention. Writes
@@ -22,17 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from merak_sim.costs.efficiency import Efficiency
+from merak_sim.experiments.vtrain import FIT_PARAMS, fit, load_vtrain, predict_row
+from merak_sim.io import atomic_write_text
 
-from merak_sim.costs.efficiency import Efficiency  # noqa: E402
-from merak_sim.io import atomic_write_text  # noqa: E402
-from merak_sim.sim.calibration import (  # noqa: E402
-    FIT_PARAMS,
-    fit,
-    load_vtrain,
-    predict_row,
-)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _default_data() -> Path:

@@ -1,11 +1,14 @@
-"""Partitioners: assign contiguous runs of transformer layers to model stages.
+"""Partitioners: assign contiguous runs of weighted layers to model stages.
 
-Three methods (Merak's partitioner offers the same three, Lai et al. TPDS 2023):
-- ``uniform``: equal layer counts; when the count does not divide, the extra layers
-  go to the middle stages (the first and last already carry the embedding and head).
-- ``parameters``: minimise the largest stage parameter count, counting the embedding
-  on the first stage and the final norm / LM head on the last.
-- ``time``: minimise the largest stage forward+backward time, counting embedding and
+Pure arithmetic on layer counts and weights (no model, no cost model); what a layer
+weighs comes from the caller. Merak's partitioner offers the same three methods (Lai
+et al. TPDS 2023); :mod:`merak_sim.costs.partition` prices them for a model:
+- :func:`uniform`: equal layer counts; when the count does not divide, the extra
+  layers go to the middle stages (the first and last already carry the embedding and
+  head).
+- :func:`balanced`: minimise the largest stage weight, with extra weight on the first
+  and last stage (parameters: the embedding and the final norm / LM head).
+- :func:`time_balanced`: the same for forward+backward seconds, embedding and
   LM-head costs on the first and last stage.
 
 The balanced methods solve the min-max contiguous partition exactly: the optimum is one
@@ -24,10 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-__all__ = ["Partition", "PartitionError", "uniform", "balanced", "parameter_balanced",
-           "time_balanced", "as_ranges", "make_partition", "METHODS"]
-
-METHODS = ("uniform", "parameters", "time")
+__all__ = ["Partition", "PartitionLike", "PartitionError", "uniform", "balanced",
+           "time_balanced", "as_ranges"]
 
 
 class PartitionError(ValueError):
@@ -142,17 +143,6 @@ def balanced(weights: Sequence[float], num_stages: int, first_extra: float = 0.0
     return Partition(rs, method, costs)
 
 
-def parameter_balanced(model, num_stages: int, tp: int = 1) -> Partition:
-    """Balance parameters per GPU (embedding on the first stage, head on the last)."""
-    from merak_sim.memory import stage_params
-
-    lay = model.layer_params_sharded() / tp + model.layer_params_replicated()
-    first = stage_params(model, 0, True, False, tp)
-    last = stage_params(model, 0, False, True, tp) if num_stages > 1 else \
-        stage_params(model, 0, True, True, tp) - first
-    return balanced([lay] * model.layers, num_stages, first, last, "parameters")
-
-
 def time_balanced(layer_times: Sequence[float], num_stages: int, first_extra_s: float = 0.0,
                   last_extra_s: float = 0.0) -> Partition:
     """Balance forward+backward seconds per stage; ``first_extra_s`` /
@@ -160,7 +150,13 @@ def time_balanced(layer_times: Sequence[float], num_stages: int, first_extra_s: 
     return balanced(layer_times, num_stages, first_extra_s, last_extra_s, "time")
 
 
-def as_ranges(partition, num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...]:
+#: What a partition may be given as: a :class:`Partition`, layer counts per stage or
+#: ``(start, end)`` ranges per stage.
+PartitionLike = Partition | Sequence[int] | Sequence[tuple[int, int]]
+
+
+def as_ranges(partition: PartitionLike, num_layers: int, num_stages: int
+              ) -> tuple[tuple[int, int], ...]:
     """Normalise a partition given as a :class:`Partition`, a sequence of ranges or a
     sequence of layer counts; checks it covers ``num_layers`` in ``num_stages``."""
     if isinstance(partition, Partition):
@@ -185,28 +181,3 @@ def as_ranges(partition, num_layers: int, num_stages: int) -> tuple[tuple[int, i
     if pos != num_layers:
         raise PartitionError(f"partition covers {pos} layers, model has {num_layers}")
     return rs
-
-
-def make_partition(method: str, model, cluster, config, cost_model=None) -> Partition:
-    """Partition ``model`` into ``config.pp * config.virtual_stages`` stages by
-    ``method`` ("uniform", "parameters" or "time") and report, for every method, the
-    per-stage forward + backward seconds of one micro-batch (embedding and LM head
-    included, TP communication as exposed) in ``stage_costs``; ``cost_model``
-    defaults to :class:`~merak_sim.costs.analytic.AnalyticCostModel`."""
-    from merak_sim.costs.analytic import AnalyticCostModel
-
-    if method not in METHODS:
-        raise PartitionError(f"unknown partition method {method!r}; choose one of: "
-                             f"{', '.join(METHODS)}")
-    cm = cost_model or AnalyticCostModel()
-    n = config.pp * config.virtual_stages
-    if method == "uniform":
-        p = uniform(model.layers, n)
-    elif method == "parameters":
-        p = parameter_balanced(model, n, config.tp)
-    else:
-        p = AnalyticCostModel(efficiency=getattr(cm, "efficiency", None),
-                              partition_method="time").default_partition(model, cluster, config)
-    table = cm.cost_table(model, cluster, config, p)
-    return Partition(p.ranges, method,
-                     tuple(s.forward_s + s.backward_s for s in table.stages))

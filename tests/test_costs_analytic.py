@@ -6,7 +6,7 @@ import pytest
 
 from merak_sim.config import ParallelConfig
 from merak_sim.costs import AnalyticCostModel, CostModel, CostTable, Efficiency
-from merak_sim.costs.analytic import collective_time, group_ranks
+from merak_sim.costs.comm import collective_time, group_ranks
 from merak_sim.hardware import get_cluster
 from merak_sim.model import ModelSpecError, get_model
 

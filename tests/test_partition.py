@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from merak_sim.config import ParallelConfig
 from merak_sim.costs import AnalyticCostModel
+from merak_sim.costs.analytic import parameter_balanced
+from merak_sim.costs.partition import make_partition
 from merak_sim.hardware import get_cluster
 from merak_sim.model import get_model
 from merak_sim.partition import (
@@ -15,8 +17,6 @@ from merak_sim.partition import (
     PartitionError,
     as_ranges,
     balanced,
-    make_partition,
-    parameter_balanced,
     time_balanced,
     uniform,
 )

@@ -11,6 +11,7 @@ import pytest
 
 from merak_sim.cli import main
 from merak_sim.config import ParallelConfig
+from merak_sim.costs.calibrated import calibrated_cost_model
 from merak_sim.hardware import get_cluster
 from merak_sim.memory import peak_memory
 from merak_sim.model import get_model
@@ -18,7 +19,6 @@ from merak_sim.plan import Plan, PlanError
 from merak_sim.planner import SYSTEMS, NoFeasiblePlanError, PlannerError, SearchSpace, search
 from merak_sim.planner.templates import eval_template, memory_template, stage_arrays
 from merak_sim.sim import simulate
-from merak_sim.sim.calibration import calibrated_cost_model
 
 MODEL = get_model("gpt-2.5b")
 CLUSTER = get_cluster("paper-3090", nodes=2)  # 8 RTX 3090
@@ -45,7 +45,8 @@ def test_template_matches_simulator_evaluator_and_memory(sched, v, rc, fr):
     arr = stage_arrays(tab)
     sch = cfg.build_schedule()
     fr_used = cfg.recompute_per_stage(sch)
-    t = eval_template(sched, 4, cfg.num_microbatches, v).evaluate(arr, fr_used, zero=0)
+    t = eval_template(sched, 4, cfg.num_microbatches, v).evaluate(arr, fr_used, zero=0,
+                                                                 tied=tab.tied_embeddings)
     assert t == pytest.approx(res.iteration_time_s, rel=1e-12)
     mt = memory_template(sched, 4, cfg.num_microbatches, v)
     ref = [m.total_bytes for m in peak_memory(tab, cfg, sch)]

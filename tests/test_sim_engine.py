@@ -47,6 +47,15 @@ def random_table(n: int, seed: int) -> CostTable:
     return CostTable(tuple(stages), memory_capacity_bytes=80e9, peak_flops=312e12)
 
 
+def assert_same_times(tr, ev):
+    """The engine's makespan and every action's start and end equal the evaluator's."""
+    assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)
+    for acts in tr.acts:
+        for aid, st, en in acts:
+            assert st == pytest.approx(ev.start[aid], rel=1e-9, abs=1e-12)
+            assert en == pytest.approx(ev.end[aid], rel=1e-9, abs=1e-12)
+
+
 @pytest.mark.parametrize("name, S, M, v", SCHEDS)
 @pytest.mark.parametrize("overlap, zero", [(False, 0), (True, 0), (True, 1)])
 def test_simpy_agrees_with_evaluator(name, S, M, v, overlap, zero):
@@ -57,11 +66,7 @@ def test_simpy_agrees_with_evaluator(name, S, M, v, overlap, zero):
     ev = evaluate(prog, overlap_dp=overlap, buckets=3, zero=zero)
     tr = run_engine(prog, RankLayout(1, 1, S), 80e9,
                     EngineOptions(overlap_dp=overlap, buckets=3, zero=zero))
-    assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)
-    for r in range(S):
-        for aid, st, en in tr.acts[r]:
-            assert st == pytest.approx(ev.start[aid], rel=1e-9, abs=1e-12)
-            assert en == pytest.approx(ev.end[aid], rel=1e-9, abs=1e-12)
+    assert_same_times(tr, ev)
     xs, xe = tr.xfers[0]
     assert xs == pytest.approx(ev.xfer_start, rel=1e-9)
     assert xe == pytest.approx(ev.xfer_end, rel=1e-9)
@@ -363,3 +368,93 @@ def test_property_engine_equals_evaluator(name, S, mult, seed, overlap, buckets)
     tr = run_engine(prog, RankLayout(1, 1, S), 80e9,
                     EngineOptions(overlap_dp=overlap, buckets=buckets))
     assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)
+
+
+def _tied(table: CostTable) -> CostTable:
+    from dataclasses import replace
+
+    return replace(table, tied_embeddings=True)
+
+
+def _ar_reach(prog, ev, rank):
+    """End of the action before the rank's AR (when the program reaches AR)."""
+    ids = [x for code, x, _y in prog.ops[rank] if code != 1]
+    ar = next(i for i, x in enumerate(ids) if prog.actions[x].kind.value == "AR")
+    return ev.end[ids[ar - 1]], ids[ar]
+
+
+def test_tied_all_reduce_on_the_critical_path():
+    # 1F1B: rank 0 reaches AR last; the last stage's long AR + OPT must wait for it.
+    S, M = 4, 8
+    st = list(uniform_table(S).stages)
+    from dataclasses import replace
+
+    st[-1] = replace(st[-1], grad_allreduce_s=3.0, optimizer_s=1.0)
+    table = CostTable(tuple(st), 80e9, 312e12)
+    sched = generate("1f1b", S, M)
+    free = evaluate(compile_program(sched, table))
+    prog = compile_program(sched, _tied(table))
+    assert prog.tied_ar and len(prog.tied_ar) == 2
+    ev = evaluate(prog)
+    reach0, ar0 = _ar_reach(prog, ev, 0)
+    reach_last, ar_last = _ar_reach(prog, ev, S - 1)
+    assert reach_last < reach0
+    assert ev.start[ar_last] == pytest.approx(reach0)  # the wait is visible
+    assert ev.start[ar0] == pytest.approx(reach0)
+    assert ev.makespan == pytest.approx(reach0 + 4.0)
+    assert ev.makespan > free.makespan + 1.0
+    tr = run_engine(prog, Placement(1, 1, S), 80e9, EngineOptions())
+    assert_same_times(tr, ev)
+    # a simulation reports the wait as the last rank's bubble
+    cfg = ParallelConfig(pp=S, global_batch_size=M, schedule="1f1b")
+    res = simulate(config=cfg, cost_table=_tied(table))
+    assert res.iteration_time_s == pytest.approx(ev.makespan)
+    assert res.ranks[-1].bubble_s > simulate(config=cfg, cost_table=table).ranks[-1].bubble_s
+
+
+def test_tied_all_reduce_first_rank_waits():
+    # ZB-H1 with a slow weight-gradient pass on the last stage: rank 0 waits at AR.
+    S, M = 4, 8
+    st = list(uniform_table(S).stages)
+    from dataclasses import replace
+
+    st[-1] = replace(st[-1], backward_s=6.0, backward_input_s=1.0, backward_weight_s=5.0)
+    prog = compile_program(generate("zb-h1", S, M), _tied(CostTable(tuple(st), 80e9, 1.0)))
+    ev = evaluate(prog)
+    reach0, ar0 = _ar_reach(prog, ev, 0)
+    reach_last, _ = _ar_reach(prog, ev, S - 1)
+    assert reach_last > reach0 and ev.start[ar0] == pytest.approx(reach_last)
+    tr = run_engine(prog, Placement(1, 1, S), 80e9, EngineOptions())
+    assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)
+    assert dict((a, s0) for a, s0, _e in tr.acts[0])[ar0] == pytest.approx(reach_last)
+
+
+@pytest.mark.parametrize("name, S, M, v", SCHEDS)
+@pytest.mark.parametrize("overlap, zero", [(False, 0), (True, 0), (True, 1)])
+def test_tied_engine_agrees_with_evaluator(name, S, M, v, overlap, zero):
+    table = _tied(random_table(S * v, seed=S * 7 + M))
+    prog = compile_program(generate(name, S, M, v), table,
+                           tuple(random.Random(S).uniform(0, 1) for _ in range(S)))
+    assert bool(prog.tied_ar) == (S > 1)
+    ev = evaluate(prog, overlap_dp=overlap, buckets=3, zero=zero)
+    tr = run_engine(prog, Placement(1, 1, S), 80e9,
+                    EngineOptions(overlap_dp=overlap, buckets=3, zero=zero))
+    assert_same_times(tr, ev)
+    # every (dp, tp) copy of the two ends meets in full mode: same answer
+    full = run_engine(prog, Placement(2, 2, S), 80e9,
+                      EngineOptions(mode="full", overlap_dp=overlap, buckets=3, zero=zero))
+    assert full.makespan == pytest.approx(ev.makespan, rel=1e-9)
+
+
+def test_cost_tables_mark_tied_embeddings():
+    from merak_sim.costs import AnalyticCostModel
+    from merak_sim.hardware import get_cluster
+    from merak_sim.model import get_model
+
+    cl = get_cluster("dgx-a100-80g", nodes=1)
+    cm = AnalyticCostModel()
+    cfg = ParallelConfig(dp=2, tp=1, pp=4, global_batch_size=16)
+    assert cm.cost_table(get_model("gpt-2.5b"), cl, cfg).tied_embeddings
+    assert not cm.cost_table(get_model("llama2-7b"), cl, cfg).tied_embeddings
+    one = ParallelConfig(dp=8, tp=1, pp=1, global_batch_size=16)
+    assert not cm.cost_table(get_model("gpt-2.5b"), cl, one).tied_embeddings

@@ -4,15 +4,11 @@ import math
 
 import pytest
 
-from merak_sim.sim.calibration import (
-    CalibratedCostModel,
-    fit,
-    load_vtrain,
-    predict_row,
-    row_setup,
-)
+from merak_sim.costs.calibrated import CalibratedCostModel
+from merak_sim.experiments.vtrain import fit, load_vtrain, predict_row, row_setup
 
-# Rows copied from shared/data/vtrain (MIT, VIA-Research/vTrain), with its byte-order mark.
+# Rows copied from vTrain's ground-truth files (MIT, VIA-Research/vTrain), with their
+# byte-order mark.
 SINGLE = ("\ufeff# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
           "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
           "iteration time (ms)\n"
@@ -86,7 +82,7 @@ def test_calibrated_constants_match_the_recorded_fit():
     import json
     from pathlib import Path
 
-    from merak_sim.sim.calibration import CALIBRATED, CALIBRATED_LINKS
+    from merak_sim.costs.calibrated import CALIBRATED, CALIBRATED_LINKS
 
     rec = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results"
                       / "vtrain_calibration.json").read_text())

@@ -1,25 +1,7 @@
 """AnalyticCostModel: per-layer, per-action costs from FLOPs, bytes and link models.
 
-Compute (one layer, one micro-batch of b sequences, on one GPU of a TP group of t)
----------------------------------------------------------------------------------
-- GEMMs, each charged with :meth:`Efficiency.gemm_time` (shape-dependent fraction of
-  peak, one kernel overhead): QKV (bs x h -> (h + 2kv)/t), output projection
-  (bs x h/t -> h), fc1 (bs x h -> f/t, doubled for SwiGLU's gate), fc2 (bs x f/t -> h);
-  attention cores as batched GEMMs (b*a/t of s x s x d, scaled by ``attn_factor``).
-- Memory-bound kernels (norms, softmax, dropout, GELU/SwiGLU, bias + residual) from
-  the bytes they read and write, at ``mem_bw_eff`` of HBM bandwidth, one overhead each.
-  With sequence parallelism the norm/dropout/residual bytes are divided by t.
-- Backward: every GEMM becomes two of the same size (input gradient ``I``, weight
-  gradient ``W``); the attention-core GEMMs and all memory-bound backward kernels
-  (about twice the forward bytes) are input-gradient work. ``backward_s = I + W``.
-- Recompute = forward of the layers (communication included: the re-forward repeats
-  its TP all-reduces). Selective recompute (Korthikanti et al. 2022) adds the
-  attention core's forward to every backward instead.
-- Sub-pipelined TP (Merak T3, ``tp_overlap="sub-pipelined"``, k parts): every GEMM
-  and kernel runs k times on b/k of the batch (smaller, less efficient GEMMs, k times
-  the kernel overheads); of the 2k all-reduces per layer pass only the last one (1/k of
-  the bytes) stays exposed, plus whatever the others cannot hide behind the compute
-  of the pass (shared/reference/merak.md, T3).
+Compute: per-layer costs (GEMMs, memory-bound kernels, backward halves, recompute,
+sub-pipelined TP) in :mod:`merak_sim.costs.layers`.
 
 Communication: alpha-beta ring / hierarchical collectives and Megatron rank
 placement, in :mod:`merak_sim.costs.comm`.
@@ -42,20 +24,13 @@ cost table for a new (pp, partition) costs O(stages).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from merak_sim.costs.base import CostTable, StageCost
-from merak_sim.costs.comm import (  # noqa: F401  (re-exported: older imports)
-    COLLECTIVES,
-    CostModelError,
-    _collective_cached,
-    _placement,
-    collective_time,
-    group_ranks,
-)
+from merak_sim.costs.comm import CostModelError, _placement, collective_time, group_ranks
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
+from merak_sim.costs.layers import LayerCost, edge_costs, layer_cost
 from merak_sim.hardware import Cluster
 from merak_sim.memory import (
     CPU_EAGER,
@@ -71,101 +46,31 @@ from merak_sim.memory import (
     stage_params,
 )
 from merak_sim.model import ModelSpec
-from merak_sim.partition import as_ranges, uniform
+from merak_sim.partition import (
+    Partition,
+    PartitionLike,
+    as_ranges,
+    balanced,
+    time_balanced,
+    uniform,
+)
 
-__all__ = ["AnalyticCostModel", "LayerCost", "CostModelError", "COLLECTIVES",
-           "group_ranks", "collective_time"]
+if TYPE_CHECKING:
+    from merak_sim.config import ParallelConfig
 
+#: Seconds of a collective: (kind, bytes, global ranks, cluster) -> seconds.
+CollectiveTime = Callable[[str, float, tuple[int, ...], Cluster], float]
 
-@dataclass(frozen=True, slots=True)
-class LayerCost:
-    """Compute seconds of one layer pass (or the embedding / head) for one micro-batch.
-
-    Attributes:
-        forward_s: forward compute (no TP communication).
-        backward_input_s / backward_weight_s: backward halves (no communication).
-        attn_core_s: forward of the attention core (what selective recompute redoes).
-        tp_fwd_bytes / tp_bwd_bytes: bytes per TP all-reduce and how many, as
-            (bytes, count) pairs; exposure is applied by the cost model.
-        flops: model FLOPs of forward + backward on this GPU.
-        kernels_fwd: kernel launches of the forward (for reporting).
-        recompute_s: re-forward compute when measured separately (None: forward_s).
-        activation_bytes: bytes kept per micro-batch when measured (None: from the
-            memory model).
-        source: "analytic" or "trace" (for reports).
-    """
-
-    forward_s: float
-    backward_input_s: float
-    backward_weight_s: float
-    attn_core_s: float
-    tp_fwd: tuple[float, int]
-    tp_bwd: tuple[float, int]
-    flops: float
-    kernels_fwd: int
-    recompute_s: float | None = None
-    activation_bytes: float | None = None
-    source: str = "analytic"
+__all__ = ["AnalyticCostModel", "parameter_balanced"]
 
 
-# ---------------------------------------------------------------- layer compute
-@lru_cache(maxsize=4096)
-def _layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e: int,
-                mbs: int, tp: int, sp: bool, parts: int) -> LayerCost:
-    h, f, kv, a, s = model.hidden, model.ffn_hidden, model.kv_dim, model.heads, model.seq_len
-    d = model.head_dim
-    b = mbs / parts
-    m = b * s
-    fc1_n = f * (2 if model.gated_mlp else 1) / tp
-    gemms = [(m, (h + 2 * kv) / tp, h), (m, h, h / tp), (m, fc1_n, h), (m, h, f / tp)]
-    g_fwd = sum(eff.gemm_time(mm, n, k, peak) for mm, n, k in gemms)
-    bh = b * a / tp
-    attn = 2 * eff.gemm_time(s, s, d, peak, batch=bh, attention=True)
-    rep = tp if sp else 1
-    p = model.dropout > 0
-    # Bytes moved by the forward's memory-bound kernels (read + write), per part.
-    norm = 2 * (2 * m * h * e / rep)                       # two norms
-    resid = 2 * (m * h * e * 3 + (m * h if p else 0)) / rep  # bias+dropout+residual x2
-    sc = bh * s * s
-    softmax = sc * e * 2 + (sc * (2 * e + 1) if p else 0)
-    act_elems = m * f / tp
-    act = act_elems * e * (3 if model.gated_mlp else 2)
-    rope = 2 * m * (h + kv) / tp * e if model.family == "llama" else 0.0
-    mem_bytes = norm + resid + softmax + act + rope
-    n_mem = 2 + 2 + (2 if p else 1) + 1 + (1 if rope else 0)
-    mem_fwd = eff.mem_time(mem_bytes, mem_bw, n_mem)
-    softmax_t = eff.mem_time(softmax, mem_bw, 2 if p else 1)
-    fwd = parts * (g_fwd + attn + mem_fwd)
-    bwd_in = parts * (g_fwd + 2 * attn + eff.mem_time(2 * mem_bytes, mem_bw, n_mem + 2))
-    bwd_w = parts * g_fwd
-    core = parts * (attn + softmax_t)
-    flops = 3.0 * model.layer_forward_flops(mbs) / tp
-    ar_bytes = mbs * s * h * e / parts
-    n_ar = 2 * parts
-    return LayerCost(fwd, bwd_in, bwd_w, core, (ar_bytes, n_ar), (ar_bytes, n_ar), flops,
-                     parts * (4 + 2 + n_mem))
-
-
-@lru_cache(maxsize=4096)
-def _edge_costs(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e: int,
-                mbs: int, tp: int, sp: bool) -> tuple[LayerCost, LayerCost]:
-    """(embedding, head) compute costs. The head is final norm + LM-head GEMM + fp32
-    cross entropy; the embedding a gather plus position add and dropout."""
-    h, V, s = model.hidden, model.vocab, model.seq_len
-    m = mbs * s
-    rep = tp if sp else 1
-    emb_bytes = m * h * e * 3 / rep + m * 8
-    emb_f = eff.mem_time(emb_bytes, mem_bw, 3)
-    # Backward: scatter-add into the (sharded) embedding gradient, zeroing it first.
-    emb_b = eff.mem_time(2 * emb_bytes + V * h * e / tp, mem_bw, 3)
-    emb = LayerCost(emb_f, 0.0, emb_b, 0.0, (m * h * e, 1), (0.0, 0), 0.0, 3)
-    g = eff.gemm_time(m, V / tp, h, peak)
-    ce_bytes = m * V / tp * 4 * 3  # fp32 logits: cast, softmax, loss
-    head_f = g + eff.mem_time(ce_bytes + 2 * m * h * e / rep, mem_bw, 4)
-    head_bi = g + eff.mem_time(2 * ce_bytes + 4 * m * h * e / rep, mem_bw, 4)
-    head = LayerCost(head_f, head_bi, g, 0.0, (0.0, 0), (m * h * e, 1),
-                     3.0 * model.logits_forward_flops(mbs) / tp, 5)
-    return emb, head
+def parameter_balanced(model: ModelSpec, num_stages: int, tp: int = 1) -> Partition:
+    """Balance parameters per GPU (embedding on the first stage, head on the last)."""
+    lay = model.layer_params_sharded() / tp + model.layer_params_replicated()
+    first = stage_params(model, 0, True, False, tp)
+    last = stage_params(model, 0, False, True, tp) if num_stages > 1 else \
+        stage_params(model, 0, True, True, tp) - first
+    return balanced([lay] * model.layers, num_stages, first, last, "parameters")
 
 
 # ---------------------------------------------------------------- the model
@@ -179,20 +84,27 @@ class AnalyticCostModel:
             the CPU cluster when None).
         partition_method: default partitioner when ``cost_table`` gets none:
             "uniform" (Megatron's default) or "time".
+        collectives: how the cost table prices a collective, with
+            :func:`~merak_sim.costs.comm.collective_time`'s signature; None: that
+            alpha-beta model (TraceCostModel passes measured timings).
     """
 
     def __init__(self, efficiency: Efficiency | None = None,
                  profile: ActivationProfile | None = None,
-                 partition_method: str = "uniform") -> None:
+                 partition_method: str = "uniform",
+                 collectives: CollectiveTime | None = None) -> None:
         if partition_method not in ("uniform", "time", "parameters"):
             raise CostModelError(f"unknown partition method {partition_method!r}; choose "
                                  "uniform, parameters or time")
         self.efficiency = efficiency
         self.profile = profile
         self.partition_method = partition_method
-        # How the cost table prices collectives; TraceCostModel substitutes measured
-        # timings here.
-        self._comm = collective_time
+        self._comm = collectives or collective_time
+
+    def with_collectives(self, collectives: CollectiveTime) -> AnalyticCostModel:
+        """The same model with collectives priced by ``collectives``."""
+        return AnalyticCostModel(self.efficiency, self.profile, self.partition_method,
+                                 collectives)
 
     # -- helpers shared with TraceCostModel
     def efficiency_for(self, cluster: Cluster) -> Efficiency:
@@ -205,7 +117,7 @@ class AnalyticCostModel:
             return self.profile
         return CPU_EAGER if cluster.gpu.name.startswith("CPU") else KORTHIKANTI
 
-    def layer_costs(self, model: ModelSpec, cluster: Cluster, config: Any
+    def layer_costs(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig
                     ) -> tuple[LayerCost, LayerCost, LayerCost]:
         """(transformer layer, embedding, head) compute costs for ``config``."""
         eff = self.efficiency_for(cluster)
@@ -214,13 +126,13 @@ class AnalyticCostModel:
         bw = cluster.gpu.mem_bandwidth_Bps
         parts = config.tp_overlap_parts if (config.tp_overlap == "sub-pipelined"
                                             and config.tp > 1) else 1
-        lay = _layer_cost(model, peak, bw, eff, e, config.micro_batch_size, config.tp,
+        lay = layer_cost(model, peak, bw, eff, e, config.micro_batch_size, config.tp,
                           config.sequence_parallel, parts)
-        emb, head = _edge_costs(model, peak, bw, eff, e, config.micro_batch_size,
+        emb, head = edge_costs(model, peak, bw, eff, e, config.micro_batch_size,
                                 config.tp, config.sequence_parallel)
         return lay, emb, head
 
-    def layer_breakdown(self, model: ModelSpec, cluster: Cluster, config: Any,
+    def layer_breakdown(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
                         costs: tuple[LayerCost, LayerCost, LayerCost] | None = None
                         ) -> dict[str, dict[str, Any]]:
         """Per layer kind ("embedding", "layer", "head") for one micro-batch on one GPU:
@@ -272,12 +184,12 @@ class AnalyticCostModel:
         """Seconds for ``collective`` of ``nbytes`` among global ``ranks``."""
         return collective_time(collective, nbytes, tuple(ranks), cluster)
 
-    def _tp_exposed(self, lay: LayerCost, which: str, cluster: Cluster, config: Any,
+    def _tp_exposed(self, lay: LayerCost, which: str, cluster: Cluster, config: ParallelConfig,
                     pp_rank: int, compute_s: float) -> float:
         """Exposed TP communication seconds of one pass of ``lay`` (see :meth:`_tp_comm`)."""
         return self._tp_comm(lay, which, cluster, config, pp_rank, compute_s)[1]
 
-    def _tp_comm(self, lay: LayerCost, which: str, cluster: Cluster, config: Any,
+    def _tp_comm(self, lay: LayerCost, which: str, cluster: Cluster, config: ParallelConfig,
                  pp_rank: int, compute_s: float) -> tuple[float, float, float]:
         """(total, exposed, bytes sent per GPU) of the TP collectives of one ``which``
         ("fwd"/"bwd") pass of ``lay`` whose compute takes ``compute_s``. Total: every
@@ -308,7 +220,7 @@ class AnalyticCostModel:
         hidden_room = compute_s * (1 - 1 / count)
         return total, one + max(0.0, (count - 1) * one - hidden_room), sent
 
-    def check(self, model: ModelSpec, cluster: Cluster, config: Any) -> None:
+    def check(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig) -> None:
         """Raise a one-line ValueError if ``config`` cannot run ``model`` on ``cluster``."""
         model.check_tp(config.tp)
         model.check_pp(config.pp, config.virtual_stages)
@@ -317,23 +229,22 @@ class AnalyticCostModel:
                 f"config needs dp*tp*pp = {config.world_size} GPUs but cluster "
                 f"{cluster.name} has {cluster.world_size} (raise --nodes)")
 
-    def default_partition(self, model: ModelSpec, cluster: Cluster, config: Any):
+    def default_partition(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig
+                          ) -> Partition:
         """The partition used when ``cost_table`` gets none."""
         n = config.pp * config.virtual_stages
         if self.partition_method == "uniform":
             return uniform(model.layers, n)
         if self.partition_method == "parameters":
-            from merak_sim.partition import parameter_balanced
             return parameter_balanced(model, n, config.tp)
-        from merak_sim.partition import time_balanced
         lay, emb, head = self.layer_costs(model, cluster, config)
         t = lay.forward_s + lay.backward_input_s + lay.backward_weight_s
         return time_balanced([t] * model.layers, n,
                              emb.forward_s + emb.backward_weight_s,
                              head.forward_s + head.backward_input_s + head.backward_weight_s)
 
-    def cost_table(self, model: ModelSpec, cluster: Cluster, config: Any,
-                   partition: Any | None = None) -> CostTable:
+    def cost_table(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
+                   partition: PartitionLike | None = None) -> CostTable:
         """Per-model-stage costs (see :class:`~merak_sim.costs.base.StageCost`)."""
         self.check(model, cluster, config)
         n_st = config.pp * config.virtual_stages
@@ -341,12 +252,15 @@ class AnalyticCostModel:
             partition = self.default_partition(model, cluster, config)
         ranges = as_ranges(partition, model.layers, n_st)
         lay, emb, head = self.layer_costs(model, cluster, config)
-        return self._table(model, cluster, config, ranges, lay, emb, head)
+        return self.table_from_layers(model, cluster, config, ranges, lay, emb, head)
 
-    def _table(self, model: ModelSpec, cluster: Cluster, config: Any, ranges: Any,
-               lay: LayerCost, emb: LayerCost, head: LayerCost,
-               extra_notes: tuple[str, ...] = (), extra_meta: dict | None = None
-               ) -> CostTable:
+    def table_from_layers(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
+                          ranges: tuple[tuple[int, int], ...], lay: LayerCost,
+                          emb: LayerCost, head: LayerCost,
+                          extra_notes: tuple[str, ...] = (),
+                          extra_meta: dict | None = None) -> CostTable:
+        """The cost table of ``ranges`` from the per-layer costs ``lay``, ``emb`` and
+        ``head`` (how TraceCostModel prices measured layers the same way)."""
         # Stages that agree in layer count, position (first/last) and the placement of
         # their groups cost the same: price each distinct one once.
         n_st = len(ranges)
@@ -372,10 +286,11 @@ class AnalyticCostModel:
             meta={"source": "analytic", "efficiency": eff.to_dict(),
                   "profile": self.profile_for(cluster).name, "ranges": ranges,
                   "cluster": cluster.name, "model": model.name, **(extra_meta or {})},
+            tied_embeddings=model.tied_embeddings and config.pp > 1,
         )
 
     # Stage assembly is cheap arithmetic over the cached layer costs.
-    def _stage(self, model: ModelSpec, cluster: Cluster, config: Any, g: int, n: int,
+    def _stage(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig, g: int, n: int,
                lay: LayerCost, emb: LayerCost, head: LayerCost) -> StageCost:
         n_st = config.pp * config.virtual_stages
         pp_rank = g % config.pp

@@ -19,7 +19,13 @@ collectives and put them on links.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from merak_sim.config import ParallelConfig
+    from merak_sim.hardware import Cluster
+    from merak_sim.model import ModelSpec
+    from merak_sim.partition import PartitionLike
 
 __all__ = ["StageCost", "CostTable", "CostModel"]
 
@@ -66,8 +72,8 @@ class StageCost:
             and to an explicit R (both cost ``forward_s``).
         tp_exposed_fwd_s: the part of ``tp_comm_fwd_s`` that stays on the critical
             path under the configured overlap, *included in* ``forward_s``. No
-            overlap: equal to ``tp_comm_fwd_s``. Sub-pipelined (Merak T3,
-            shared/reference/merak.md): the last all-reduce of each layer pass plus
+            overlap: equal to ``tp_comm_fwd_s``. Sub-pipelined (Merak T3, Lai et al.
+            TPDS 2023): the last all-reduce of each layer pass plus
             whatever the others cannot hide behind the pass's compute; the rest,
             ``tp_comm_fwd_s - tp_exposed_fwd_s``, runs concurrently with compute.
         tp_comm_bwd_s / tp_exposed_bwd_s: the same for one backward (the LM head's
@@ -130,6 +136,12 @@ class CostTable:
         notes: assumptions and fallbacks worth showing the user (for example
             "trace lacks mbs=3 for layer 'block': analytic used").
         meta: free-form details (source, trace file, efficiency parameters).
+        tied_embeddings: the first and the last model stage hold copies of one tied
+            weight (the word embedding and the LM head) on different pipeline ranks;
+            AR sums their gradients between those two ranks, so the AR of the first
+            and the last pipeline rank is a two-rank collective that both must reach
+            (:mod:`merak_sim.schedule.ir`, rule 6). Its time is part of those
+            stages' ``grad_allreduce_s``.
     """
 
     stages: tuple[StageCost, ...]
@@ -137,20 +149,22 @@ class CostTable:
     peak_flops: float
     notes: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
+    tied_embeddings: bool = False
 
 
 @runtime_checkable
 class CostModel(Protocol):
-    """Anything that can price a configuration (AnalyticCostModel, TraceCostModel)."""
+    """Anything that can price a configuration (AnalyticCostModel, TraceCostModel,
+    CalibratedCostModel)."""
 
-    def cost_table(self, model: Any, cluster: Any, config: Any,
-                   partition: Any | None = None) -> CostTable:
+    def cost_table(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
+                   partition: PartitionLike | None = None) -> CostTable:
         """Costs of every model stage for ``config`` (partition: layer ranges per
         model stage; None means the model's default partitioner)."""
         ...
 
     def comm_time(self, collective: str, nbytes: float, ranks: tuple[int, ...],
-                  cluster: Any) -> float:
+                  cluster: Cluster) -> float:
         """Seconds for ``collective`` ("all-reduce", "reduce-scatter", "all-gather",
         "p2p") of ``nbytes`` among global GPU ``ranks`` placed on ``cluster``."""
         ...

@@ -22,7 +22,7 @@ efficiency figures, not from a fit:
   SC'21 Table 1) -> gemm_max 0.82; 1k x 1k x 1k reaches about half of peak -> dim and
   FLOP half-points 64 and 0.5 GFLOP.
 - H100/H200: large bf16 GEMMs 700-800 of 989 TFLOP/s (this workplace measured
-  769-798 on the H200, shared/reference/hardware.md) -> gemm_max 0.78.
+  769-798 on an H200) -> gemm_max 0.78.
 - V100: about 100 of 125 TFLOP/s fp16 -> 0.78. RTX 3090: consumer tensor cores run
   close to their fp32-accumulate rate -> 0.85.
 - Elementwise kernels: 70-80 % of HBM bandwidth (STREAM-like copy figures).

@@ -36,18 +36,22 @@ present) fill the ``tp_*`` fields through the shared stage assembly.
 from __future__ import annotations
 
 import bisect
-import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from merak_sim.costs.analytic import AnalyticCostModel, CostModelError, LayerCost
+from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.base import CostTable
+from merak_sim.costs.comm import CostModelError
+from merak_sim.costs.layers import LayerCost
 from merak_sim.hardware import Cluster
 from merak_sim.model import ModelSpec
-from merak_sim.partition import as_ranges
+from merak_sim.partition import PartitionLike, as_ranges
 from merak_sim.trace import LayerRecord, Trace, read_trace
+
+if TYPE_CHECKING:
+    from merak_sim.config import ParallelConfig
 
 __all__ = ["TraceCostModel", "interpolate"]
 
@@ -97,8 +101,7 @@ class TraceCostModel:
             raise CostModelError("TraceCostModel needs at least one trace")
         self.fallback = fallback or AnalyticCostModel()
         # The fallback's stage pricing, with collectives timed from the traces.
-        self._priced = copy.copy(self.fallback)
-        self._priced._comm = self._trace_comm
+        self._priced = self.fallback.with_collectives(self.comm_time)
 
     # -- lookup
     def _records(self, model: ModelSpec, kind: str, tp: int) -> list[LayerRecord]:
@@ -142,10 +145,6 @@ class TraceCostModel:
         # Negative values can appear when extrapolating downward; clamp to zero.
         return {k: max(0.0, v) for k, v in out.items()}, how
 
-    def _trace_comm(self, kind: str, nbytes: float, ranks: tuple[int, ...],
-                    cluster: Cluster) -> float:
-        return self.comm_time(kind, nbytes, ranks, cluster)
-
     # -- CostModel protocol
     def comm_time(self, collective: str, nbytes: float, ranks: tuple[int, ...],
                   cluster: Cluster) -> float:
@@ -161,7 +160,7 @@ class TraceCostModel:
                 return max(0.0, interpolate([p[0] for p in pts], [p[1] for p in pts], nbytes))
         return self.fallback.comm_time(collective, nbytes, ranks, cluster)
 
-    def traced_layer_costs(self, model: ModelSpec, cluster: Cluster, config: Any
+    def traced_layer_costs(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig
                            ) -> tuple[tuple[LayerCost, LayerCost, LayerCost], list[str],
                                       dict[str, str]]:
         """((layer, embedding, head) costs, notes, source per kind): trace values
@@ -186,7 +185,7 @@ class TraceCostModel:
             out.append(_layer_from_trace(base, vals, config))
         return (out[0], out[1], out[2]), notes, used
 
-    def layer_breakdown(self, model: ModelSpec, cluster: Cluster, config: Any) -> dict:
+    def layer_breakdown(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig) -> dict:
         """Per layer kind costs as :meth:`AnalyticCostModel.layer_breakdown`, from the
         traces where they have the entry."""
         costs, _, used = self.traced_layer_costs(model, cluster, config)
@@ -195,8 +194,8 @@ class TraceCostModel:
             rows[key]["source"] = used[kind]
         return rows
 
-    def cost_table(self, model: ModelSpec, cluster: Cluster, config: Any,
-                   partition: Any | None = None) -> CostTable:
+    def cost_table(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
+                   partition: PartitionLike | None = None) -> CostTable:
         """Per-model-stage costs with trace-based layer times (module docstring)."""
         fb = self.fallback
         fb.check(model, cluster, config)
@@ -208,7 +207,7 @@ class TraceCostModel:
         if config.recompute == "selective":
             notes.append("selective recompute: attention-core cost from the analytic model")
         srcs = {t.provenance.device for t in self.traces}
-        return self._priced._table(model, cluster, config, ranges, lay, emb, head,
+        return self._priced.table_from_layers(model, cluster, config, ranges, lay, emb, head,
                          extra_notes=tuple(notes),
                          extra_meta={"source": "trace", "layer_sources": used,
                                      "trace_devices": sorted(srcs)})
@@ -220,7 +219,7 @@ def _split(r: LayerRecord) -> dict[str, float]:
     return {}
 
 
-def _layer_from_trace(base: LayerCost, vals: dict[str, float], config: Any) -> LayerCost:
+def _layer_from_trace(base: LayerCost, vals: dict[str, float], config: ParallelConfig) -> LayerCost:
     """A LayerCost from trace values; the backward split follows the trace when it was
     measured, else the analytic model's ratio."""
     bwd = vals["backward_s"]

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from merak_sim.config import ParallelConfig
+from merak_sim.costs.calibrated import calibrated_cost_model
 from merak_sim.plan import Plan
 from merak_sim.resolve import cluster_record, resolve_cluster, resolve_model
 from merak_sim.schedule import SCHEDULES, ScheduleError
@@ -156,7 +157,8 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: list[di
     if skey not in seen:
         seen.add(skey)
         counts["schedules"] += 1
-    t = eval_template(*skey).evaluate(arr, fit.fractions, zero=c.zero)
+    t = eval_template(*skey).evaluate(arr, fit.fractions, zero=c.zero,
+                                      tied=tab.tied_embeddings)
     counts["evaluated"] += 1
     S, v, M = c.pp, c.virtual_stages, c.microbatches
     flops = M * arr["flops"].reshape(v, S).sum(axis=0).sum() / S
@@ -281,10 +283,7 @@ def _plan(job: _Job, cfg: ParallelConfig, res, counts: dict) -> Plan:
 
 
 def _default_cost_model():
-    from merak_sim.costs.analytic import AnalyticCostModel
-    from merak_sim.sim.calibration import calibrated_cost_model
-
-    return calibrated_cost_model(AnalyticCostModel)
+    return calibrated_cost_model()
 
 
 def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | None = None,

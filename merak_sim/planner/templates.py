@@ -32,8 +32,7 @@ import numpy as np
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.schedule import SCHEDULES, Kind, Schedule, generate, iter_actions
 from merak_sim.schedule.liveness import liveness
-from merak_sim.sim.evaluator import Plan as DepPlan
-from merak_sim.sim.evaluator import evaluate, plan
+from merak_sim.sim.evaluator import DependencyGraph, evaluate, plan
 from merak_sim.sim.program import Compiled, compile_program
 
 __all__ = ["EvalTemplate", "MemoryTemplate", "eval_template", "memory_template",
@@ -60,7 +59,7 @@ class EvalTemplate:
 
     schedule: Schedule
     prog: Compiled
-    dep: DepPlan
+    dep: DependencyGraph
     fwd_idx: np.ndarray
     fwd_g: np.ndarray
     b_idx: np.ndarray
@@ -79,11 +78,12 @@ class EvalTemplate:
     opt_rank: np.ndarray
     xfer_boundary: np.ndarray
 
-    def durations(self, arrays: dict[str, np.ndarray], fractions: tuple[float, ...]
-                  ) -> Compiled:
+    def durations(self, arrays: dict[str, np.ndarray], fractions: tuple[float, ...],
+                  tied: bool = False) -> Compiled:
         """The compiled program with the durations of ``arrays`` (from
         :func:`stage_arrays`) and checkpointed fractions ``fractions`` per rank (the
-        schedule's never-recompute ranks use 0)."""
+        schedule's never-recompute ranks use 0); ``tied``: the table's
+        ``tied_embeddings``."""
         S = self.schedule.num_stages
         v = self.schedule.virtual_stages
         c = np.array([0.0 if s in self.schedule.no_recompute_stages else float(x)
@@ -102,12 +102,13 @@ class EvalTemplate:
         send = arrays["send_activation_s"][self.xfer_boundary].tolist()
         ar_chunks = tuple(tuple((ch, float(ar[ch * S + r])) for ch, _ in self.prog.ar_chunks[r])
                           for r in range(S))
-        return self.prog.repriced(tuple(dur.tolist()), send, ar_chunks)
+        return self.prog.repriced(tuple(dur.tolist()), send, ar_chunks, tied)
 
     def evaluate(self, arrays: dict[str, np.ndarray], fractions: tuple[float, ...],
-                 zero: int = 0, overlap_dp: bool = False, buckets: int = 4) -> float:
+                 zero: int = 0, overlap_dp: bool = False, buckets: int = 4,
+                 tied: bool = False) -> float:
         """Iteration time (s) from the exact contention-free evaluator."""
-        prog = self.durations(arrays, fractions)
+        prog = self.durations(arrays, fractions, tied)
         return evaluate(prog, self.dep, overlap_dp=overlap_dp, buckets=buckets,
                         zero=zero).makespan
 

@@ -24,9 +24,14 @@ them, and :func:`merak_sim.schedule.validate.validate` proves schedules safe und
    g is received by g+1; its gradient goes back from g+1 to g. Between any ordered
    pair of ranks, sends must be posted in the same order as the peer posts the
    matching receives (NCCL matches point-to-point operations by order, not tag).
-6. ``AR`` (data-parallel gradient all-reduce) and ``OPT`` (optimizer step) end each
-   rank's program; they involve only the rank's data-parallel peers, which run the
-   identical program, so they never wait on another pipeline rank.
+6. ``AR`` (gradient all-reduce) and ``OPT`` (optimizer step) end each rank's
+   program. AR involves the rank's data-parallel peers, which run the identical
+   program, and on the first and the last pipeline rank of a model whose word
+   embedding is tied to its LM head across them, the other of those two ranks: AR
+   first sums the tied weight's gradients between ranks 0 and S-1, so their AR is a
+   two-rank collective that both must reach before either passes it (the earlier
+   waits). No other AR or OPT waits on another pipeline rank. Because AR and OPT end
+   every program, this rendezvous cannot deadlock a schedule that rules 1-5 make safe.
 
 Tokens
 ------

@@ -12,15 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from merak_sim.config import ParallelConfig
-from merak_sim.costs.base import CostTable
+from merak_sim.costs.base import CostModel, CostTable
+from merak_sim.costs.calibrated import CalibratedCostModel
+from merak_sim.hardware import GPU, Cluster, get_gpu
 from merak_sim.layout import RankLayout
+from merak_sim.model import ModelSpec
 from merak_sim.resolve import resolve_cluster, resolve_model
+from merak_sim.schedule import lower
 from merak_sim.schedule.ir import Schedule
 
-from .engine import EngineOptions, Trace, run_engine
+from .engine import EventLog, run_engine
 from .entities import HBM, Topology, topology_from_cluster
-from .evaluator import evaluate, plan
-from .program import Compiled, compile_program
+from .evaluator import DependencyGraph, evaluate, plan
+from .gpu import EngineOptions
+from .program import OP_POST, Compiled, compile_program
 from .result import SimResult, build_result
 
 __all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config"]
@@ -55,8 +60,6 @@ def _load_schedule(schedule: Schedule | str | Path) -> Schedule:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise SimulationError(f"cannot read schedule file {p}: {e.strerror}") from None
-    from merak_sim.schedule import lower
-
     sched = Schedule.from_json(text) if text.lstrip().startswith("{") else \
         Schedule.from_csv(text)
     return lower(sched)
@@ -64,8 +67,9 @@ def _load_schedule(schedule: Schedule | str | Path) -> Schedule:
 
 def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
                     overlap_dp: bool = False, buckets: int = 1, zero: int = 0,
-                    pl=None, record_memory: bool = True) -> Trace:
-    """Run the fast evaluator and package its times as a :class:`Trace` (memory is
+                    pl: DependencyGraph | None = None,
+                    record_memory: bool = True) -> EventLog:
+    """Run the fast evaluator and package its times as an :class:`EventLog` (memory is
     replayed per rank in program order, which is time order on each rank)."""
     ev = evaluate(prog, pl or plan(prog), overlap_dp=overlap_dp, buckets=buckets, zero=zero)
     S = prog.num_ranks
@@ -74,26 +78,95 @@ def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
     for r in range(S):
         hbm = HBM(capacity, prog.state_bytes[r], record_memory)
         for code, x, _y in prog.ops[r]:
-            if code == 1:  # OP_POST
+            if code == OP_POST:
                 continue
             st, en = ev.start[x], ev.end[x]
             hbm.alloc(st, prog.mem_alloc[x], x)
             hbm.free(en, prog.mem_free[x])
             acts[r].append((x, st, en))
         mems.append(hbm)
-    return Trace(prog=prog, placement=placement, mode="representative",
+    return EventLog(prog=prog, placement=placement, mode="representative",
                  ranks=[placement.rank(s) for s in range(S)], stage_of=list(range(S)),
                  copy_of=[0] * S, acts=acts, xfers=[(ev.xfer_start, ev.xfer_end)],
                  buckets=list(ev.buckets), memory=mems, makespan=ev.makespan)
 
 
+def _resolve_model_cluster(model: ModelSpec | str | Path | dict | None,
+                           cluster: Cluster | str | Path | dict | None, nodes: int | None,
+                           cfg: ParallelConfig, sub_cluster: bool
+                           ) -> tuple[ModelSpec | None, Cluster | None]:
+    """The ModelSpec and Cluster named by ``model`` and ``cluster`` (None where not
+    given), checked against the configuration's degrees."""
+    spec = None if model is None else resolve_model(model)
+    clus = None if cluster is None else resolve_cluster(cluster, nodes)
+    if clus is not None:
+        world = clus.world_size
+        if cfg.world_size > world:
+            raise SimulationError(
+                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
+                f"{clus.name} has only {world}; lower the degrees or use --nodes")
+        if cfg.world_size < world and not sub_cluster:
+            raise SimulationError(
+                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
+                f"{clus.name} has {world}; match the degrees to the cluster, set --nodes, or "
+                "pass --sub-cluster (sub_cluster=True)")
+    if spec is not None:
+        if hasattr(spec, "check_tp"):
+            spec.check_tp(cfg.tp)
+        if hasattr(spec, "check_pp"):
+            spec.check_pp(cfg.pp, cfg.virtual_stages)
+    return spec, clus
+
+
+def _engine_options(cfg: ParallelConfig, clus: Cluster | None, capacity: float, *,
+                    mode: str, topology: Topology | None, contention: bool | None,
+                    overlap_dp: bool, buckets: int, slowdown: dict[int, float] | None,
+                    degraded_links: dict[str, float] | None,
+                    gpu_types: dict[int, GPU | str] | None, keep_trace: bool
+                    ) -> tuple[EngineOptions, dict[int, float] | None]:
+    """The SimPy engine's options and the per-rank memory capacities where GPU types
+    differ (see :func:`simulate` for the what-ifs)."""
+    what_if = bool(slowdown or degraded_links or gpu_types)
+    topo = topology
+    if topo is None and clus is not None:
+        topo = topology_from_cluster(clus)
+    if degraded_links:
+        if topo is None:
+            raise SimulationError("degrading a link needs a cluster or a topology")
+        topo = topo.with_degraded(degraded_links)
+    use_cont = (topo is not None) if contention is None else bool(contention)
+    slow = {int(k): float(v) for k, v in (slowdown or {}).items()}
+    for r, v in slow.items():
+        if not v > 0:
+            raise SimulationError(f"slowdown of GPU {r} must be > 0, got {v}")
+    if gpu_types:
+        if clus is None:
+            raise SimulationError("gpu_types needs a cluster (the base GPU type)")
+        base = clus.gpu.peak(cfg.dtype)
+        for r, g in gpu_types.items():
+            gpu = g if isinstance(g, GPU) else get_gpu(g)
+            slow[int(r)] = slow.get(int(r), 1.0) * base / gpu.peak(cfg.dtype)
+    if what_if and mode != "full":
+        raise SimulationError("what-ifs (slowdown, degraded links, gpu types) need "
+                              "mode='full'")
+    opts = EngineOptions(mode=mode, contention=use_cont, topology=topo,
+                         overlap_dp=overlap_dp, buckets=buckets, zero=cfg.zero,
+                         slowdown=slow, record_memory=keep_trace)
+    caps = None
+    if gpu_types and clus is not None:
+        frac = capacity / clus.gpu.memory_bytes
+        caps = {int(r): frac * (g if isinstance(g, GPU) else get_gpu(g)).memory_bytes
+                for r, g in gpu_types.items()}
+    return opts, caps
+
+
 def simulate(
-    model: Any = None,
-    cluster: Any = None,
+    model: ModelSpec | str | Path | dict | None = None,
+    cluster: Cluster | str | Path | dict | None = None,
     config: ParallelConfig | dict | None = None,
     *,
     nodes: int | None = None,
-    cost_model: Any = None,
+    cost_model: CostModel | None = None,
     cost_table: CostTable | None = None,
     custom_schedule: Schedule | str | Path | None = None,
     mode: str = "representative",
@@ -105,7 +178,7 @@ def simulate(
     sub_cluster: bool = False,
     slowdown: dict[int, float] | None = None,
     degraded_links: dict[str, float] | None = None,
-    gpu_types: dict[int, Any] | None = None,
+    gpu_types: dict[int, GPU | str] | None = None,
     keep_trace: bool = True,
     **config_kwargs: Any,
 ) -> SimResult:
@@ -117,8 +190,9 @@ def simulate(
         cluster: a cluster preset name, JSON file/dict or Cluster; ``nodes`` resizes it.
         config: a ParallelConfig, its dict form, or None with keyword degrees
             (``dp=2, tp=4, pp=8, micro_batch_size=1, global_batch_size=128, ...``).
-        cost_model: anything with ``cost_table(model, cluster, config)``; default the
-            analytic model with its calibrated A100 efficiency parameters.
+        cost_model: a :class:`~merak_sim.costs.base.CostModel`; default the analytic
+            model with its calibrated A100 efficiency parameters
+            (:class:`~merak_sim.costs.calibrated.CalibratedCostModel`).
         cost_table: use these costs directly instead of a cost model.
         custom_schedule: a Schedule or a schedule JSON/CSV file to run instead of the
             configuration's generator (``config.schedule``).
@@ -144,24 +218,7 @@ def simulate(
         raise SimulationError(f"unknown mode {mode!r}; choose representative or full")
     if engine not in ("simpy", "evaluator"):
         raise SimulationError(f"unknown engine {engine!r}; choose simpy or evaluator")
-    spec = None if model is None else resolve_model(model)
-    clus = None if cluster is None else resolve_cluster(cluster, nodes)
-    if clus is not None:
-        world = clus.world_size
-        if cfg.world_size > world:
-            raise SimulationError(
-                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
-                f"{clus.name} has only {world}; lower the degrees or use --nodes")
-        if cfg.world_size < world and not sub_cluster:
-            raise SimulationError(
-                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
-                f"{clus.name} has {world}; match the degrees to the cluster, set --nodes, or "
-                "pass --sub-cluster (sub_cluster=True)")
-    if spec is not None:
-        if hasattr(spec, "check_tp"):
-            spec.check_tp(cfg.tp)
-        if hasattr(spec, "check_pp"):
-            spec.check_pp(cfg.pp, cfg.virtual_stages)
+    spec, clus = _resolve_model_cluster(model, cluster, nodes, cfg, sub_cluster)
     sched = (cfg.build_schedule() if custom_schedule is None
              else _load_schedule(custom_schedule))
     if (sched.num_stages, sched.num_microbatches, sched.virtual_stages) != (
@@ -174,9 +231,7 @@ def simulate(
         if spec is None or clus is None:
             raise SimulationError("give a model and a cluster (or a cost_table)")
         if cost_model is None:
-            from merak_sim.costs.analytic import AnalyticCostModel
-
-            cost_model = _default_cost_model(AnalyticCostModel)
+            cost_model = CalibratedCostModel()
         cost_table = cost_model.cost_table(spec, clus, cfg)
     prog = compile_program(sched, cost_table, cfg.recompute_per_stage(sched))
     placement = RankLayout.of(cfg)
@@ -190,40 +245,11 @@ def simulate(
                              buckets=buckets, zero=cfg.zero)
         eng = "evaluator"
     else:
-        topo = topology
-        if topo is None and clus is not None:
-            topo = topology_from_cluster(clus)
-        if degraded_links:
-            if topo is None:
-                raise SimulationError("degrading a link needs a cluster or a topology")
-            topo = topo.with_degraded(degraded_links)
-        use_cont = (topo is not None) if contention is None else bool(contention)
-        slow = {int(k): float(v) for k, v in (slowdown or {}).items()}
-        for r, v in slow.items():
-            if not v > 0:
-                raise SimulationError(f"slowdown of GPU {r} must be > 0, got {v}")
-        if gpu_types:
-            if clus is None:
-                raise SimulationError("gpu_types needs a cluster (the base GPU type)")
-            from merak_sim.hardware import GPU, get_gpu
-
-            base = clus.gpu.peak(cfg.dtype)
-            for r, g in gpu_types.items():
-                gpu = g if isinstance(g, GPU) else get_gpu(g)
-                slow[int(r)] = slow.get(int(r), 1.0) * base / gpu.peak(cfg.dtype)
-        if what_if and mode != "full":
-            raise SimulationError("what-ifs (slowdown, degraded links, gpu types) need "
-                                  "mode='full'")
-        opts = EngineOptions(mode=mode, contention=use_cont, topology=topo,
-                             overlap_dp=overlap_dp, buckets=buckets, zero=cfg.zero,
-                             slowdown=slow, record_memory=keep_trace)
-        caps = None
-        if gpu_types and clus is not None:
-            frac = capacity / clus.gpu.memory_bytes
-            from merak_sim.hardware import GPU, get_gpu
-
-            caps = {int(r): frac * (g if isinstance(g, GPU) else get_gpu(g)).memory_bytes
-                    for r, g in gpu_types.items()}
+        opts, caps = _engine_options(cfg, clus, capacity, mode=mode, topology=topology,
+                                     contention=contention, overlap_dp=overlap_dp,
+                                     buckets=buckets, slowdown=slowdown,
+                                     degraded_links=degraded_links, gpu_types=gpu_types,
+                                     keep_trace=keep_trace)
         tr = run_engine(prog, placement, capacity, opts, capacities=caps)
         eng = "simpy"
     # A cost model's table already carries the cluster's notes (CostTable.notes);
@@ -237,12 +263,4 @@ def simulate(
         seq_len=getattr(spec, "seq_len", None) if spec is not None else None,
         config=cfg, notes=tuple(notes), meta=dict(cost_table.meta),
         keep_trace=keep_trace)
-
-
-def _default_cost_model(cls):
-    """The analytic cost model with the calibrated efficiency parameters when the
-    calibration file exists (benchmarks/vtrain_validation.py writes it)."""
-    from .calibration import calibrated_cost_model
-
-    return calibrated_cost_model(cls)
 

@@ -5,7 +5,9 @@ Under the IR's semantics (merak_sim/schedule/ir.py) with fixed durations and
 contention-free transfers, every time is a longest path: a compute action starts at
 ``max(end of the previous compute action on its rank, end of the transfer it
 consumes)`` and a transfer starts when both its send and its receive are posted, i.e.
-at the later of the ends of the compute actions preceding the two postings. The
+at the later of the ends of the compute actions preceding the two postings; the AR of
+the two ranks of a tied embedding (``Compiled.tied_ar``) starts when the later of them
+reaches it (with the reduction overlapped, it ends no earlier than that). The
 processing order that makes every dependency available is a property of the schedule
 alone, so :func:`plan` computes it once (integer arrays) and :func:`evaluate` is a
 single pass of additions and maxima, which the planner can call for many cost tables
@@ -22,11 +24,11 @@ from merak_sim.schedule.ir import Kind, ScheduleError
 
 from .program import OP_AR, OP_POST, Compiled
 
-__all__ = ["Plan", "Evaluation", "plan", "evaluate", "ar_buckets"]
+__all__ = ["DependencyGraph", "Evaluation", "plan", "evaluate", "ar_buckets"]
 
 
 @dataclass(frozen=True)
-class Plan:
+class DependencyGraph:
     """Dependency structure of a compiled schedule, in a valid processing order.
 
     Attributes:
@@ -66,7 +68,7 @@ class Evaluation:
     buckets: tuple[tuple[tuple[int, float, float], ...], ...]
 
 
-def plan(prog: Compiled) -> Plan:
+def plan(prog: Compiled) -> DependencyGraph:
     """Order the compute actions so that every dependency comes first (a rank runs
     until it needs a transfer whose send is not posted yet)."""
     S = prog.num_ranks
@@ -124,7 +126,7 @@ def plan(prog: Compiled) -> Plan:
     for t, sp in enumerate(send_prev):
         if sp is None:
             raise ScheduleError(f"transfer {prog.transfers[t].key} is never sent")
-    return Plan(tuple(nodes), tuple(tuple(t) for t in tails),
+    return DependencyGraph(tuple(nodes), tuple(tuple(t) for t in tails),
                 tuple(zip(send_prev, recv_prev, strict=False)))
 
 
@@ -154,9 +156,56 @@ def ar_buckets(
     return out
 
 
+def _finish_ranks(prog: Compiled, pl: DependencyGraph, start: list[float], end: list[float],
+                  overlap_dp: bool, buckets: int, zero: int
+                  ) -> list[tuple[tuple[int, float, float], ...]]:
+    """Time every rank's AR and OPT (in place) once its last compute action is timed;
+    returns each rank's gradient buckets (see :class:`Evaluation`)."""
+    dur = prog.duration_s
+    # The tied ranks' AR is a rendezvous: neither passes it before both reached it.
+    meet = max((end[pl.tails[prog.rank_of_action[x]][2]] for x in prog.tied_ar),
+               default=None)
+    all_buckets = []
+    for r, (ar, opt, before) in enumerate(pl.tails):
+        clock = end[before]
+        rb: list[tuple[int, float, float]] = []
+        if ar >= 0:
+            if overlap_dp and prog.ar_chunks[r]:
+                cs = 0.0
+                first = None
+                for ch, ready, d in ar_buckets(prog, r, start, end, buckets, zero):
+                    s0 = ready if ready > cs else cs
+                    cs = s0 + d
+                    rb.append((ch, s0, cs))
+                    if first is None:
+                        first = s0
+                start[ar] = first if first is not None else clock
+                if ar in prog.tied_ar and meet > cs:
+                    cs = meet
+                end[ar] = cs
+                if cs > clock:
+                    clock = cs
+            else:
+                if ar in prog.tied_ar:
+                    clock = meet
+                start[ar] = clock
+                clock += dur[ar]
+                end[ar] = clock
+        if opt >= 0:
+            start[opt] = clock
+            clock += dur[opt]
+            end[opt] = clock
+            if ar >= 0 and overlap_dp and zero == 1 and rb:
+                ag = dur[ar] * 0.5
+                rb.append((-1, clock, clock + ag))
+                clock += ag
+        all_buckets.append(tuple(rb))
+    return all_buckets
+
+
 def evaluate(
     prog: Compiled,
-    pl: Plan | None = None,
+    pl: DependencyGraph | None = None,
     *,
     overlap_dp: bool = False,
     buckets: int = 1,
@@ -197,37 +246,7 @@ def evaluate(
                 t = a
         start[i] = t
         end[i] = t + dur[i]
-    all_buckets = []
-    for r, (ar, opt, before) in enumerate(pl.tails):
-        clock = end[before]
-        rb: list[tuple[int, float, float]] = []
-        if ar >= 0:
-            if overlap_dp and prog.ar_chunks[r]:
-                cs = 0.0
-                first = None
-                for ch, ready, d in ar_buckets(prog, r, start, end, buckets, zero):
-                    s0 = ready if ready > cs else cs
-                    cs = s0 + d
-                    rb.append((ch, s0, cs))
-                    if first is None:
-                        first = s0
-                start[ar] = first if first is not None else clock
-                end[ar] = cs
-                if cs > clock:
-                    clock = cs
-            else:
-                start[ar] = clock
-                clock += dur[ar]
-                end[ar] = clock
-        if opt >= 0:
-            start[opt] = clock
-            clock += dur[opt]
-            end[opt] = clock
-            if ar >= 0 and overlap_dp and zero == 1 and rb:
-                ag = dur[ar] * 0.5
-                rb.append((-1, clock, clock + ag))
-                clock += ag
-        all_buckets.append(tuple(rb))
+    all_buckets = _finish_ranks(prog, pl, start, end, overlap_dp, buckets, zero)
     start.pop()
     end.pop()
     makespan = max(max(end, default=0.0), max(xe, default=0.0))

@@ -96,6 +96,10 @@ class Compiled:
         tp_recompute_exposed_s: per action id, the part of ``tp_exposed_s`` that
             belongs to recomputation (included in ``recompute_s``).
         tp_bytes: per action id, bytes one GPU sends for those collectives.
+        tied_ar: action ids of the AR steps of the first and the last pipeline rank
+            when the table's model ties its embeddings across them (a two-rank
+            collective both must reach, :mod:`merak_sim.schedule.ir` rule 6); else
+            empty.
     """
 
     schedule: Schedule
@@ -119,6 +123,7 @@ class Compiled:
     tp_exposed_s: tuple[float, ...] = ()
     tp_recompute_exposed_s: tuple[float, ...] = ()
     tp_bytes: tuple[float, ...] = ()
+    tied_ar: tuple[int, ...] = ()
 
     @property
     def num_ranks(self) -> int:
@@ -126,15 +131,28 @@ class Compiled:
         return self.schedule.num_stages
 
     def repriced(self, duration_s: tuple[float, ...], transfer_s: list[float],
-                 ar_chunks: tuple[tuple[tuple[int, float], ...], ...]) -> Compiled:
+                 ar_chunks: tuple[tuple[tuple[int, float], ...], ...],
+                 tied: bool | None = None) -> Compiled:
         """The same program with new action durations, transfer times (one per
         transfer, in order) and all-reduce chunks: how the planner re-prices one
         compiled schedule for many cost tables without compiling it again. Transfer
-        byte counts are kept as compiled (the evaluator reads only times)."""
+        byte counts are kept as compiled (the evaluator reads only times); ``tied``
+        (the new table's ``tied_embeddings``) resets :attr:`tied_ar`, None keeps it."""
         xfers = tuple(Transfer(t.key, t.src, t.dst, t.send, t.recv, d, t.nbytes)
                       for t, d in zip(self.transfers, transfer_s, strict=True))
+        tied_ar = self.tied_ar if tied is None else _tied_ar(self.ops, tied)
         return replace(self, duration_s=duration_s, transfers=xfers,
-                       ar_chunks=ar_chunks)
+                       ar_chunks=ar_chunks, tied_ar=tied_ar)
+
+
+def _tied_ar(ops: tuple[tuple[tuple[int, int, int], ...], ...], tied: bool
+             ) -> tuple[int, ...]:
+    """AR action ids of the first and the last rank when they meet (``tied`` and both
+    ranks distinct and ending in an AR)."""
+    if not tied or len(ops) < 2:
+        return ()
+    ids = [x for r in (0, len(ops) - 1) for code, x, _y in ops[r] if code == OP_AR]
+    return tuple(ids) if len(ids) == 2 else ()
 
 
 def compile_program(
@@ -311,4 +329,5 @@ def compile_program(
         tp_exposed_s=tuple(tp_x),
         tp_recompute_exposed_s=tuple(tp_rx),
         tp_bytes=tuple(tp_b),
+        tied_ar=_tied_ar(tuple(ops_all), table.tied_embeddings),
     )

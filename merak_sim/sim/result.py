@@ -38,7 +38,7 @@ from merak_sim import timeline
 from merak_sim.schedule.ir import Kind
 from merak_sim.timeline import EVENT_COLUMNS, TP_KIND
 
-from .engine import Trace
+from .engine import EventLog
 from .program import OP_COMPUTE
 
 __all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "build_result"]
@@ -103,7 +103,7 @@ class SimResult:
         bubble_fraction: mean bubble over simulated GPUs / iteration time.
         mode, engine: "representative"/"full"; "simpy" or "evaluator".
         config: the ParallelConfig (or None), cost-table notes and meta.
-        trace: the raw :class:`~merak_sim.sim.engine.Trace` (timeline source).
+        trace: the raw :class:`~merak_sim.sim.engine.EventLog` (timeline source).
     """
 
     iteration_time_s: float
@@ -124,7 +124,7 @@ class SimResult:
     config: Any = None
     notes: tuple[str, ...] = ()
     meta: dict = field(default_factory=dict)
-    trace: Trace | None = field(default=None, repr=False, compare=False)
+    trace: EventLog | None = field(default=None, repr=False, compare=False)
 
     # -- numbers -------------------------------------------------------------------
     @property
@@ -284,7 +284,7 @@ class SimResult:
         return ax.figure
 
 
-def _breakdown(tr: Trace, e: int) -> tuple[float, float, float]:
+def _breakdown(tr: EventLog, e: int) -> tuple[float, float, float]:
     """(compute, recompute, exposed comm) seconds of entity ``e``."""
     prog = tr.prog
     s = tr.stage_of[e]
@@ -346,11 +346,11 @@ def _breakdown(tr: Trace, e: int) -> tuple[float, float, float]:
     return comp, recomp, comm
 
 
-def build_result(tr: Trace, *, capacity: float, peak_flops: float, engine: str,
+def build_result(tr: EventLog, *, capacity: float, peak_flops: float, engine: str,
                  global_batch: int, seq_len: int | None, config: Any = None,
                  notes: tuple[str, ...] = (), meta: dict | None = None,
                  keep_trace: bool = True) -> SimResult:
-    """Turn a :class:`Trace` into a :class:`SimResult`."""
+    """Turn an :class:`EventLog` into a :class:`SimResult`."""
     prog = tr.prog
     T = tr.makespan
     pl = tr.placement

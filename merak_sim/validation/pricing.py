@@ -15,8 +15,7 @@ their measured times, each post its measured cost (added to the compute action t
 follows it; a receive met by a pending send of a computing peer costs the measured
 blocked figure), a pipeline stage computing while the others idle runs at its
 measured alone speed (both by :func:`_refine`, which needs the simulated timeline),
-the tied-embedding all-reduce waits for both of its ranks
-(:func:`tied_embedding_wait`), and every backward (B or W) but a rank's first of the
+and every backward (B or W) but a rank's first of the
 step adds the profiled cost of adding into existing gradients (:func:`_accumulating`:
 the runtime clears them once per step, so the others add into them). The
 contract-only prediction (``refined=False``) is kept for comparison. Action times are
@@ -38,8 +37,7 @@ from merak_sim.sim.result import build_result
 from merak_sim.validation.rundir import MeasuredRun
 
 __all__ = ["ValidationError", "effective_config", "cost_table_from_profile",
-           "simulate_run", "profile_view", "STATISTICS", "POST_BLOCK_WINDOW_S",
-           "tied_embedding_wait"]
+           "simulate_run", "profile_view", "STATISTICS", "POST_BLOCK_WINDOW_S"]
 
 
 class ValidationError(ValueError):
@@ -89,7 +87,10 @@ def cost_table_from_profile(profile: dict, config: ParallelConfig) -> CostTable:
             p2p_bytes=p["p2p_bytes"], flops=0.0, layers=int(p["heavy_layers"])))
     return CostTable(stages=tuple(stages), memory_capacity_bytes=float(2**40), peak_flops=1.0,
                      notes=("priced from a measured stage profile (merak-stage-profile/1)",),
-                     meta={"source": "stage-profile"})
+                     meta={"source": "stage-profile"},
+                     # the built-in GPT ties its embedding and head: the engine and
+                     # the evaluator make AR on the first and last stage wait for both
+                     tied_embeddings=config.pp > 1)
 
 
 STATISTICS = ("mean", "median", "min")
@@ -147,8 +148,6 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
                          contended=cfg.dp * cfg.tp == 1 and cfg.pp > 1 and not action_s)
     post_extra = {(prog.actions[x].stage, str(prog.actions[x])): v for x, v in extra.items()
                   if v > 0}
-    if cfg.pp > 1:
-        dur = tied_embedding_wait(prog, dur)
     prog = replace(prog, duration_s=tuple(dur))
     tr = evaluator_trace(prog, RankLayout.of(cfg), table.memory_capacity_bytes,
                          zero=cfg.zero)
@@ -331,24 +330,3 @@ def _refine(prog, base: list[float], stages: list[dict], machine: dict, contende
             break
         cur = nxt
     return cur, extra
-
-
-def tied_embedding_wait(prog, dur: list[float]) -> list[float]:
-    """The tied-embedding wait, priced here on top of the evaluator: the built-in GPT
-    ties its embedding and head, so AR on the first and last pipeline ranks starts
-    with one collective between them (merak_exec sums the tied gradients there): it
-    cannot finish before the later rank arrives. The program prices each rank's AR
-    alone, so the earlier rank's AR is lengthened by the wait (AR is followed only by
-    OPT, so nothing else moves). Once the engine and the evaluator model this wait
-    themselves, this function and its one call in :func:`simulate_run` go."""
-    S = prog.num_ranks
-    ar = {r: x for x, (a, r) in enumerate(zip(prog.actions, prog.rank_of_action, strict=True))
-          if a.kind is Kind.ALL_REDUCE and r in (0, S - 1)}
-    if len(ar) < 2:
-        return dur
-    ev = evaluate(replace(prog, duration_s=tuple(dur)), plan(prog))
-    latest = max(ev.start[x] for x in ar.values())
-    out = list(dur)
-    for x in ar.values():
-        out[x] += latest - ev.start[x]
-    return out

@@ -1,0 +1,321 @@
+"""The simulated GPUs of the SimPy engine (:mod:`merak_sim.sim.engine`).
+
+:class:`EngineOptions` says how to run the engine; an :class:`EngineRun` holds what
+every GPU of one run shares: the SimPy clock, the compiled program, the fabric and its
+routes, the lockstep and collective groups, and the state of every point-to-point
+transfer. A :class:`GPU` owns its streams: the compute stream runs its pipeline rank's
+program in order; the collective stream (only when the data-parallel reduction
+overlaps the backwards) reduces the gradient buckets as they become ready. The
+engine's module docstring states the timing rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from merak_sim.layout import RankLayout
+from merak_sim.schedule.ir import Kind
+
+from .entities import HBM, Fabric, SyncGroup, Topology
+from .program import OP_AR, OP_POST, Compiled
+from .routes import LinkRoutes
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Generator
+
+__all__ = ["EngineOptions", "TransferState", "EngineRun", "GPU"]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to run the engine.
+
+    Attributes:
+        mode: "representative" or "full".
+        contention: share link bandwidth between concurrent flows (needs topology).
+        topology: the cluster's links (required when contention is on).
+        overlap_dp: overlap the bucketed gradient reduction with the last backwards.
+        buckets: gradient buckets per model chunk when overlapping.
+        zero: ZeRO stage (0 or 1).
+        slowdown: global rank -> compute-time multiplier (full mode what-if; 2.0 is a
+            GPU twice as slow).
+        record_memory: keep every memory change (the memory timeline).
+    """
+
+    mode: str = "representative"
+    contention: bool = False
+    topology: Topology | None = None
+    overlap_dp: bool = False
+    buckets: int = 1
+    zero: int = 0
+    slowdown: dict[int, float] = field(default_factory=dict)
+    record_memory: bool = True
+
+
+@dataclass(slots=True)
+class TransferState:
+    """Where one point-to-point transfer of one (data, tensor)-parallel copy stands.
+
+    Attributes:
+        send_posted / recv_posted: whether each side has been posted.
+        done: SimPy event of the transfer's end, set when it starts (both posted).
+        waiter: event a consumer waits on when it needs the transfer before it started.
+    """
+
+    send_posted: bool = False
+    recv_posted: bool = False
+    done: Any = None
+    waiter: Any = None
+
+
+class EngineRun:
+    """The state one engine run shares between its GPUs (module docstring)."""
+
+    def __init__(self, env: Any, prog: Compiled, placement: RankLayout, opts: EngineOptions):
+        self.env = env
+        self.prog = prog
+        self.pl = pl = placement
+        self.opts = opts
+        self.full = full = opts.mode == "full"
+        #: (dp index, tp index) of every simulated copy of the pipeline.
+        self.copies = ([(d, t) for d in range(pl.dp) for t in range(pl.tp)] if full
+                       else [(0, 0)])
+        self.fabric = Fabric(env, opts.topology) if opts.contention else None
+        self.routes = LinkRoutes(opts.topology, pl, full) if opts.topology else None
+        nx = len(prog.transfers)
+        self.transfers = [[TransferState() for _ in range(nx)] for _ in self.copies]
+        #: per copy, (start times, end times) indexed by transfer id.
+        self.xfer_times = [([0.0] * nx, [0.0] * nx) for _ in self.copies]
+        S = prog.num_ranks
+        #: lockstep group of each (stage, dp index); None when alone.
+        self.tp_groups: dict[tuple[int, int], SyncGroup | None] = {}
+        #: data-parallel group of each (stage, tp index).
+        self.dp_groups: dict[tuple[int, int], SyncGroup] = {}
+        for s in range(S):
+            for d in range(pl.dp if full else 1):
+                self.tp_groups[(s, d)] = SyncGroup(env, pl.tp) if full and pl.tp > 1 else None
+            for t in range(pl.tp if full else 1):
+                self.dp_groups[(s, t)] = SyncGroup(env, pl.dp if full else 1)
+        #: per copy (dp index, tp index), the rendezvous of the tied ranks' AR.
+        self.tied_groups = ({c: SyncGroup(env, 2) for c in self.copies} if prog.tied_ar
+                            else {})
+        #: whether TP collectives are put on the fabric.
+        self.tp_on_fabric = self.fabric is not None and pl.tp > 1 and any(prog.tp_s)
+        #: (stage, dp index, action id) -> (start, end, delay) of a TP collective.
+        self.tp_store: dict[tuple[int, int, int], tuple[float, float, float]] = {}
+
+    def start_transfer(self, copy: int, tid: int) -> None:
+        """Start transfer ``tid`` of ``copy`` now (both sides are posted)."""
+        env, tr = self.env, self.prog.transfers[tid]
+        st = self.transfers[copy][tid]
+        xs, xe = self.xfer_times[copy]
+        xs[tid] = env.now
+        if self.fabric is not None and tr.duration_s > 0 and tr.nbytes > 0:
+            d_idx, t_idx = self.copies[copy]
+            ev = self.fabric.start(self.routes.p2p(tr.src, tr.dst, d_idx, t_idx),
+                                   tr.duration_s, tr.nbytes / tr.duration_s)
+        else:
+            ev = env.timeout(tr.duration_s)
+        ev.callbacks.append(lambda _e: xe.__setitem__(tid, env.now))
+        if st.waiter is not None:
+            waiter = st.waiter
+            ev.callbacks.append(lambda _e: waiter.succeed())
+        st.done = ev
+
+    def dp_collective(self, stage: int, tp_idx: int, vol_per_s: float
+                      ) -> Callable[[float], Any] | None:
+        """Start function of a data-parallel collective of ``stage`` (tp index
+        ``tp_idx``) on the fabric, or None when it is a plain timeout."""
+        if self.fabric is None or self.pl.dp == 1 or vol_per_s <= 0:
+            return None
+        env, fabric, routes, pl = self.env, self.fabric, self.routes, self.pl
+
+        def start(duration: float) -> Any:
+            if duration <= 0:
+                return env.timeout(0.0)
+            if self.full:
+                return env.all_of([fabric.start(routes.dp_ring(stage, d, tp_idx), duration,
+                                                vol_per_s) for d in range(pl.dp)])
+            return fabric.start(routes.dp_ring(stage, 0, 0), duration, vol_per_s)
+
+        return start
+
+
+class GPU:
+    """One simulated GPU: its compute and collective streams, memory and records.
+
+    Attributes:
+        stage, copy, rank: pipeline rank, copy index and global rank.
+        hbm: its memory.
+        acts: (action id, start, end) of every compute-stream action and the AR.
+        tp_comm: action id -> (start, end, delay) of TP collectives on the fabric.
+        buckets: (chunk, start, end) of the overlapped gradient buckets.
+    """
+
+    def __init__(self, run: EngineRun, stage: int, copy: int, rank: int, hbm: HBM):
+        prog, opts, env = run.prog, run.opts, run.env
+        self.run = run
+        self.env = env
+        self.stage, self.copy, self.rank = stage, copy, rank
+        self.dp_idx, self.tp_idx = run.copies[copy]
+        self.hbm = hbm
+        self.acts: list[tuple[int, float, float]] = []
+        self.tp_comm: dict[int, tuple[float, float, float]] = {}
+        self.buckets: list[tuple[int, float, float]] = []
+        self.slow = float(opts.slowdown.get(rank, 1.0))
+        self.tp_group = run.tp_groups[(stage, self.dp_idx)]
+        self.dp_group = run.dp_groups[(stage, self.tp_idx)]
+        ar = [x for code, x, _y in prog.ops[stage] if code == OP_AR]
+        self.ar_total = prog.duration_s[ar[-1]] if ar else 0.0
+        vol = 2.0 * (run.pl.dp - 1) / run.pl.dp * prog.grad_bytes[stage]
+        self.dp_start = run.dp_collective(
+            stage, self.tp_idx, vol / self.ar_total if self.ar_total > 0 else 0.0)
+        self.last_backward = set(prog.last_backward[stage])
+        self.overlap = opts.overlap_dp and self.ar_total > 0 and bool(prog.ar_chunks[stage])
+        self.chunk_ar = dict(prog.ar_chunks[stage])
+        self.bucket_queue: list[tuple[int, float, float]] = []
+        self.bucket_wake = env.event()
+        self.ar_done = env.event()
+
+    # -- the compute stream -------------------------------------------------------------
+    def compute_stream(self) -> Generator:
+        """The SimPy process of the rank's program."""
+        if self.overlap:
+            self.env.process(self.collective_stream())
+        for code, x, y in self.run.prog.ops[self.stage]:
+            if code == OP_POST:
+                self._post(x, bool(y))
+            elif code == OP_AR:
+                yield from self._all_reduce(x)
+            else:
+                yield from self._compute(x, y)
+
+    def _post(self, tid: int, is_send: bool) -> None:
+        st = self.run.transfers[self.copy][tid]
+        if is_send:
+            st.send_posted = True
+        else:
+            st.recv_posted = True
+        if st.send_posted and st.recv_posted:
+            self.run.start_transfer(self.copy, tid)
+
+    def _wait_transfer(self, tid: int) -> Generator:
+        st = self.run.transfers[self.copy][tid]
+        ev = st.done
+        if ev is None:
+            ev = st.waiter = self.env.event()
+        if not ev.processed:
+            yield ev
+
+    def _all_reduce(self, x: int) -> Generator:
+        env = self.env
+        if x in self.run.prog.tied_ar:
+            # A tied embedding's gradients are summed with the other end of the
+            # pipeline first: wait until that rank reaches its AR too.
+            yield self.run.tied_groups[(self.dp_idx, self.tp_idx)].arrive("tied", 0.0)
+        if self.overlap:
+            if not self.ar_done.processed:
+                yield self.ar_done
+            self.acts.append((x, self.buckets[0][1] if self.buckets else env.now, env.now))
+            return
+        d = self.run.prog.duration_s[x]
+        if d > 0:
+            t0 = yield self.dp_group.arrive("ar", d, self.dp_start)
+            self.acts.append((x, t0, env.now))
+        else:
+            self.acts.append((x, env.now, env.now))
+
+    def _compute(self, x: int, consumed: int) -> Generator:
+        prog = self.run.prog
+        if consumed >= 0:
+            yield from self._wait_transfer(consumed)
+        d = prog.duration_s[x] * self.slow
+        kind = prog.actions[x].kind
+        on_fabric = self.run.tp_on_fabric and prog.tp_s[x] > 0 and prog.tp_bytes[x] > 0
+        if self.tp_group is not None and kind is not Kind.OPTIMIZER:
+            yield from self._lockstep(x, d, on_fabric)
+        else:
+            yield from self._alone(x, d, on_fabric)
+        if kind is Kind.OPTIMIZER and self.overlap and self.run.opts.zero == 1:
+            # ZeRO-1: the all-gather half of the reduction runs after the step.
+            t0 = yield self.dp_group.arrive("ag", self.ar_total * 0.5, self.dp_start)
+            self.buckets.append((-1, t0, self.env.now))
+
+    def _lockstep(self, x: int, d: float, on_fabric: bool) -> Generator:
+        """Run action ``x`` together with the GPU's tensor-parallel peers."""
+        prog, env = self.run.prog, self.env
+        on_start = ((lambda t0, dd: self._push_buckets(x, t0, dd))
+                    if self.overlap and x in self.last_backward else None)
+        start_fn = ((lambda dd: env.process(self._tp_collective(dd, x)))
+                    if on_fabric else None)
+        t0 = yield self.tp_group.arrive(x, d, start_fn=start_fn, on_start=on_start)
+        self.hbm.alloc(t0, prog.mem_alloc[x], x)
+        self.hbm.free(env.now, prog.mem_free[x])
+        self.acts.append((x, t0, env.now))
+        if on_fabric:
+            self.tp_comm[x] = self.run.tp_store[(self.stage, self.dp_idx, x)]
+
+    def _alone(self, x: int, d: float, on_fabric: bool) -> Generator:
+        """Run action ``x`` on this GPU alone."""
+        prog, env = self.run.prog, self.env
+        t0 = env.now
+        self.hbm.alloc(t0, prog.mem_alloc[x], x)
+        if self.overlap and x in self.last_backward:
+            self._push_buckets(x, t0, d)
+        if on_fabric:
+            yield from self._tp_collective(d, x)
+            self.tp_comm[x] = self.run.tp_store[(self.stage, self.dp_idx, x)]
+        else:
+            yield env.timeout(d)
+        self.hbm.free(env.now, prog.mem_free[x])
+        self.acts.append((x, t0, env.now))
+
+    def _tp_collective(self, d: float, x: int) -> Generator:
+        """A compute action of ``d`` seconds whose TP collective runs on the fabric
+        during its last ``tp_s`` seconds (engine module docstring)."""
+        run, env = self.run, self.env
+        t0 = env.now
+        tp_s = run.prog.tp_s[x]
+        xt = tp_s if tp_s < d else d
+        links, cap = run.routes.tp_ring(self.stage, self.dp_idx)
+        demand = run.prog.tp_bytes[x] / xt
+        base = env.timeout(d)
+        if d > xt:
+            yield env.timeout(d - xt)
+        c0 = env.now
+        fl = run.fabric.flow(links, xt, demand if demand < cap else cap)
+        yield base
+        if fl.slowed and not fl.done.triggered:
+            yield fl.done
+        run.tp_store[(self.stage, self.dp_idx, x)] = (c0, env.now, env.now - (t0 + d))
+
+    # -- the collective stream ----------------------------------------------------------
+    def _push_buckets(self, x: int, t0: float, d: float) -> None:
+        """Queue the gradient buckets of chunk ``x``'s last backward, ready evenly
+        through it, and wake the collective stream."""
+        ch = self.run.prog.actions[x].chunk
+        nb = self.run.opts.buckets
+        share = 0.5 if self.run.opts.zero == 1 else 1.0
+        for j in range(nb):
+            self.bucket_queue.append((ch, t0 + d * (j + 1) / nb,
+                                      self.chunk_ar[ch] * share / nb))
+        ev, self.bucket_wake = self.bucket_wake, self.env.event()
+        ev.succeed()
+
+    def collective_stream(self) -> Generator:
+        """The SimPy process reducing the gradient buckets in order as they are ready."""
+        env = self.env
+        total = len(self.run.prog.ar_chunks[self.stage]) * self.run.opts.buckets
+        done = 0
+        while done < total:
+            if not self.bucket_queue:
+                yield self.bucket_wake
+                continue
+            ch, ready, dd = self.bucket_queue.pop(0)
+            if ready > env.now:
+                yield env.timeout(ready - env.now)
+            t0 = yield self.dp_group.arrive(("b", done), dd, self.dp_start)
+            self.buckets.append((ch, t0, env.now))
+            done += 1
+        self.ar_done.succeed()
