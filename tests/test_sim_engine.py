@@ -403,7 +403,7 @@ def test_tied_all_reduce_on_the_critical_path():
     assert ev.start[ar0] == pytest.approx(reach0)
     assert ev.makespan == pytest.approx(reach0 + 4.0)
     assert ev.makespan > free.makespan + 1.0
-    tr = run_engine(prog, Placement(1, 1, S), 80e9, EngineOptions())
+    tr = run_engine(prog, RankLayout(1, 1, S), 80e9, EngineOptions())
     assert_same_times(tr, ev)
     # a simulation reports the wait as the last rank's bubble
     cfg = ParallelConfig(pp=S, global_batch_size=M, schedule="1f1b")
@@ -424,7 +424,7 @@ def test_tied_all_reduce_first_rank_waits():
     reach0, ar0 = _ar_reach(prog, ev, 0)
     reach_last, _ = _ar_reach(prog, ev, S - 1)
     assert reach_last > reach0 and ev.start[ar0] == pytest.approx(reach_last)
-    tr = run_engine(prog, Placement(1, 1, S), 80e9, EngineOptions())
+    tr = run_engine(prog, RankLayout(1, 1, S), 80e9, EngineOptions())
     assert tr.makespan == pytest.approx(ev.makespan, rel=1e-9)
     assert dict((a, s0) for a, s0, _e in tr.acts[0])[ar0] == pytest.approx(reach_last)
 
@@ -437,11 +437,11 @@ def test_tied_engine_agrees_with_evaluator(name, S, M, v, overlap, zero):
                            tuple(random.Random(S).uniform(0, 1) for _ in range(S)))
     assert bool(prog.tied_ar) == (S > 1)
     ev = evaluate(prog, overlap_dp=overlap, buckets=3, zero=zero)
-    tr = run_engine(prog, Placement(1, 1, S), 80e9,
+    tr = run_engine(prog, RankLayout(1, 1, S), 80e9,
                     EngineOptions(overlap_dp=overlap, buckets=3, zero=zero))
     assert_same_times(tr, ev)
     # every (dp, tp) copy of the two ends meets in full mode: same answer
-    full = run_engine(prog, Placement(2, 2, S), 80e9,
+    full = run_engine(prog, RankLayout(2, 2, S), 80e9,
                       EngineOptions(mode="full", overlap_dp=overlap, buckets=3, zero=zero))
     assert full.makespan == pytest.approx(ev.makespan, rel=1e-9)
 
