@@ -12,19 +12,16 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from merak_sim.config import ParallelConfig  # noqa: E402
-from merak_sim.costs.analytic import (  # noqa: E402
+from merak_sim.config import ParallelConfig
+from merak_sim.costs.analytic import (
     AnalyticCostModel,
     _collective_cached,
     _layer_cost,
     _placement,
 )
-from merak_sim.hardware import get_cluster  # noqa: E402
-from merak_sim.model import get_model  # noqa: E402
+from merak_sim.hardware import get_cluster
+from merak_sim.model import get_model
 
 
 def main() -> int:

@@ -3,7 +3,7 @@
 import json
 
 from merak_exec.result import EVENT_COLUMNS
-from merak_exec.testing import launch_scenario
+from support.workers import launch_scenario
 
 
 def test_events_cover_every_action_in_the_shared_schema(tmp_path):
@@ -46,8 +46,8 @@ def test_profiler_writes_a_readable_merak_trace(tmp_path):
     import torch
 
     from merak_exec.models import GPT
-    from merak_exec.profiler import profile_chain, write_trace
-    from merak_exec.testing import tiny_gpt_config
+    from merak_exec.profiling.layer_trace import profile_chain, write_trace
+    from support.models import tiny_gpt_config
     from merak_sim.trace import read_trace
 
     torch.manual_seed(0)
