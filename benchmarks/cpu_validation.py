@@ -125,7 +125,7 @@ def record_history(path: Path, summary: dict, when: str, command: str, seconds: 
     return entry
 
 
-def _pooled_text(p: dict, history: list[dict] = ()) -> list[str]:
+def pooled_text(p: dict, history: list[dict] = ()) -> list[str]:
     """The pooled-errors section of the report (nothing without errors); ``history``:
     the entries pooled, to say how their backwards were priced."""
     if not p["configurations"]:
@@ -297,7 +297,7 @@ def report(reports, summary: dict, machine: dict, seconds: float, command: str,
     lines += ["", *_targets(summary), "", *_repeatability(reports), "",
               *_rounds_text(speedup_rounds(reports, pairs))]
     if history:
-        lines += ["", *_pooled_text(pooled(history), history)]
+        lines += ["", *pooled_text(pooled(history), history)]
     if low:
         lines += ["", "Lower envelope (`--statistic min`: the fastest profile samples against "
                   "the fastest timed iteration and the fastest occurrence of each action):", "",

@@ -143,8 +143,9 @@ class PipelineRuntime:
 
     def run_action(self, a: Action, state: StepState, inputs=None, labels=None) -> None:
         """Perform compute or collective action ``a`` (F, F*, R, B, I, W, AR, OPT) on
-        ``state``, as :meth:`step` does (without recording or hooks). ``inputs`` and
-        ``labels``: the iteration's micro-batches, where the action needs them."""
+        ``state``, as :meth:`step` does, but neither recorded nor announced to the
+        action start/end hooks (the saved-tensor and F*-input hooks still apply).
+        ``inputs`` and ``labels``: the iteration's micro-batches, where needed."""
         self._handlers[a.kind](a, state, inputs, labels)
 
     # -- helpers ---------------------------------------------------------------------

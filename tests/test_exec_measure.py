@@ -64,3 +64,18 @@ def test_profiler_writes_a_readable_merak_trace(tmp_path):
     # activations scale with the micro-batch; a checkpointed block keeps only its input
     assert blk4.activation_bytes == 4 * blk.activation_bytes
     assert blk.checkpoint_bytes == 1 * 8 * 16 * 4 < blk.activation_bytes
+
+
+def test_profile_command_adds_gloo_collectives(tmp_path):
+    from merak_exec.__main__ import cli
+    from merak_sim.trace import read_trace
+
+    out = tmp_path / "t.json"
+    cli.main(["profile", "--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "32",
+              "--seq", "8", "--repeats", "1", "--collectives", "--name", "tiny", "--out",
+              str(out)], standalone_mode=False)
+    t = read_trace(out)
+    assert [r.kind for r in t.layers] == ["embedding", "block", "head"]
+    assert {c.collective for c in t.collectives} == {"all-reduce", "all-gather", "p2p"}
+    assert len(t.collectives) == 3 * 4 and all(c.seconds > 0 for c in t.collectives)
+    assert {(c.group_size, c.placement) for c in t.collectives} == {(2, "intra")}

@@ -51,7 +51,7 @@ class _Bench:
         self.x_in = make(specs[s - 1]) if s > 0 else ()
         self.g_in = make([sd for sd in specs.get(s, []) if sd[1].is_floating_point], 1e-3)
         self.out_specs = specs.get(s, [])
-        self.actions = {k: Action(k, s, 0, 0) for k in (
+        self.actions = {k: Action(k, s, 0 if k.per_microbatch else -1, 0) for k in (
             Kind.FORWARD, Kind.FORWARD_NOGRAD, Kind.RECOMPUTE, Kind.BACKWARD,
             Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT, Kind.ALL_REDUCE)}
         self.state = StepState()
