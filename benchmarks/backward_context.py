@@ -3,7 +3,7 @@ differently from a pipeline run, measured side by side in one process.
 
     .venv/bin/python benchmarks/backward_context.py [--layers 4] [--rounds 40]
 
-The validation profiler (:mod:`merak_sim.validation_profile`) times a stage's backward
+The validation profiler (:mod:`merak_exec.profiling.stage_profile`) times a stage's backward
 right after its own forward, on cleared gradients. In a 1F1B run, (a) every backward
 of a step but a rank's first adds into gradients already there, and (b) on all but the
 last stage other micro-batches' forwards and backwards run between a micro-batch's
@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from merak_exec.models import GPT, GPTConfig
-    from merak_sim.validation_measure import small_gpt
+    from merak_exec.profiling.cases import small_gpt
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

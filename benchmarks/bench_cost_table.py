@@ -12,16 +12,13 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from merak_sim.config import ParallelConfig  # noqa: E402
-from merak_sim.costs.analytic import AnalyticCostModel  # noqa: E402
-from merak_sim.costs.comm import _collective_cached, _placement  # noqa: E402
-from merak_sim.costs.layers import layer_cost  # noqa: E402
-from merak_sim.hardware import get_cluster  # noqa: E402
-from merak_sim.model import get_model  # noqa: E402
+from merak_sim.config import ParallelConfig
+from merak_sim.costs.analytic import AnalyticCostModel
+from merak_sim.costs.comm import clear_caches
+from merak_sim.costs.layers import layer_cost
+from merak_sim.hardware import get_cluster
+from merak_sim.model import get_model
 
 
 def main() -> int:
@@ -35,8 +32,7 @@ def main() -> int:
     cold, warm = [], []
     for _ in range(5):
         layer_cost.cache_clear()
-        _collective_cached.cache_clear()
-        _placement.cache_clear()
+        clear_caches()
         t = time.perf_counter()
         for c in configs:
             cm.cost_table(model, cluster, c)

@@ -41,7 +41,7 @@ def model_flops(tokens: int, L: int, h: int, s: int, V: int) -> float:
 
 def profile_shapes(dry: bool, out_dir: str) -> list[str]:
     from merak_exec.models import GPT, GPTConfig
-    from merak_exec.profiler import profile_chain
+    from merak_exec.profiling.layer_trace import profile_chain
     from merak_sim.trace import Trace, from_exec_profile, merge_traces, write_trace
 
     device = "cpu" if dry else "cuda"

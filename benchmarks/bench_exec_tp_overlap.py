@@ -75,7 +75,7 @@ def main() -> None:
     a = vars(p.parse_args())
     import torch.multiprocessing as mp
 
-    from merak_exec.testing import free_port
+    from merak_exec.launch import free_port
 
     out = os.path.join(tempfile.mkdtemp(), "r.json")
     mp.spawn(worker, args=(2, free_port(), a, out), nprocs=2)

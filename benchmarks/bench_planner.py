@@ -28,9 +28,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from merak_sim.io import atomic_write_text  # noqa: E402
+from merak_sim.io import atomic_write_text
 
 CASES = {
     "gpt-8.3b / 64 GPUs": ("gpt-8.3b", "paper-3090", None, 128, 10.0),

@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from merak_sim.config import ParallelConfig  # noqa: E402
-from merak_sim.costs.analytic import AnalyticCostModel  # noqa: E402
-from merak_sim.hardware import get_cluster  # noqa: E402
-from merak_sim.trace import read_trace  # noqa: E402
+from merak_sim.config import ParallelConfig
+from merak_sim.costs.analytic import AnalyticCostModel
+from merak_sim.hardware import get_cluster
+from merak_sim.trace import read_trace
 
 
 def main() -> int:

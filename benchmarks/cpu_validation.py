@@ -7,7 +7,7 @@ On this machine (cluster preset "local-cpu": gloo over loopback, 2 processes wit
 torch thread each on 2 cores) and a small built-in GPT (8 layers, hidden 128, 4
 heads, vocab 512, sequence 128, micro-batch 2, 4 micro-batches per pipeline), every
 configuration below is profiled (the profiler step of
-:mod:`merak_sim.validation_measure`), trained for real (12 timed iterations in 6
+:mod:`merak_exec.profiling.measure`), trained for real (12 timed iterations in 6
 blocks, each between two profiles, the cases taking turns block by block),
 simulated from its profiles and compared (:mod:`merak_sim.validation`):
 
@@ -40,54 +40,23 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from merak_sim.io import atomic_write_text  # noqa: E402
-from merak_sim.validation.compare import validate  # noqa: E402
-from merak_sim.validation.history import (  # noqa: E402
-    append_history,
-    pooled,
-    read_history,
-    spread,
+from merak_exec.profiling.cases import MeasureError
+from merak_exec.profiling.cpu_suite import (
+    BASELINE,
+    MERAK,
+    SPEEDUP_GAP_POINTS,
+    TARGETS,
+    suite,
 )
-from merak_sim.validation.pricing import ValidationError  # noqa: E402
-from merak_sim.validation.rundir import RunDirError  # noqa: E402
-from merak_sim.validation.suite import repeat_pairs, summarize  # noqa: E402
-from merak_sim.validation_measure import Case, MeasureError, measure_cases, small_gpt  # noqa: E402
+from merak_exec.profiling.measure import measure_cases
+from merak_sim.io import atomic_write_text
+from merak_sim.validation.compare import validate
+from merak_sim.validation.history import append_history, pooled, read_history, spread
+from merak_sim.validation.pricing import ValidationError
+from merak_sim.validation.rundir import RunDirError
+from merak_sim.validation.suite import repeat_pairs, summarize
 
-TARGETS = {"iteration_median_abs_error": 0.05, "iteration_worst_abs_error": 0.10,
-           "action_median_abs_error": 0.10, "activation_worst_abs_error": 0.03}
-SPEEDUP_GAP_POINTS = 5  # simulated and measured speed-up agree within this
-BASELINE, MERAK = "pp2-1f1b-full", "pp2-scp-stage-aware"
-
-
-def suite(quick: bool = False, pairs: int = 3) -> list[Case]:
-    """The validation configurations (``quick``: a smaller GPT and fewer cases;
-    ``pairs``: how many baseline / Merak pairs, the first one among the distinct
-    configurations, the others repeats named ``~1``, ``~2``, ...)."""
-    m = small_gpt(layers=4, hidden=64, seq=64) if quick else small_gpt()
-    base = dict(micro_batch_size=2, global_batch_size=8, dtype="fp32")
-
-    def pp(sched, rec):
-        return dict(base, pp=2, schedule=sched, recompute=rec)
-    cases = [Case("pp2-1f1b-none", pp("1f1b", "none"), m),
-             Case(BASELINE, pp("1f1b", "full"), m),
-             Case(MERAK, pp("shifted-critical-path", "stage-aware"), m)]
-    if quick:
-        return cases
-    # Repeated baseline / Merak pairs: the speed-up is the median over pairs measured
-    # back to back, which is less exposed to the machine's load drifting.
-    repeats = [Case(f"{n}~{i}", c.config, m) for i in range(1, pairs) for n, c in
-               ((BASELINE, cases[1]), (MERAK, cases[2]))]
-    return cases + repeats + [
-        Case("pp2-gpipe-none", pp("gpipe", "none"), m),
-        Case("pp2-zbh1-none", pp("zb-h1", "none"), m),
-        Case("pp2-1f1b-stage-aware", pp("1f1b", "stage-aware"), m),
-        Case("tp2-plain", dict(base, tp=2), m),
-        Case("tp2-sub-pipelined", dict(base, tp=2, tp_overlap="sub-pipelined"), m),
-        Case("dp2", dict(base, dp=2), m),
-    ]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _csv(rows: list[dict]) -> str:
@@ -158,7 +127,7 @@ def record_history(path: Path, summary: dict, when: str, command: str, seconds: 
     return entry
 
 
-def _pooled_text(p: dict, history: list[dict] = ()) -> list[str]:
+def pooled_text(p: dict, history: list[dict] = ()) -> list[str]:
     """The pooled-errors section of the report (nothing without errors); ``history``:
     the entries pooled, to say how their backwards were priced."""
     if not p["configurations"]:
@@ -330,7 +299,7 @@ def report(reports, summary: dict, machine: dict, seconds: float, command: str,
     lines += ["", *_targets(summary), "", *_repeatability(reports), "",
               *_rounds_text(speedup_rounds(reports, pairs))]
     if history:
-        lines += ["", *_pooled_text(pooled(history), history)]
+        lines += ["", *pooled_text(pooled(history), history)]
     if low:
         lines += ["", "Lower envelope (`--statistic min`: the fastest profile samples against "
                   "the fastest timed iteration and the fastest occurrence of each action):", "",

@@ -8,7 +8,7 @@ profiles every action through the runtime (CUDA-synchronised host timing), train
 for real (2 warm-up + 5 timed iterations, CUDA-event timelines), simulates the
 configuration from that fresh profile and reports the error
 (:mod:`merak_sim.validation`). It also writes a per-layer ``merak-trace/1`` trace of
-each shape (merak_exec's profiler) for the trace-driven cost model.
+each shape (:mod:`merak_exec.profiling.layer_trace`) for the trace-driven cost model.
 
 Writes under ``--out``: one run directory per shape (re-validate with
 ``merak-sim validate --run DIR``), ``gpt-<shape>.json`` traces, ``<shape>.png``
@@ -23,9 +23,9 @@ Runbook for a task that is lent the device (one call; a device call brings back 
 most 8 files, so ``--archive`` packs the results into one; the device's image has
 PyTorch, pandas, matplotlib, click and rich, but no SimPy, which the validation does
 not need: it simulates with the exact evaluator; the repository is not installed
-there, the script puts its root on ``sys.path``)::
+there, so the command puts its root on ``PYTHONPATH``)::
 
-    run(timeout_s=590, command="export PYTHONUNBUFFERED=1; python3
+    run(timeout_s=590, command="export PYTHONUNBUFFERED=1 PYTHONPATH=.; python3
         benchmarks/h200_validation.py --out /tmp/h200 --archive $OUT/h200.tar.gz
         2>&1 | tee $OUT/log.txt")
 
@@ -48,12 +48,12 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from merak_exec.profiling.cases import Case, small_gpt
+from merak_exec.profiling.measure import measure_cases
+from merak_sim.io import atomic_write_bytes, atomic_write_text
+from merak_sim.validation.compare import validate
 
-from merak_sim.io import atomic_write_bytes, atomic_write_text  # noqa: E402
-from merak_sim.validation.compare import validate  # noqa: E402
-from merak_sim.validation_measure import Case, measure_cases, small_gpt  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # (name, GPT settings, micro-batch size, micro-batches). GPT-2 vocabulary padded to a
 # multiple of 64; hidden / heads as GPT-2 medium and a 1.3B-class width.
@@ -72,7 +72,7 @@ def _layer_trace(model_cfg: dict, mbs: int, path: Path, device: str, dtype: str)
     import torch
 
     from merak_exec.models import GPT, GPTConfig
-    from merak_exec.profiler import profile_chain, write_trace
+    from merak_exec.profiling.layer_trace import profile_chain, write_trace
 
     torch.manual_seed(0)
     dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def _work(kind: str):
@@ -41,7 +40,7 @@ def _work(kind: str):
                 a @ b
         return run
     from merak_exec.models.gpt import GPT, GPTConfig, lm_loss
-    from merak_sim.validation_measure import small_gpt
+    from merak_exec.profiling.cases import small_gpt
 
     torch.manual_seed(0)
     cfg = GPTConfig(**small_gpt(layers=4))

@@ -29,24 +29,21 @@ import sys
 import time
 from pathlib import Path
 
+from merak_exec.profiling.cases import MeasureError
+from merak_exec.profiling.cpu_suite import BASELINE, MERAK, SPEEDUP_GAP_POINTS, suite
+from merak_exec.profiling.measure import measure_cases
+from merak_sim.io import atomic_write_text
+from merak_sim.validation.compare import validate
+from merak_sim.validation.history import append_history, read_history, spread
+from merak_sim.validation.suite import summarize
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from cpu_validation import BASELINE, MERAK, SPEEDUP_GAP_POINTS, suite  # noqa: E402
-
-from merak_sim.io import atomic_write_text  # noqa: E402
-from merak_sim.validation.history import append_history, read_history, spread  # noqa: E402
 
 HISTORY = "speedup_repeats.jsonl"
 
 
 def measure_once(runs: Path, steps: int, blocks: int, repeats: int) -> dict:
     """Measure, simulate and compare the baseline / Merak pair once (fresh processes)."""
-    from merak_sim.validation.compare import validate
-    from merak_sim.validation.suite import summarize
-    from merak_sim.validation_measure import measure_cases
-
     cases = [c for c in suite() if c.name in (BASELINE, MERAK)]
     t = time.perf_counter()
     measure_cases(cases, runs, steps=steps, blocks=blocks, repeats=repeats,
@@ -181,8 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     if min(a.repeats, a.steps, a.blocks, a.profile_repeats) < 1 or a.steps < a.blocks:
         ap.error("--repeats, --steps, --blocks and --profile-repeats must be positive "
                  "and --steps at least --blocks")
-    from merak_sim.validation_measure import MeasureError
-
     out = Path(a.out)
     hist = out / HISTORY
     if a.no_measure and not hist.exists():

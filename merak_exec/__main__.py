@@ -176,14 +176,19 @@ def _from_plan(path: str) -> tuple[tuple, dict]:
 @click.option("--name", default=None, help="model name recorded in the trace")
 @click.option("--threads", default=1, show_default=True,
               help="torch CPU threads (1 = what each rank of a 2-rank CPU run gets)")
+@click.option("--collectives", is_flag=True,
+              help="also time gloo all-reduce / all-gather / send-recv between 2 local "
+                   "processes (64 KiB - 4 MiB)")
 @click.option("--out", "out_path", required=True, help="merak-trace/1 JSON to write")
 def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats, dtype,
-            device, name, threads, out_path) -> None:
+            device, name, threads, collectives, out_path) -> None:
     """Measure per-layer forward/backward/recompute times and activation bytes and write
     a merak-trace/1 file (the cost model's format)."""
+    import dataclasses
+
     import torch
 
-    from merak_exec.profiler import profile_chain
+    from merak_exec.profiling.layer_trace import profile_chain
     from merak_sim.trace import Trace, from_exec_profile, merge_traces, write_trace
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -210,7 +215,16 @@ def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats
                 click.echo(f"mbs {b} seq {s} {lp.name:9s} fwd {lp.forward_s * 1e3:8.3f} ms  "
                            f"bwd {lp.backward_s * 1e3:8.3f} ms  act "
                            f"{lp.activation_bytes / 2**20:8.2f} MiB")
-    write_trace(merge_traces(traces), out_path)
+    trace = merge_traces(traces)
+    if collectives:
+        from merak_exec.profiling.collectives import measure_collectives
+
+        colls = measure_collectives([2**16, 2**18, 2**20, 2**22], 15)
+        trace = dataclasses.replace(trace, collectives=tuple(colls))
+        for c in colls:
+            click.echo(f"{c.collective:15s} {c.bytes / 2**20:6.2f} MiB "
+                       f"{c.seconds * 1e3:7.3f} ms")
+    write_trace(trace, out_path)
     click.echo(f"wrote {out_path}")
 
 

@@ -44,6 +44,14 @@ class Recorder:
             return e
         return time.perf_counter()
 
+    @property
+    def origin_s(self) -> float:
+        """The current iteration's time origin: ``time.perf_counter()`` at
+        :meth:`start_step` on CPU (one clock for every process of the machine, so
+        ranks' events can be aligned); 0.0 under CUDA timing, whose events are relative
+        to a CUDA event instead."""
+        return self._t0
+
     def start_step(self) -> None:
         """Mark the iteration's time origin."""
         self._rows = []

@@ -20,6 +20,12 @@ so both ends derive the same tag from the same schedule.
 
 Every action's start and end is recorded by a :class:`~merak_exec.result.Recorder`
 (perf_counter on CPU, CUDA events on GPU) into the simulator's events schema.
+
+Extension points (:meth:`PipelineRuntime.add_hooks`, :class:`merak_exec.hooks.RuntimeHooks`)
+let profilers observe every action, posting and saved tensor; :meth:`PipelineRuntime.run_action`
+performs one compute action on a :class:`~merak_exec.step_state.StepState`, so a
+stage can be timed action by action through the same code :meth:`PipelineRuntime.step`
+runs.
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from merak_exec.hooks import HookHandle, RuntimeHooks, register
 from merak_exec.mesh import Mesh
 from merak_exec.result import Recorder
 from merak_exec.stages import StageModule
+from merak_exec.step_state import MicroBatchState, StepState
 from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, iter_actions
 from merak_sim.schedule.lowering import comm_key, peer_of
 
@@ -41,20 +49,6 @@ __all__ = ["PipelineRuntime", "StepOutput", "RankTimeoutError"]
 
 class RankTimeoutError(RuntimeError):
     """A wait for a peer exceeded the timeout: the peer is probably dead or stuck."""
-
-
-@dataclass
-class _MB:
-    """Per (chunk, micro-batch) state kept between actions."""
-
-    x: tuple | None = None  # stage inputs (floating ones require grad past stage 0)
-    out: tuple | None = None  # outputs with autograd graph ((loss,) on the last stage)
-    act: tuple | None = None  # detached outputs to send
-    rng: tuple | None = None  # RNG state saved by F*
-    gout: tuple | None = None  # gradients of the floating outputs, from downstream
-    gx: tuple | None = None  # gradients of the floating inputs, to send upstream
-    modouts: list | None = None  # (module, output) of parameter owners (zero-bubble)
-    mod_grads: list | None = None  # (module, output, output gradient) after I
 
 
 @dataclass
@@ -109,6 +103,14 @@ class PipelineRuntime:
         self.recorder = Recorder(mesh, enabled=record)
         self.params = [p for c in chunks for p in c.parameters() if p.requires_grad]
         self.cuda = mesh.device.type == "cuda"
+        self.hooks: list[RuntimeHooks] = []
+        self._handlers = {
+            Kind.FORWARD: self._forward, Kind.FORWARD_NOGRAD: self._forward_nograd,
+            Kind.RECOMPUTE: self._recompute, Kind.BACKWARD: self._backward,
+            Kind.BACKWARD_INPUT: self._backward_input,
+            Kind.BACKWARD_WEIGHT: self._backward_weight, Kind.ALL_REDUCE: self._all_reduce,
+            Kind.OPTIMIZER: self._optimizer_step,
+        }
         # Zero-bubble split (I then W): record the outputs of every module that owns
         # parameters during forwards, so I can return their gradients along with the
         # input gradient in one backward pass and W only runs each module's local
@@ -128,6 +130,23 @@ class PipelineRuntime:
                         # one rank) also reaches the later module's output through its
                         # input: its gradient needs the full backward, not a local step
                         (self._shared if id(p) in seen else seen).add(id(p))
+
+    # -- extension points --------------------------------------------------------------
+    def add_hooks(self, hooks: RuntimeHooks) -> HookHandle:
+        """Register ``hooks`` with the runtime and every chunk; the handle removes them."""
+        handles = [register(self.hooks, hooks)] + [c.add_hooks(hooks) for c in self.chunks]
+
+        def remove() -> None:
+            for h in handles:
+                h.remove()
+        return HookHandle(remove)
+
+    def run_action(self, a: Action, state: StepState, inputs=None, labels=None) -> None:
+        """Perform compute or collective action ``a`` (F, F*, R, B, I, W, AR, OPT) on
+        ``state``, as :meth:`step` does, but neither recorded nor announced to the
+        action start/end hooks (the saved-tensor and F*-input hooks still apply).
+        ``inputs`` and ``labels``: the iteration's micro-batches, where needed."""
+        self._handlers[a.kind](a, state, inputs, labels)
 
     # -- helpers ---------------------------------------------------------------------
     def _peer_global(self, a: Action) -> int:
@@ -156,7 +175,7 @@ class PipelineRuntime:
             return self.boundary_specs[g - 1]
         return [sd for sd in self.boundary_specs[g] if sd[1].is_floating_point]
 
-    def _post(self, parts: tuple[Action, ...], st: dict) -> None:
+    def _post(self, parts: tuple[Action, ...], state: StepState) -> None:
         """Post sends/receives (one batch for a fused group). A boundary may carry
         several tensors (the residual stream and broadcast values): one operation each,
         tagged ``tag * 8 + index``."""
@@ -165,7 +184,7 @@ class PipelineRuntime:
         for a in parts:
             key = comm_key(self.schedule, a)
             peer = self._peer_global(a)
-            mb = st.setdefault((a.chunk, a.microbatch), _MB())
+            mb = state.microbatch(a.chunk, a.microbatch)
             if a.kind.is_send:
                 ts = mb.act if a.kind is Kind.SEND_ACT else mb.gx
                 if ts is None:
@@ -192,12 +211,12 @@ class PipelineRuntime:
             i += n
             ev = self.recorder.comm_posted(a, sum(t.numel() * t.element_size() for t in ts))
             if a.kind.is_send:
-                self._sends.append((a, ws, ev))
+                state.sends.append((a, ws, ev))
             else:
-                self._recvs[(a.chunk, a.microbatch, a.kind)] = (ws, ts, ev)
+                state.recvs[(a.chunk, a.microbatch, a.kind)] = (ws, ts, ev)
 
-    def _take_recv(self, a: Action, kind: Kind) -> tuple[torch.Tensor, ...]:
-        ws, ts, ev = self._recvs.pop((a.chunk, a.microbatch, kind))
+    def _take_recv(self, a: Action, kind: Kind, state: StepState) -> tuple[torch.Tensor, ...]:
+        ws, ts, ev = state.recvs.pop((a.chunk, a.microbatch, kind))
         what = (f"{'activation' if kind is Kind.RECV_ACT else 'gradient'} of micro-batch "
                 f"{a.microbatch} (chunk {a.chunk}) from rank "
                 f"{self._peer_global(Action(kind, a.stage, a.microbatch, a.chunk))}")
@@ -207,43 +226,46 @@ class PipelineRuntime:
         return ts
 
     # -- actions ---------------------------------------------------------------------
-    def _input(self, a: Action, st: dict, inputs) -> tuple[torch.Tensor, ...]:
+    def _input(self, a: Action, state: StepState, inputs) -> tuple[torch.Tensor, ...]:
         chunk = self.chunks[a.chunk]
         if chunk.is_first:
             return (inputs[a.microbatch].to(self.mesh.device, non_blocking=True),)
-        xs = self._take_recv(a, Kind.RECV_ACT)
+        xs = self._take_recv(a, Kind.RECV_ACT, state)
         return tuple(x.requires_grad_() if x.is_floating_point() else x for x in xs)
 
-    def _finish_forward(self, a: Action, mb: _MB, out, labels) -> None:
+    def _finish_forward(self, a: Action, state: StepState, mb: MicroBatchState, out,
+                        labels) -> None:
         chunk = self.chunks[a.chunk]
         if chunk.is_last:
             loss = chunk.loss_fn(out[0], labels[a.microbatch].to(self.mesh.device))
-            self._losses[a.microbatch] = loss.detach()
+            state.losses[a.microbatch] = loss.detach()
             mb.out = (loss / self.schedule.num_microbatches,)
         else:
             mb.out = out
             mb.act = tuple(t.detach() for t in out)
 
-    def _forward(self, a: Action, st: dict, inputs, labels) -> None:
-        mb = st.setdefault((a.chunk, a.microbatch), _MB())
-        mb.x = self._input(a, st, inputs)
+    def _forward(self, a: Action, state: StepState, inputs, labels) -> None:
+        mb = state.microbatch(a.chunk, a.microbatch)
+        mb.x = self._input(a, state, inputs)
         self._capture = [] if self._zb else None
         out = self.chunks[a.chunk](*mb.x)
         mb.modouts, self._capture = self._capture, None
-        self._finish_forward(a, mb, out, labels)
+        self._finish_forward(a, state, mb, out, labels)
 
-    def _forward_nograd(self, a: Action, st: dict, inputs, labels) -> None:
-        mb = st.setdefault((a.chunk, a.microbatch), _MB())
-        mb.x = self._input(a, st, inputs)
+    def _forward_nograd(self, a: Action, state: StepState, inputs, labels) -> None:
+        mb = state.microbatch(a.chunk, a.microbatch)
+        mb.x = self._input(a, state, inputs)
         mb.rng = (torch.get_rng_state(),
                   torch.cuda.get_rng_state(self.mesh.device) if self.cuda else None)
         with torch.no_grad():
             out = self.chunks[a.chunk](*mb.x, use_checkpoint=False)
         if not self.chunks[a.chunk].is_last:
             mb.act = tuple(t.detach() for t in out)
+        for h in self.hooks:
+            h.on_nograd_input(a, mb.x)
 
-    def _recompute(self, a: Action, st: dict, labels) -> None:
-        mb = st[(a.chunk, a.microbatch)]
+    def _recompute(self, a: Action, state: StepState, inputs, labels) -> None:
+        mb = state.microbatches[(a.chunk, a.microbatch)]
         if mb.rng is None:
             raise RuntimeError(f"{a}: no F* ran for micro-batch {a.microbatch}")
         devices = [self.mesh.device] if self.cuda else []
@@ -254,30 +276,31 @@ class PipelineRuntime:
             self._capture = [] if self._zb else None
             out = self.chunks[a.chunk](*mb.x, use_checkpoint=False)
             mb.modouts, self._capture = self._capture, None
-        self._finish_forward(a, mb, out, labels)
+        self._finish_forward(a, state, mb, out, labels)
         mb.act = None  # already sent by F*
 
-    def _grad_pairs(self, a: Action, mb: _MB) -> tuple[list, list | None]:
+    def _grad_pairs(self, a: Action, state: StepState, mb: MicroBatchState
+                    ) -> tuple[list, list | None]:
         """(outputs, their incoming gradients) to differentiate: the loss on the last
         stage, else the floating outputs that require grad."""
         if self.chunks[a.chunk].is_last:
             return list(mb.out), None
         if mb.gout is None:
-            mb.gout = self._take_recv(a, Kind.RECV_GRAD)
+            mb.gout = self._take_recv(a, Kind.RECV_GRAD, state)
         floats = [t for t in mb.out if t.is_floating_point()]
         pairs = [(t, g) for t, g in zip(floats, mb.gout, strict=True) if t.requires_grad]
         return [t for t, _ in pairs], [g for _, g in pairs]
 
-    def _input_grads(self, mb: _MB, grads) -> tuple[torch.Tensor, ...]:
+    def _input_grads(self, mb: MicroBatchState, grads) -> tuple[torch.Tensor, ...]:
         """Gradients to send upstream: one per floating input (zeros where unused)."""
         return tuple(g if g is not None else torch.zeros_like(x)
                      for x, g in zip(mb.x, grads, strict=True) if x.is_floating_point())
 
-    def _backward(self, a: Action, st: dict) -> None:
-        mb = st[(a.chunk, a.microbatch)]
+    def _backward(self, a: Action, state: StepState, inputs=None, labels=None) -> None:
+        mb = state.microbatches[(a.chunk, a.microbatch)]
         if mb.out is None:
             raise RuntimeError(f"{a} on rank {self.mesh.rank}: no forward graph (F* without R?)")
-        outs, grads = self._grad_pairs(a, mb)
+        outs, grads = self._grad_pairs(a, state, mb)
         if outs:
             torch.autograd.backward(outs, grads)
         if not self.chunks[a.chunk].is_first:
@@ -285,7 +308,7 @@ class PipelineRuntime:
                                            for x in mb.x])
         mb.out = mb.x = mb.gout = None
 
-    def _split_ok(self, a: Action, mb: _MB) -> bool:
+    def _split_ok(self, a: Action, mb: MicroBatchState) -> bool:
         """The fast I/W split applies when every parameter-owning module of the stage
         produced one tensor output in this micro-batch's forward and nothing was
         checkpointed (a checkpointed layer's tensors are rebuilt inside I)."""
@@ -293,9 +316,9 @@ class PipelineRuntime:
         return bool(mb.modouts) and chunk.recompute_layers == 0 and chunk.subpipe is None \
             and all(isinstance(o, torch.Tensor) for _, o in mb.modouts)
 
-    def _backward_input(self, a: Action, st: dict) -> None:
-        mb = st[(a.chunk, a.microbatch)]
-        outs, grads = self._grad_pairs(a, mb)
+    def _backward_input(self, a: Action, state: StepState, inputs=None, labels=None) -> None:
+        mb = state.microbatches[(a.chunk, a.microbatch)]
+        outs, grads = self._grad_pairs(a, state, mb)
         first = self.chunks[a.chunk].is_first
         xs = [] if first else [x for x in mb.x if x.is_floating_point()]
         mods = ([(m, o) for m, o in mb.modouts if o.requires_grad]
@@ -310,8 +333,8 @@ class PipelineRuntime:
             mb.gx = self._input_grads(mb, [next(it) if x.is_floating_point() else None
                                            for x in mb.x])
 
-    def _backward_weight(self, a: Action, st: dict) -> None:
-        mb = st[(a.chunk, a.microbatch)]
+    def _backward_weight(self, a: Action, state: StepState, inputs=None, labels=None) -> None:
+        mb = state.microbatches[(a.chunk, a.microbatch)]
         params = [p for p in self.chunks[a.chunk].parameters() if p.requires_grad]
         if mb.mod_grads is not None:
             # each module's local weight-gradient step from its output gradient
@@ -326,20 +349,29 @@ class PipelineRuntime:
                         p.grad = gp if p.grad is None else p.grad + gp
             shared = [p for p in params if id(p) in self._shared]
             if shared:
-                outs, grads = self._grad_pairs(a, mb)
+                outs, grads = self._grad_pairs(a, state, mb)
                 torch.autograd.backward(outs, grads, inputs=shared)
         else:
-            outs, grads = self._grad_pairs(a, mb)
+            outs, grads = self._grad_pairs(a, state, mb)
             if outs and params:
                 torch.autograd.backward(outs, grads, inputs=params)
         mb.out = mb.x = mb.gout = mb.modouts = mb.mod_grads = None
 
-    def _drain_sends(self) -> None:
-        for sa, ws, sev in self._sends:
+    def _drain_sends(self, state: StepState) -> None:
+        for sa, ws, sev in state.sends:
             for w in ws:
                 self._wait(w, f"send {sa} to rank {self._peer_global(sa)} to complete")
             self.recorder.comm_done(sev)
-        self._sends = []
+        state.sends = []
+
+    def _all_reduce(self, a: Action, state: StepState, inputs=None, labels=None) -> None:
+        self._drain_sends(state)
+        self._all_reduce_grads()
+
+    def _optimizer_step(self, a: Action, state: StepState, inputs=None, labels=None) -> None:
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
 
     def _record_output(self, module, args, output) -> None:
         if self._capture is not None and torch.is_grad_enabled():
@@ -378,49 +410,36 @@ class PipelineRuntime:
         ``inputs`` (needed where chunk 0 is model stage 0) and ``labels`` (needed on the
         rank holding the last model stage) are lists of M micro-batch tensors.
         """
-        st: dict = {}
-        self._sends, self._recvs, self._losses = [], {}, {}
-        rec = self.recorder
+        state = StepState()
+        rec, hooks = self.recorder, self.hooks
         rec.start_step()
         for step in self.program:
             if isinstance(step, Fused) or step.kind.is_comm:
-                self._post(step.parts, st)
+                for h in hooks:
+                    h.on_post_start(step.parts)
+                self._post(step.parts, state)
+                for h in hooks:
+                    h.on_post_end(step.parts)
                 continue
-            a = step
-            ev = rec.begin(a)
-            k = a.kind
-            if k is Kind.FORWARD:
-                self._forward(a, st, inputs, labels)
-            elif k is Kind.FORWARD_NOGRAD:
-                self._forward_nograd(a, st, inputs, labels)
-            elif k is Kind.RECOMPUTE:
-                self._recompute(a, st, labels)
-            elif k is Kind.BACKWARD:
-                self._backward(a, st)
-            elif k is Kind.BACKWARD_INPUT:
-                self._backward_input(a, st)
-            elif k is Kind.BACKWARD_WEIGHT:
-                self._backward_weight(a, st)
-            elif k is Kind.ALL_REDUCE:
-                self._drain_sends()
-                self._sends = []
-                self._all_reduce_grads()
-            elif k is Kind.OPTIMIZER:
-                if self.optimizer is not None:
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
+            for h in hooks:
+                h.on_action_start(step)
+            ev = rec.begin(step)
+            self._handlers[step.kind](step, state, inputs, labels)
             rec.end(ev)
-        self._drain_sends()  # programs without AR still drain their sends
-        loss = self._reduce_loss()
-        return StepOutput(loss=loss, losses=[self._losses[m].item() for m in sorted(self._losses)],
+            for h in hooks:
+                h.on_action_end(step)
+        self._drain_sends(state)  # programs without AR still drain their sends
+        loss = self._reduce_loss(state)
+        losses = state.losses
+        return StepOutput(loss=loss, losses=[losses[m].item() for m in sorted(losses)],
                           events=rec.finish_step())
 
-    def _reduce_loss(self) -> float:
+    def _reduce_loss(self, state: StepState) -> float:
         """Mean loss of the iteration, made known to every rank (one small all-reduce)."""
         M = self.schedule.num_microbatches
         total = torch.zeros((), dtype=torch.float64, device=self.mesh.device)
-        if self._losses:
-            total += sum(v.double() for v in self._losses.values()) / M
+        if state.losses:
+            total += sum(v.double() for v in state.losses.values()) / M
         m = self.mesh
         if m.pp_group is not None:
             dist.all_reduce(total, group=m.pp_group)

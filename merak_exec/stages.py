@@ -6,7 +6,7 @@ produces logits and ``loss_fn(logits, labels)`` the loss. Only the residual stre
 crosses a boundary between two layers, so any contiguous run of layers is a valid
 stage. Parameters shared between layers far apart (tied input/output embeddings)
 are listed in ``tied`` so the runtime can sum their gradients across the stages
-holding copies (Merak, shared/reference/merak.md, system item 2).
+holding copies (Merak's system design, item 2).
 
 :func:`uniform_split` assigns layers to model stages (embedding with the first,
 head with the last, blocks spread evenly, remainders to the earliest stages); an
@@ -15,6 +15,7 @@ explicit list of split points overrides it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from merak_exec.hooks import HookHandle, RuntimeHooks, register
 from merak_exec.mesh import ExecError
 
 __all__ = ["LayerChain", "StageModule", "uniform_split", "split_from_points", "build_stage"]
@@ -72,7 +74,7 @@ def partition_split(chain: LayerChain, num_stages: int, method: str = "uniform",
     ``method``: "uniform"; "parameters" (balance the chain's measured parameter
     counts, the layers before the first block counted on stage 0 and those after the
     last on the last stage); "time" (balance seconds, ``layer_times_s`` = (embedding,
-    block, head) forward+backward seconds, e.g. from :mod:`merak_exec.profiler`).
+    block, head) forward+backward seconds, e.g. from :mod:`merak_exec.profiling.layer_trace`).
     The first stage also holds every light layer before the first block, the last
     every light layer after the last block.
     """
@@ -138,6 +140,12 @@ class StageModule(nn.Module):
     ``recompute_layers`` of the layers (counted from the first heavy one) run under
     activation checkpointing in a normal forward (Merak T2's per-stage fraction);
     a re-forward R runs them all plainly because it exists to rebuild activations.
+
+    Attributes:
+        heavy: per layer, whether it counts for balancing and checkpointing (a block).
+        recompute_layers: how many heavy layers a normal forward checkpoints.
+        hooks: registered :class:`~merak_exec.hooks.RuntimeHooks` (see
+            :meth:`add_hooks`).
     """
 
     def __init__(self, layers: list[nn.Module], index: int, num_stages: int,
@@ -148,13 +156,24 @@ class StageModule(nn.Module):
         self.is_first = index == 0
         self.is_last = index == num_stages - 1
         self.loss_fn = loss_fn
-        self._heavy = heavy
+        self.heavy = list(heavy)
         self.recompute_layers = 0
         self.subpipe = None  # a tensor_parallel.SubPipelined when Merak T3 is on
+        self.hooks: list[RuntimeHooks] = []
+
+    @property
+    def num_heavy(self) -> int:
+        """Number of heavy layers (blocks) in this stage."""
+        return sum(self.heavy)
+
+    def add_hooks(self, hooks: RuntimeHooks) -> HookHandle:
+        """Call ``hooks.saved_tensors_scope`` around the layers and
+        ``hooks.on_checkpoint_inputs`` before each checkpointed layer."""
+        return register(self.hooks, hooks)
 
     def set_recompute_fraction(self, c: float) -> None:
         """Checkpoint round(c * heavy layers) of this stage's heavy layers."""
-        self.recompute_layers = int(round(c * sum(self._heavy)))
+        self.recompute_layers = int(round(c * self.num_heavy))
 
     def forward(self, *xs: torch.Tensor, use_checkpoint: bool = True) -> tuple:
         """Apply the layers to the boundary tensors ``xs``; returns a tuple. The first
@@ -168,10 +187,20 @@ class StageModule(nn.Module):
         return self._run_layers(xs, use_checkpoint)
 
     def _run_layers(self, xs: tuple, use_checkpoint: bool) -> tuple:
+        if not self.hooks:
+            return self._apply_layers(xs, use_checkpoint)
+        with contextlib.ExitStack() as scopes:
+            for h in self.hooks:
+                scopes.enter_context(h.saved_tensors_scope())
+            return self._apply_layers(xs, use_checkpoint)
+
+    def _apply_layers(self, xs: tuple, use_checkpoint: bool) -> tuple:
         left = self.recompute_layers if (use_checkpoint and torch.is_grad_enabled()) else 0
-        for layer, heavy in zip(self.layers, self._heavy, strict=True):
+        for layer, heavy in zip(self.layers, self.heavy, strict=True):
             if heavy and left > 0:
                 left -= 1
+                for h in self.hooks:
+                    h.on_checkpoint_inputs(xs)
                 y = checkpoint(layer, *xs, use_reentrant=False)
             else:
                 y = layer(*xs)

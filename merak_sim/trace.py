@@ -31,9 +31,8 @@ may be null when the profiler did not split the backward. ``placement`` says whe
 the group sat in one node ("intra") or spanned nodes ("inter").
 
 The reader rejects other versions and malformed files with a one-line
-:class:`TraceError` naming the file, the field and the value. The real-backend profiler
-(merak_exec) writes this format; scripts/measure_cpu_trace.py is the stop-gap
-measurement that produced the shipped CPU trace.
+:class:`TraceError` naming the file, the field and the value. The real backend's
+profiler (``merak-exec profile``) writes this format.
 """
 
 from __future__ import annotations
@@ -262,7 +261,8 @@ _TORCH_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
 
 def from_exec_profile(data: dict) -> dict:
     """Convert merak_exec's profiler output (``merak-exec-profile/1`` dict) into a
-    ``merak-trace/1`` dict (validated); merak_exec.profiler.write_trace calls this.
+    ``merak-trace/1`` dict (validated); merak_exec.profiling.layer_trace.write_trace
+    calls this.
 
     Model shape comes from ``data["model"]`` (family, hidden, layers, vocab) and its
     ``config`` (heads as n_head / num_attention_heads, kv heads, ffn size, dropout,
@@ -315,7 +315,8 @@ def from_exec_profile(data: dict) -> dict:
     prov = {"device": str(data.get("device", "unknown")), "dtype": model["dtype"],
             "torch": str(meta.get("torch", "unknown")),
             "git_commit": str(meta.get("git_commit", "unknown")),
-            "command": str(meta.get("command", "merak_exec.profiler.profile_chain")),
+            "command": str(meta.get("command",
+                                    "merak_exec.profiling.layer_trace.profile_chain")),
             "date": str(date or "unknown"),
             "notes": f"converted from {data.get('format', 'merak-exec-profile')}; "
                      f"threads={meta.get('threads', '?')}, statistic="

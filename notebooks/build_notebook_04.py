@@ -193,7 +193,8 @@ the shifted critical path with stage-aware recompute. Timings this small are dom
 by Python overhead and by whatever else the machine runs, so only the structure is
 asserted here; the accuracy figures come from the suite above."""),
     new_code_cell("""\
-from merak_sim.validation_measure import Case, measure_cases, small_gpt
+from merak_exec.profiling.cases import Case, small_gpt
+from merak_exec.profiling.measure import measure_cases
 tiny = small_gpt(layers=4, hidden=32, heads=4, vocab=64, seq=16)
 base = dict(pp=2, micro_batch_size=2, global_batch_size=8, dtype="fp32")
 cases = [Case("pp2-1f1b-full", dict(base, schedule="1f1b", recompute="full"), tiny),

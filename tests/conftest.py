@@ -1,7 +1,6 @@
 """Shared test helpers."""
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,14 +11,11 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 @pytest.fixture(scope="session")
 def load_benchmark():
     """``load_benchmark("name")``: the script ``benchmarks/name.py`` imported as a module
-    (the scripts are not a package; some import their neighbours, so their folder goes
-    on ``sys.path``)."""
+    (the scripts are not a package; they import the installed package only)."""
     loaded = {}
 
     def load(name: str):
         if name not in loaded:
-            if str(BENCHMARKS) not in sys.path:
-                sys.path.insert(0, str(BENCHMARKS))
             spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)

@@ -94,7 +94,7 @@ def test_pooled_errors_separate_a_bias_from_drift(suite_mod, tmp_path):
     assert p["worst_abs_mean_error"] == pytest.approx(0.10)
     assert p["speedup_gap_mean_points"] == pytest.approx(-1.0)
     assert p["speedup_gap_se_points"] == pytest.approx(6.245 / 3 ** 0.5, rel=1e-3)
-    text = "\n".join(suite_mod._pooled_text(p))
+    text = "\n".join(suite_mod.pooled_text(p))
     assert "| a | 3 (3) | +10.0 % |" in text and "| b | 3 (6) | +1.0 % |" in text
     assert "Pooled over the 3 suite runs recorded in `cpu_validation_history.jsonl` (a" in text
     # the way the backwards were priced is recorded and said
@@ -103,7 +103,7 @@ def test_pooled_errors_separate_a_bias_from_drift(suite_mod, tmp_path):
     hist = suite_mod.read_history(path)
     assert hist[-1]["backward_pricing"] == "paired-delta"
     assert "backward_pricing" not in hist[0]
-    text = "\n".join(suite_mod._pooled_text(suite_mod.pooled(hist), hist))
+    text = "\n".join(suite_mod.pooled_text(suite_mod.pooled(hist), hist))
     assert "Pooled over the 4 suite runs recorded in `cpu_validation_history.jsonl` (1 of " \
            "them with every backward after a rank's first priced adding into existing " \
            "gradients, the others with fresh gradients throughout; a configuration's" in text

@@ -2,8 +2,8 @@
 
 import json
 
-from merak_exec.testing import launch_scenario
 from merak_sim.timeline import EVENT_COLUMNS
+from support.workers import launch_scenario
 
 
 def test_events_cover_every_action_in_the_shared_schema(tmp_path):
@@ -46,8 +46,8 @@ def test_profiler_writes_a_readable_merak_trace(tmp_path):
     import torch
 
     from merak_exec.models import GPT
-    from merak_exec.profiler import profile_chain, write_trace
-    from merak_exec.testing import tiny_gpt_config
+    from merak_exec.profiling.layer_trace import profile_chain, write_trace
+    from support.models import tiny_gpt_config
     from merak_sim.trace import read_trace
 
     torch.manual_seed(0)
@@ -64,3 +64,18 @@ def test_profiler_writes_a_readable_merak_trace(tmp_path):
     # activations scale with the micro-batch; a checkpointed block keeps only its input
     assert blk4.activation_bytes == 4 * blk.activation_bytes
     assert blk.checkpoint_bytes == 1 * 8 * 16 * 4 < blk.activation_bytes
+
+
+def test_profile_command_adds_gloo_collectives(tmp_path):
+    from merak_exec.__main__ import cli
+    from merak_sim.trace import read_trace
+
+    out = tmp_path / "t.json"
+    cli.main(["profile", "--layers", "1", "--hidden", "16", "--heads", "2", "--vocab", "32",
+              "--seq", "8", "--repeats", "1", "--collectives", "--name", "tiny", "--out",
+              str(out)], standalone_mode=False)
+    t = read_trace(out)
+    assert [r.kind for r in t.layers] == ["embedding", "block", "head"]
+    assert {c.collective for c in t.collectives} == {"all-reduce", "all-gather", "p2p"}
+    assert len(t.collectives) == 3 * 4 and all(c.seconds > 0 for c in t.collectives)
+    assert {(c.group_size, c.placement) for c in t.collectives} == {(2, "intra")}

@@ -11,7 +11,7 @@ the same model and data: relative error <= 1e-5 (fp32).
 
 import pytest
 
-from merak_exec.testing import launch
+from support.workers import launch
 
 
 def C(name, model="gpt", **kw):

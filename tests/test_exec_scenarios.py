@@ -2,7 +2,7 @@
 
 import pytest
 
-from merak_exec.testing import launch_scenario
+from support.workers import launch_scenario
 
 
 @pytest.mark.parametrize("layout", [{"pp": 2}, {"tp": 2, "dp": 2}], ids=["pp2", "tp2xdp2"])
@@ -46,7 +46,7 @@ def test_bad_input_is_a_one_line_error_on_every_rank(tmp_path):
     assert "n_head=3 is not divisible" in msgs["heads"] and "tp=2" in msgs["heads"]
     assert msgs["capture"] is not None and "split points" in msgs["capture"]
     assert "torch.export could not capture _DataDependent" in msgs["capture"]
-    assert "testing.py" in msgs["capture"]  # points at the offending line
+    assert "workers.py" in msgs["capture"]  # points at the offending line
     assert all("\n" not in m for m in msgs.values())
 
 

@@ -5,7 +5,7 @@ import pytest
 from merak_exec.capture import to_chain
 from merak_exec.mesh import ExecError
 from merak_exec.stages import partition_split, split_from_points
-from merak_exec.testing import build_model
+from support.models import build_model
 
 
 @pytest.mark.parametrize("kind", ["gpt", "gpt2", "llama", "custom"])

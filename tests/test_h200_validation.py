@@ -35,7 +35,9 @@ def test_smoke_run_without_simpy_writes_one_archive_of_everything(tmp_path):
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(_NO_SIMPY)
-    env = dict(os.environ, PYTHONPATH=str(shim), MASTER_ADDR="127.0.0.1",
+    # the benchmark imports the package: the repository root goes on the child's path
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(_ROOT)]),
+               MASTER_ADDR="127.0.0.1",
                GLOO_SOCKET_IFNAME="lo")
     probe = subprocess.run([sys.executable, "-c", "import simpy"], env=env,
                            capture_output=True, text=True, timeout=60)

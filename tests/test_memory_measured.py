@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from merak_exec.profiler import saved_tensor_bytes
+from merak_exec.profiling.saved_tensors import saved_tensor_bytes
 from merak_sim.memory import (
     CPU_EAGER,
     CPU_EAGER_HF_GPT2,

@@ -392,7 +392,7 @@ def test_mean_statistic_prices_from_the_profile_means(tmp_path):
 
 
 def test_classify_posts_splits_receives_met_by_a_pending_send_of_a_computing_peer():
-    from merak_sim.validation_measure import classify_posts
+    from merak_exec.profiling.post_probe import classify_posts
 
     rec = [
         # stage 0 posts sA1 / rG0 at t=1: nothing sent to it yet -> plain

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from merak_exec.profiling.cases import Case, MeasureError, small_gpt
+from merak_exec.profiling.measure import measure_cases
 from merak_sim.cli import main as cli_main
 from merak_sim.schedule.ir import iter_actions
 from merak_sim.validation.compare import validate
-from merak_sim.validation.rundir import read_run
 from merak_sim.validation.suite import summarize
-from merak_sim.validation_measure import Case, MeasureError, measure_cases, small_gpt
 
 TINY = small_gpt(layers=4, hidden=32, heads=4, vocab=64, seq=16)
 BASE = dict(micro_batch_size=2, global_batch_size=8, dtype="fp32")

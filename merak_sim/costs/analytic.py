@@ -28,7 +28,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from merak_sim.costs.base import CostTable, StageCost
-from merak_sim.costs.comm import CostModelError, _placement, collective_time, group_ranks
+from merak_sim.costs.comm import (
+    CostModelError,
+    collective_time,
+    group_ranks,
+    stage_placement,
+)
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.costs.layers import LayerCost, edge_costs, layer_cost
 from merak_sim.hardware import Cluster
@@ -268,7 +273,7 @@ class AnalyticCostModel:
         stages_l = []
         for g, (s, e) in enumerate(ranges):
             key = (e - s, g == 0, g == n_st - 1,
-                   _placement(cluster, config.dp, config.tp, config.pp, g % config.pp,
+                   stage_placement(cluster, config.dp, config.tp, config.pp, g % config.pp,
                               g == n_st - 1))
             st = memo.get(key)
             if st is None:

@@ -20,7 +20,8 @@ from typing import Any
 from merak_sim.hardware import Cluster
 from merak_sim.layout import RankLayout
 
-__all__ = ["COLLECTIVES", "CostModelError", "collective_time", "group_ranks"]
+__all__ = ["COLLECTIVES", "CostModelError", "clear_caches", "collective_time", "group_ranks",
+           "stage_placement"]
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "p2p")
 
@@ -99,8 +100,8 @@ def _collective_cached(kind: str, nbytes: float, shape: tuple[int, int],
 
 
 @lru_cache(maxsize=65536)
-def _placement(cluster: Cluster, dp: int, tp: int, pp: int, pp_rank: int,
-               last: bool) -> tuple:
+def stage_placement(cluster: Cluster, dp: int, tp: int, pp: int, pp_rank: int,
+                    last: bool) -> tuple:
     """What a stage's communication depends on: node shape of its TP and DP groups
     and whether its send to the next stage stays in a node."""
     layout = RankLayout(dp, tp, pp)
@@ -113,3 +114,10 @@ def _placement(cluster: Cluster, dp: int, tp: int, pp: int, pp_rank: int,
         nxt = layout.rank((pp_rank + 1) % pp)
         send = None if nxt == base else cluster.same_node(base, nxt)
     return tp_shape, dp_shape, send
+
+
+def clear_caches() -> None:
+    """Empty the memoised collective times and stage placements (benchmarks time a
+    cold cost model with it)."""
+    _collective_cached.cache_clear()
+    stage_placement.cache_clear()

@@ -1,4 +1,4 @@
-"""Profiler mode: per-layer forward / backward / recompute times and activation bytes.
+"""Per-layer profiler: forward / backward / recompute times and activation bytes.
 
 For each *kind* of layer in a model's chain (the embedding, one transformer block,
 the head with its loss) at a given micro-batch size and sequence length, the
@@ -13,15 +13,17 @@ profiler measures on the current device (median of ``repeats`` after ``warmup``)
 - ``recompute_s``: a checkpointed forward (no-grad) plus its re-forward during
   backward minus the plain backward, i.e. what checkpointing adds;
 - ``activation_bytes``: bytes of the tensors autograd saves for backward (parameters
-  excluded, shared storages counted once), via ``saved_tensors_hooks``;
+  excluded, shared storages counted once), via
+  :func:`~merak_exec.profiling.saved_tensors.saved_tensor_bytes`;
 - ``checkpoint_bytes``: the layer input (what a checkpointed layer keeps);
 - ``param_bytes`` and ``flops`` (2 * multiply-accumulates, counted by
   ``torch.utils.flop_counter``).
 
 Timing: ``time.perf_counter`` around the operation on CPU; CUDA events (with a
-synchronise) on GPU. The trace is written atomically as JSON (:func:`write_trace`)
-with a schema version and provenance; when :mod:`merak_sim.trace` is available, the
-profile is converted through it so the cost model reads it directly.
+synchronise) on GPU. :func:`write_trace` writes the profile atomically as a
+``merak-trace/1`` file (:func:`merak_sim.trace.from_exec_profile`), the format the
+trace-driven cost model reads; ``merak-exec profile`` profiles several shapes, merges
+them and can add gloo collective timings (:mod:`merak_exec.profiling.collectives`).
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from merak_exec.profiling.saved_tensors import saved_tensor_bytes
 from merak_sim.io import atomic_write_text
+from merak_sim.trace import from_exec_profile
 
-__all__ = ["LayerProfile", "Profile", "profile_chain", "saved_tensor_bytes", "write_trace",
-           "TRACE_FORMAT"]
+__all__ = ["LayerProfile", "Profile", "profile_chain", "write_trace", "TRACE_FORMAT"]
 
 TRACE_FORMAT = "merak-exec-profile/1"
 
@@ -98,27 +101,6 @@ class _Timer:
         t = time.perf_counter()
         fn()
         return time.perf_counter() - t
-
-
-def saved_tensor_bytes(fn, params) -> tuple[object, int]:
-    """Run ``fn()`` and return (its result, bytes of the distinct storages autograd saved
-    for backward), skipping the storages of ``params`` (tensors). Views of one storage
-    count once; this is how every activation figure in the project is measured."""
-    params = {p.untyped_storage().data_ptr() for p in params}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        try:
-            ptr = t.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):
-            return t
-        if ptr not in params and ptr not in seen:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, sum(seen.values())
 
 
 def _flops(fn) -> int:
@@ -279,15 +261,5 @@ def profile_chain(model, micro_batch_size: int, seq_len: int, *,
 
 
 def write_trace(profile: Profile, path) -> None:
-    """Write ``profile`` atomically as JSON (through :mod:`merak_sim.trace` when that
-    module provides a converter, else in this module's :data:`TRACE_FORMAT`)."""
-    data = profile.to_dict()
-    try:  # the cost-model issue's trace format, when it exists
-        from merak_sim import trace as sim_trace  # type: ignore[attr-defined]
-
-        conv = getattr(sim_trace, "from_exec_profile", None)
-        if conv is not None:
-            data = conv(data)
-    except ImportError:
-        pass
-    atomic_write_text(path, json.dumps(data, indent=1))
+    """Write ``profile`` atomically as a ``merak-trace/1`` JSON file."""
+    atomic_write_text(path, json.dumps(from_exec_profile(profile.to_dict()), indent=1))

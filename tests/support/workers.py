@@ -1,10 +1,12 @@
-"""Helpers for multi-process equivalence tests (gloo on loopback, CPU).
+"""Multi-process test workers (gloo on loopback, CPU): equivalence runs and scenarios.
 
-:func:`launch` spawns ``world`` processes with torch.multiprocessing; each runs
-:func:`run_cases`, which trains the built-in GPT under every given configuration and
-compares losses, final gradients and parameters with a single-process run of the same
-model and data. Each rank writes its comparison to ``out_dir/rank<r>.json`` *before*
-tearing down, so the caller judges reported results, not exit signals.
+:func:`launch` spawns ``world`` processes; each runs :func:`run_cases`, which trains a
+tiny model under every given configuration and compares losses, final gradients and
+parameters with a single-process run of the same model and data.
+:func:`launch_scenario` runs one ``scenario_*`` function on every rank (resume, a lost
+rank, bad input, events, hooks, ...). Each rank writes its result to a JSON file in
+``out_dir`` *before* tearing down, so the caller judges reported results, not exit
+signals.
 """
 
 from __future__ import annotations
@@ -12,139 +14,16 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import traceback
 
 import torch
 
-__all__ = ["free_port", "launch", "run_cases", "tiny_gpt_config", "reference_run"]
+from merak_exec.launch import free_port, run_ranks
+from merak_exec.mesh import init_distributed, loopback_env
+from merak_sim.io import atomic_write_text
+from support.models import RecordingSGD, build_model, data, reference_run, tiny_gpt_config
 
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tiny_gpt_config(n_layer: int = 4):
-    """A GPT small enough for 2-4 CPU processes."""
-    from merak_exec.models import GPTConfig
-
-    return GPTConfig(vocab_size=64, n_positions=8, n_embd=16, n_layer=n_layer, n_head=4,
-                     dropout=0.0)
-
-
-def data(cfg_model, global_batch: int, seq: int, steps: int, seed: int = 1):
-    """Deterministic token batches ``[(ids, labels)] * steps``."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(steps):
-        ids = torch.randint(0, cfg_model.vocab_size, (global_batch, seq + 1), generator=g)
-        out.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
-    return out
-
-
-class RecordingSGD(torch.optim.SGD):
-    """SGD that keeps a copy of the gradients it last applied (for comparisons)."""
-
-    def step(self, closure=None):  # noqa: D102 - documented by the class
-        self.last_grads = [None if p.grad is None else p.grad.detach().clone()
-                           for g in self.param_groups for p in g["params"]]
-        return super().step(closure)
-
-
-class CustomLM(torch.nn.Module):
-    """A model no adapter knows (captured by torch.export): embedding, blocks that take
-    the residual stream *and* a broadcast mask computed once up front, tied head."""
-
-    def __init__(self, vocab: int = 64, h: int = 16, n_layer: int = 4) -> None:
-        super().__init__()
-        self.emb = torch.nn.Embedding(vocab, h)
-        self.layers = torch.nn.ModuleList(_CustomBlock(h) for _ in range(n_layer))
-        self.norm = torch.nn.LayerNorm(h)
-        self.head = torch.nn.Linear(h, vocab, bias=False)
-        self.head.weight = self.emb.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token ids -> logits."""
-        x = self.emb(ids)
-        pos = torch.arange(ids.shape[1], device=ids.device, dtype=x.dtype)
-        gate = torch.sigmoid(pos / ids.shape[1])[None, :, None]
-        for blk in self.layers:
-            x = blk(x, gate)
-        return self.head(self.norm(x))
-
-
-class _CustomBlock(torch.nn.Module):
-    def __init__(self, h: int) -> None:
-        super().__init__()
-        self.ln = torch.nn.LayerNorm(h)
-        self.fc1 = torch.nn.Linear(h, 2 * h)
-        self.fc2 = torch.nn.Linear(2 * h, h)
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return x + gate * self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
-
-
-def build_model(kind: str, n_layer: int = 4):
-    """A tiny model of the given family ("gpt", "gpt2", "llama", "custom"), seeded
-    identically."""
-    torch.manual_seed(0)
-    if kind == "custom":
-        return CustomLM(n_layer=n_layer)
-    if kind == "gpt":
-        from merak_exec.models import GPT
-
-        return GPT(tiny_gpt_config(n_layer))
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    if kind == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=8, n_embd=16,
-                                          n_layer=n_layer, n_head=4, resid_pdrop=0.0,
-                                          embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                                          eos_token_id=0))
-    if kind == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16,
-                                            intermediate_size=32, num_hidden_layers=n_layer,
-                                            num_attention_heads=4, num_key_value_heads=2,
-                                            max_position_embeddings=8, bos_token_id=0,
-                                            eos_token_id=0, pad_token_id=0))
-    raise ValueError(f"unknown test model {kind!r}")
-
-
-def reference_run(kind: str, n_layer: int, batches, pc, lr: float = 0.1):
-    """Single-process training with the same model, data and loss scaling: returns
-    (losses, chain, grads of the last step keyed by parameter id)."""
-    from merak_exec.capture import to_chain
-
-    model = build_model(kind, n_layer)
-    seq = batches[0][0].shape[1]
-    chain, _ = to_chain(model, seq)
-    opt = RecordingSGD(model.parameters(), lr=lr)
-    n_mb = pc.global_batch_size // pc.micro_batch_size
-    losses = []
-    for ids, labels in batches:
-        total = 0.0
-        mbs = pc.micro_batch_size
-        for x, y in zip(ids.split(mbs), labels.split(mbs), strict=True):
-            xs = (x,)
-            for layer in chain.layers:
-                out = layer(*xs)
-                xs = out if isinstance(out, tuple) else (out,)
-            loss = chain.loss_fn(xs[0], y)
-            (loss / n_mb).backward()
-            total += loss.item() / n_mb
-        losses.append(total)
-        opt.step()
-        opt.zero_grad()
-    grads = {id(p): g for p, g in zip(model.parameters(), opt.last_grads, strict=True)}
-    return losses, chain, grads
+__all__ = ["launch", "run_cases", "run_case", "launch_scenario"]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -217,8 +96,6 @@ def run_case(case: dict, steps: int = 3) -> dict:
 
 def run_cases(rank: int, world: int, port: int, cases: list[dict], out_dir: str) -> None:
     """Process entry point: initialise gloo, run every case, write results."""
-    from merak_exec.mesh import init_distributed, loopback_env
-
     loopback_env(rank, world, port)
     os.environ.setdefault("MERAK_TIMEOUT_S", "60")
 
@@ -229,26 +106,16 @@ def run_cases(rank: int, world: int, port: int, cases: list[dict], out_dir: str)
             results.append(run_case(case))
     except Exception:
         results.append({"error": traceback.format_exc()})
-    from merak_sim.io import atomic_write_text
-
     atomic_write_text(os.path.join(out_dir, f"rank{rank}.json"), json.dumps(results))
     os._exit(0)  # skip teardown (known gloo/DTensor exit-time aborts); results are written
 
 
 def launch(world: int, cases: list[dict], out_dir: str, timeout_s: float = 600) -> list:
     """Spawn ``world`` ranks running ``cases``; return every rank's result list."""
-    import torch.multiprocessing as mp
-
-    port = free_port()
-    ctx = mp.spawn(run_cases, args=(world, port, cases, out_dir), nprocs=world, join=False)
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            raise TimeoutError(f"multi-process test did not finish within {timeout_s} s")
+    codes = run_ranks(run_cases, world, (world, free_port(), cases, out_dir),
+                      timeout_s=timeout_s)
+    if None in codes:
+        raise TimeoutError(f"multi-process test did not finish within {timeout_s} s")
     out = []
     for r in range(world):
         with open(os.path.join(out_dir, f"rank{r}.json")) as f:
@@ -258,8 +125,6 @@ def launch(world: int, cases: list[dict], out_dir: str, timeout_s: float = 600) 
 
 # -- scenario workers (resume, fault, bad input) ------------------------------------
 def _setup(rank: int, world: int, port: int) -> None:
-    from merak_exec.mesh import init_distributed, loopback_env
-
     loopback_env(rank, world, port)
     init_distributed(backend="gloo")
 
@@ -398,8 +263,6 @@ def _scenario_main(rank: int, world: int, port: int, name: str, arg: dict, out_d
         result = globals()[name](rank, arg)
     except Exception:
         result = {"exception": traceback.format_exc()}
-    from merak_sim.io import atomic_write_text
-
     atomic_write_text(os.path.join(out_dir, f"{name}-rank{rank}.json"), json.dumps(result))
     os._exit(int(result.get("exit", 0)) if isinstance(result, dict) else 0)
 
@@ -407,28 +270,13 @@ def _scenario_main(rank: int, world: int, port: int, name: str, arg: dict, out_d
 def launch_scenario(world: int, name: str, arg: dict, out_dir: str,
                     timeout_s: float = 300) -> tuple[list, list]:
     """Run scenario ``name`` on ``world`` ranks; return (exit codes, results or None)."""
-    import time
-
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_scenario_main, args=(r, world, port, name, arg, out_dir))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(0.1, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
+    codes = run_ranks(_scenario_main, world, (world, free_port(), name, arg, out_dir),
+                      timeout_s=timeout_s, fail_fast=False)
     res = []
     for r in range(world):
         f = os.path.join(out_dir, f"{name}-rank{r}.json")
         res.append(json.load(open(f)) if os.path.exists(f) else None)
-    return [p.exitcode for p in procs], res
+    return codes, res
 
 
 def scenario_events(rank: int, arg: dict) -> dict:
@@ -501,3 +349,81 @@ def scenario_tp_dropout(rank: int, arg: dict) -> dict:
                     continue
                 rep[f"{mod_name}.{n}"] = p.detach().double().sum().item()
     return {"replicated": rep, "subpipelined_error": sub_err}
+
+
+def scenario_hooks(rank: int, arg: dict) -> dict:
+    """Two pp ranks, 2 steps with counting runtime hooks, then one more after removing
+    them; also a saved-tensor tracker over one step. Returns what the hooks counted and
+    what the rank's program says they should have."""
+    import contextlib
+    from collections import Counter
+
+    from merak_exec.hooks import RuntimeHooks
+    from merak_exec.models import GPT
+    from merak_exec.parallel import parallelize
+    from merak_exec.profiling.saved_tensors import SavedTensorTracker
+    from merak_sim.config import ParallelConfig
+    from merak_sim.schedule.ir import Fused
+
+    class Count(RuntimeHooks):
+        def __init__(self) -> None:
+            self.n: Counter = Counter()
+
+        def on_action_start(self, action) -> None:
+            self.n[f"start {action.kind.name}"] += 1
+
+        def on_action_end(self, action) -> None:
+            self.n[f"end {action.kind.name}"] += 1
+
+        def on_post_start(self, parts) -> None:
+            self.n["post_start"] += 1
+
+        def on_post_end(self, parts) -> None:
+            self.n["post_end"] += 1
+            self.n["post_parts"] += len(parts)
+
+        def saved_tensors_scope(self):
+            self.n["scope"] += 1
+            return contextlib.nullcontext()
+
+        def on_checkpoint_inputs(self, tensors) -> None:
+            self.n["checkpoint"] += 1
+
+        def on_nograd_input(self, action, tensors) -> None:
+            self.n["nograd"] += 1
+
+    pc = ParallelConfig(pp=2, global_batch_size=4, micro_batch_size=1, dtype="fp32",
+                        schedule="shifted-critical-path", recompute="stage-aware")
+    mcfg = tiny_gpt_config()
+    torch.manual_seed(0)
+    pm = parallelize(GPT(mcfg), pc, seq_len=8)
+    count = Count()
+    handle = pm.runtime.add_hooks(count)
+    batches = data(mcfg, 4, 8, 3)
+    for x, y in batches[:2]:
+        pm.train_step(x, y)
+    handle.remove()
+    pm.train_step(*batches[2])
+    with SavedTensorTracker(pm.parameters(), pm.runtime) as tr:
+        pm.train_step(*batches[0])
+        peak = tr.peak_bytes
+    want: Counter = Counter()
+    forwards = 0
+    for step in pm.runtime.program:
+        if isinstance(step, Fused) or step.kind.is_comm:
+            want["post_start"] += 2
+            want["post_end"] += 2
+            want["post_parts"] += 2 * len(step.parts)
+            continue
+        want[f"start {step.kind.name}"] += 2
+        want[f"end {step.kind.name}"] += 2
+        if step.kind.name in ("FORWARD", "FORWARD_NOGRAD", "RECOMPUTE"):
+            want["scope"] += 2
+        if step.kind.name == "FORWARD":
+            forwards += 1
+        if step.kind.name == "FORWARD_NOGRAD":
+            want["nograd"] += 2
+    want["checkpoint"] = 2 * forwards * pm.chunks[0].recompute_layers
+    return {"got": {k: v for k, v in count.n.items() if v},
+            "want": {k: v for k, v in want.items() if v}, "peak": peak,
+            "hooks_left": len(pm.runtime.hooks) + sum(len(c.hooks) for c in pm.chunks)}

@@ -1,0 +1,1 @@
+"""Support code for the tests: tiny models and multi-process workers."""
