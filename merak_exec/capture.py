@@ -51,7 +51,7 @@ def to_chain(model, seq_len: int) -> tuple[LayerChain, str | None]:
                 if model.config.tie_embeddings else [])
         return LayerChain(layers=model.layers(), loss_fn=_lm_loss, tied=tied,
                           hidden_size=model.config.n_embd, heavy=list(range(1, L + 1)),
-                          init_fn=model._init_weights), "gpt"
+                          init_fn=model.init_weights), "gpt"
     name = type(model).__name__
     if name == "GPT2LMHeadModel":
         from merak_exec.hf import gpt2_chain

@@ -169,7 +169,7 @@ def test_stage_memo_matches_direct_pricing():
     t = cm.cost_table(M, big, c, partition=[3] * 23 + [3])
     lay, emb, head = cm.layer_costs(M, big, c)
     for g, st in enumerate(t.stages):
-        assert st == cm._stage(M, big, c, g, 3, lay, emb, head)
+        assert st == cm.stage_cost(M, big, c, g, 3, lay, emb, head)
 
 
 def test_tied_embedding_gradient_sum_between_first_and_last_stage():

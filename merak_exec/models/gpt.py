@@ -182,7 +182,7 @@ class GPT(nn.Module):
         self.embed = Embedding(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.head = Head(cfg, self.embed.wte if cfg.tie_embeddings else None)
-        self.apply(self._init_weights)
+        self.apply(self.init_weights)
         # GPT-2 scales residual projections by 1/sqrt(2L) so the stream's variance
         # does not grow with depth (Radford et al. 2019, section 2.3).
         for blk in self.blocks:
@@ -190,7 +190,8 @@ class GPT(nn.Module):
                 nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
     @staticmethod
-    def _init_weights(m: nn.Module) -> None:
+    def init_weights(m: nn.Module) -> None:
+        """GPT-2's initialisation of one module (normal 0.02 weights, zero biases)."""
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=0.02)
             if m.bias is not None:

@@ -277,7 +277,7 @@ class AnalyticCostModel:
                               g == n_st - 1))
             st = memo.get(key)
             if st is None:
-                st = memo[key] = self._stage(model, cluster, config, g, e - s, lay, emb, head)
+                st = memo[key] = self.stage_cost(model, cluster, config, g, e - s, lay, emb, head)
             stages_l.append(st)
         stages = tuple(stages_l)
         eff = self.efficiency_for(cluster)
@@ -295,8 +295,10 @@ class AnalyticCostModel:
         )
 
     # Stage assembly is cheap arithmetic over the cached layer costs.
-    def _stage(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig, g: int, n: int,
-               lay: LayerCost, emb: LayerCost, head: LayerCost) -> StageCost:
+    def stage_cost(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig, g: int,
+                   n: int, lay: LayerCost, emb: LayerCost, head: LayerCost) -> StageCost:
+        """The StageCost of model stage ``g`` holding ``n`` transformer layers (``lay``),
+        plus the embedding (``emb``) on the first and the head (``head``) on the last."""
         n_st = config.pp * config.virtual_stages
         pp_rank = g % config.pp
         first, last = g == 0, g == n_st - 1
