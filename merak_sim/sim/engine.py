@@ -34,9 +34,10 @@ idle links the action takes exactly ``d``. With contention off the collective is
 drawn (``[end - tp_s, end]``) and the action takes ``d``.
 
 Tied embeddings (``Compiled.tied_ar``): the AR of the first and the last pipeline rank
-of each (data, tensor)-parallel copy is a rendezvous; the earlier rank waits there
-until the other arrives, then each runs its own AR (with the reduction overlapped,
-the AR step ends no earlier than the rendezvous).
+of each (data, tensor)-parallel copy is a rendezvous: each rank's AR starts when it
+reaches it, the earlier rank waits inside it until the other arrives, then each runs
+its own reduction (with the reduction overlapped, the AR step ends no earlier than the
+rendezvous). The wait is part of the AR, as the runtime records it.
 
 With contention off every transfer takes its cost-table time and the engine performs
 exactly the additions and maxima of :func:`merak_sim.sim.evaluator.evaluate`.

@@ -6,8 +6,9 @@ contention-free transfers, every time is a longest path: a compute action starts
 ``max(end of the previous compute action on its rank, end of the transfer it
 consumes)`` and a transfer starts when both its send and its receive are posted, i.e.
 at the later of the ends of the compute actions preceding the two postings; the AR of
-the two ranks of a tied embedding (``Compiled.tied_ar``) starts when the later of them
-reaches it (with the reduction overlapped, it ends no earlier than that). The
+the two ranks of a tied embedding (``Compiled.tied_ar``) is a rendezvous: each rank's AR
+starts when that rank reaches it and its reduction begins when the later of the two
+has (so the wait shows inside the AR, as the runtime records it). The
 processing order that makes every dependency available is a property of the schedule
 alone, so :func:`plan` computes it once (integer arrays) and :func:`evaluate` is a
 single pass of additions and maxima, which the planner can call for many cost tables
@@ -186,9 +187,10 @@ def _finish_ranks(prog: Compiled, pl: DependencyGraph, start: list[float], end: 
                 if cs > clock:
                     clock = cs
             else:
-                if ar in prog.tied_ar:
-                    clock = meet
+                # the AR starts when its rank reaches it; a tied rank waits inside it
                 start[ar] = clock
+                if ar in prog.tied_ar and meet > clock:
+                    clock = meet
                 clock += dur[ar]
                 end[ar] = clock
         if opt >= 0:

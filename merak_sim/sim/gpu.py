@@ -210,21 +210,25 @@ class GPU:
 
     def _all_reduce(self, x: int) -> Generator:
         env = self.env
-        if x in self.run.prog.tied_ar:
+        tied = x in self.run.prog.tied_ar
+        reached = env.now
+        if tied:
             # A tied embedding's gradients are summed with the other end of the
-            # pipeline first: wait until that rank reaches its AR too.
+            # pipeline first: wait until that rank reaches its AR too. The wait is part
+            # of this rank's AR, as the runtime records it.
             yield self.run.tied_groups[(self.dp_idx, self.tp_idx)].arrive("tied", 0.0)
         if self.overlap:
             if not self.ar_done.processed:
                 yield self.ar_done
-            self.acts.append((x, self.buckets[0][1] if self.buckets else env.now, env.now))
+            first = self.buckets[0][1] if self.buckets else env.now
+            self.acts.append((x, min(first, reached) if tied else first, env.now))
             return
         d = self.run.prog.duration_s[x]
         if d > 0:
             t0 = yield self.dp_group.arrive("ar", d, self.dp_start)
-            self.acts.append((x, t0, env.now))
+            self.acts.append((x, reached if tied else t0, env.now))
         else:
-            self.acts.append((x, env.now, env.now))
+            self.acts.append((x, reached if tied else env.now, env.now))
 
     def _compute(self, x: int, consumed: int) -> Generator:
         prog = self.run.prog
