@@ -10,7 +10,7 @@ What it does (about 3-5 minutes on an H200):
    M=4 micro-batches of 4 x 2048 tokens with merak_exec (pp=tp=dp=1, the schedule
    interpreter, per-action CUDA-event recording on) and with a plain loop of the same
    model and data; reports median step time, model TFLOP/s and MFU against the H200's
-   989 TFLOP/s bf16 dense peak (shared/reference/hardware.md). Model FLOPs per
+   989 TFLOP/s bf16 dense peak (NVIDIA H200 datasheet). Model FLOPs per
    iteration: 3 * tokens * (L * (24 h^2 + 4 s h) + 2 h V) (forward + backward, no
    recompute; Narayanan et al. 2021's count).
 Results go to ``benchmarks/results/h200_exec.json`` and, when ``$OUT`` is set, are
@@ -31,7 +31,7 @@ import time
 
 import torch
 
-PEAK_BF16_FLOPS = 989e12  # H200 SXM dense bf16 (shared/reference/hardware.md)
+PEAK_BF16_FLOPS = 989e12  # H200 SXM dense bf16 (NVIDIA H200 datasheet)
 
 
 def model_flops(tokens: int, L: int, h: int, s: int, V: int) -> float:

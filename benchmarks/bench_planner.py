@@ -4,7 +4,7 @@ markdown reports, never asserted in tests.
     .venv/bin/python benchmarks/bench_planner.py [--repeat 3] [--skip-175b]
         [--skip-quality] [--skip-reproduce]
 
-Speed (issue 6 targets, on this 2-core machine): a full search for GPT-8.3B on 64 GPUs
+Speed (targets, on a 2-core machine): a full search for GPT-8.3B on 64 GPUs
 (paper-3090, global batch 128) under 10 s; GPT-3 175B on 1024 GPUs (dgx-a100-80g x 128
 nodes, global batch 1536) under 60 s. Each run is a fresh Python process (cold caches,
 imports included in neither: the figure is the time inside ``search``), median of

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_sim.py [--repeat 5] [--skip-full]
 
-Cases (issue 4):
+Cases:
 - GPT-20B on 64 GPUs (paper-3090, dp 2, tp 4, pp 8, 64 micro-batches, shifted
   critical path): representative mode, target < 0.25 s per simulated iteration.
 - GPT-3 175B on 1024 GPUs (dgx-a100-80g x 128 nodes, tp 8, pp 16, dp 8, 128

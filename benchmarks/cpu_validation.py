@@ -1,4 +1,4 @@
-"""CPU validation suite: profile, run for real, simulate, compare (issue 7).
+"""CPU validation suite: profile, run for real, simulate, compare.
 
     .venv/bin/python benchmarks/cpu_validation.py [--out benchmarks/results] [--quick]
         [--steps 12] [--blocks 6] [--repeats 8] [--pairs 3] [--no-measure]
@@ -50,7 +50,7 @@ from merak_exec.profiling.cpu_suite import (
 )
 from merak_exec.profiling.measure import measure_cases
 from merak_sim.io import atomic_write_text
-from merak_sim.validation.compare import validate
+from merak_sim.validation.compare import compare_run
 from merak_sim.validation.history import append_history, pooled, read_history, spread
 from merak_sim.validation.pricing import ValidationError
 from merak_sim.validation.rundir import RunDirError
@@ -369,12 +369,12 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
         if not a.no_measure:
             atomic_write_text(record, json.dumps({"command": cmd.strip(), "seconds": secs,
                                                   "load": load, "date": when}))
-    reports = [validate(runs / c.name) for c in cases]
+    reports = [compare_run(runs / c.name) for c in cases]
     for r in reports:
         r.plot(runs / f"{r.name}.png")
     # The lower envelope: fastest samples on both sides (other work on this shared
     # machine can only lengthen a measurement), a secondary view of the same runs.
-    low = [validate(runs / c.name, statistic="min") for c in cases]
+    low = [compare_run(runs / c.name, statistic="min") for c in cases]
     pairs = repeat_pairs([c.name for c in cases], BASELINE, MERAK)
     distinct = [r for r in reports if "~" not in r.name]
     summary = summarize(distinct, pairs)

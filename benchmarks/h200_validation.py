@@ -1,4 +1,4 @@
-"""GPU validation on one H200 (issue 7, item 4): one prepared run, under 10 minutes.
+"""GPU validation on one H200: one prepared run, under 10 minutes.
 
     python benchmarks/h200_validation.py [--out traces/h200] [--budget-s 480] [--archive F]
     python benchmarks/h200_validation.py --smoke --out /tmp/h200-smoke   # CPU dry run
@@ -51,7 +51,7 @@ from pathlib import Path
 from merak_exec.profiling.cases import Case, small_gpt
 from merak_exec.profiling.measure import measure_cases
 from merak_sim.io import atomic_write_bytes, atomic_write_text
-from merak_sim.validation.compare import validate
+from merak_sim.validation.compare import compare_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                                  warmup_steps=2, repeats=5, warmup=2,
                                  timeout_s=max(60.0, a.budget_s - used))
             _layer_trace(mcfg, mbs, out / f"gpt-{name}.json", device, dtype)
-            rep = validate(d)
+            rep = compare_run(d)
             rep.plot(out / f"{name}.png")
         except Exception as e:  # noqa: BLE001 - one shape's failure must not lose the others
             first = (str(e).strip().splitlines() or [""])[-1]

@@ -33,7 +33,7 @@ from merak_exec.profiling.cases import MeasureError
 from merak_exec.profiling.cpu_suite import BASELINE, MERAK, SPEEDUP_GAP_POINTS, suite
 from merak_exec.profiling.measure import measure_cases
 from merak_sim.io import atomic_write_text
-from merak_sim.validation.compare import validate
+from merak_sim.validation.compare import compare_run
 from merak_sim.validation.history import append_history, read_history, spread
 from merak_sim.validation.suite import summarize
 
@@ -49,7 +49,7 @@ def measure_once(runs: Path, steps: int, blocks: int, repeats: int) -> dict:
     measure_cases(cases, runs, steps=steps, blocks=blocks, repeats=repeats,
                   timeout_s=900 * max(1.0, steps / 12, repeats / 9))
     secs = time.perf_counter() - t
-    reps = {c.name: validate(runs / c.name) for c in cases}
+    reps = {c.name: compare_run(runs / c.name) for c in cases}
     s = summarize(list(reps.values()), (BASELINE, MERAK))
     entry = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
              "seconds": round(secs, 1)}

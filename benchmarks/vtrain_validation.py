@@ -30,13 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _default_data() -> Path:
+    """The repository's copy of vTrain's data (data/vtrain, MIT), or $MERAK_VTRAIN_DIR."""
     env = os.environ.get("MERAK_VTRAIN_DIR")
-    if env:
-        return Path(env)
-    for cand in (ROOT / "shared" / "data" / "vtrain", ROOT.parent / "shared" / "data" / "vtrain"):
-        if cand.is_dir():
-            return cand
-    return ROOT.parent / "shared" / "data" / "vtrain"
+    return Path(env) if env else ROOT / "data" / "vtrain"
 
 
 def _mape(errs: list[float]) -> float:
@@ -111,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         "# vTrain validation: calibrate on single-node, predict multi-node",
         "",
         f"Command: `.venv/bin/python benchmarks/vtrain_validation.py` "
-        f"(data: shared/data/vtrain; {time.strftime('%Y-%m-%d')}).",
+        f"(data: data/vtrain; {time.strftime('%Y-%m-%d')}).",
         "Assumptions: vocab 51,200, fp16, 1F1B, full recompute, no DP overlap, cluster "
         "vtrain-a100 (8 A100 per node, vTrain's link figures), Megatron rank placement.",
         "",

@@ -242,6 +242,12 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, exit 2 for bad input, 1 for a lost peer."""
     import os
 
+    try:
+        import torch  # noqa: F401  (the backend's one hard dependency, checked first)
+    except ImportError:
+        click.echo("merak-exec: error: torch is not installed; install the backend with "
+                   "pip install 'merak[exec]'", err=True)
+        sys.exit(2)
     from merak_exec.mesh import ExecError
     from merak_exec.runtime import RankTimeoutError
 

@@ -13,8 +13,8 @@
   shards: everything before the first block of the model's longest ``nn.ModuleList``,
   one shard per block, everything after the last. A value needed k shards later (an
   attention mask, rotary tables, position ids) is threaded through the shards between,
-  so each cut carries the residual stream plus those few broadcast values (Merak,
-  shared/reference/merak.md, system item 1). Parameters shared by two shards (tied
+  so each cut carries the residual stream plus those few broadcast values (Merak's
+  automatic graph sharding, Lai et al., TPDS 2023). Parameters shared by two shards (tied
   embeddings) are listed as tied.
 """
 

@@ -13,7 +13,7 @@ so the full logits are never gathered.
 
 A per-family *mapping* names which modules become column- or row-parallel and which
 attributes hold per-rank head counts to divide by tp (Merak's "feature dict",
-shared/reference/merak.md, system item 2). Users pass their own mapping for other
+Lai et al., TPDS 2023). Users pass their own mapping for other
 models.
 
 Sub-pipelined TP (Merak T3) is implemented by :class:`SubPipelined`: a stage's

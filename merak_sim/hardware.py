@@ -1,4 +1,4 @@
-"""Hardware: GPUs, links and clusters, with presets from shared/reference/hardware.md.
+"""Hardware: GPUs, links and clusters, with presets from vendor spec sheets.
 
 Conventions
 -----------
@@ -242,7 +242,7 @@ def _build(cls: type, d: dict, what: str) -> Any:
 
 
 # ---------------------------------------------------------------------------- presets
-_HW = "shared/reference/hardware.md (vendor spec sheet, dense peak)"
+_HW = "vendor spec sheet (NVIDIA datasheet, dense peak)"
 
 GPU_PRESETS: dict[str, GPU] = {g.name: g for g in [
     GPU("V100-32GB", 32 * GB, 900 * GB, {"bf16": 125 * TFLOPS, "fp16": 125 * TFLOPS,
@@ -302,7 +302,7 @@ def _paper_3090(nodes: int) -> Cluster:
                    _ib("InfiniBand EDR", 1, 100, 0.8),
                    ("ASSUMPTION: Merak's 64-GPU cluster is taken as 16 nodes x 4 RTX 3090 "
                     "(PCIe 4.0 in a node, one 100 Gb/s InfiniBand adapter per node); the "
-                    "paper does not state it (shared/reference/merak.md)",))
+                    "paper does not state it",))
 
 
 def _dgx_a100(nodes: int, mem: int) -> Cluster:
@@ -313,13 +313,13 @@ def _dgx_a100(nodes: int, mem: int) -> Cluster:
 
 def _vtrain(nodes: int) -> Cluster:
     # vTrain's validation configs: intra_node_bandwidth 150 (GB/s effective NVLink),
-    # inter_node_bandwidth 800 (Gb/s per node = 4x HDR); shared/data/vtrain/README.md.
+    # inter_node_bandwidth 800 (Gb/s per node = 4x HDR); data/vtrain/README.md.
     return Cluster("vtrain-a100", GPU_PRESETS["A100-80GB"], nodes, 8,
                    Link("NVSwitch (vTrain effective)", 150 * GB, 5 * _us, 300 * GB,
                         "vTrain config intra_node_bandwidth = 150 GB/s (effective)"),
                    Link("4x InfiniBand HDR (vTrain)", 100 * GB, 5 * _us, 100 * GB,
                         "vTrain config inter_node_bandwidth = 800 Gb/s per node"),
-                   ("vTrain runs (shared/data/vtrain): A100 with 8 GPUs per node, link "
+                   ("vTrain runs (data/vtrain): A100 with 8 GPUs per node, link "
                     "figures from vTrain's validation config; 80 GB memory is an "
                     "assumption (the files do not say 40 or 80 GB)",))
 
@@ -345,8 +345,7 @@ def _local_cpu(nodes: int) -> Cluster:
     # gloo over loopback on this machine (hardware.md, measured): 4 MB send/recv ~1 ms
     # -> ~4 GB/s; ping-pong round trip 70-100 us -> ~40 us one way.
     loop = Link("gloo loopback", 4 * GB, 40 * _us, 4 * GB,
-                "measured on this machine: 4 MB send/recv ~1 ms, ping-pong 70-100 us "
-                "(shared/reference/hardware.md); noisy")
+                "measured on this machine: 4 MB send/recv ~1 ms, ping-pong 70-100 us; noisy")
     return Cluster("local-cpu", GPU_PRESETS["CPU-2core"], 1, 4, loop, loop,
                    ("this 2-core CPU machine running gloo processes (up to 4); compute "
                     "peak measured, noisy: prefer the shipped CPU trace",))

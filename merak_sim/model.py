@@ -305,9 +305,9 @@ def _gpt(name: str, L: int, h: int, a: int, s: int = 1024, V: int = 50257,
                      vocab=V, source=source, **kw)
 
 
-_MERAK = ("Merak (Lai et al., TPDS 2023) paper model; shape is an assumption from "
-          "shared/reference/merak.md (not stated in the paper)")
-_VTRAIN = ("vTrain ground truth (Bang et al., MICRO 2024; shared/data/vtrain); vocab "
+_MERAK = ("Merak (Lai et al., TPDS 2023) paper model; shape is an assumption "
+          "(not stated in the paper)")
+_VTRAIN = ("vTrain ground truth (Bang et al., MICRO 2024; data/vtrain); vocab "
            "51200 (Megatron's padded GPT-2 BPE) is an assumption")
 
 #: Presets by name. Each carries its source and, in ``extra['published_params']``, the

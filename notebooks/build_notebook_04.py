@@ -37,7 +37,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import merak_sim
-from merak_sim.validation.compare import validate
+from merak_sim.validation.compare import compare_run
 from merak_sim.validation.history import pooled, read_history, spread
 from merak_sim.validation.suite import repeat_pairs, summarize
 pd.set_option("display.width", 160)
@@ -61,7 +61,7 @@ the model's or the profile's. *Repeats* (`~1`, `~2`) of the same configuration s
 the measurement's own noise."""),
     new_code_cell("""\
 names = sorted(p.name for p in RUNS.iterdir() if (p / "run.json").exists()) if RUNS.is_dir() else []
-everything = [validate(RUNS / n) for n in names]
+everything = [compare_run(RUNS / n) for n in names]
 suite = [r for r in everything if "~" not in r.name]  # "~i": repeats for the speed-up
 table = pd.DataFrame([r.summary() for r in suite])
 if suite:
@@ -201,7 +201,7 @@ cases = [Case("pp2-1f1b-full", dict(base, schedule="1f1b", recompute="full"), ti
          Case("pp2-scp-stage-aware", dict(base, schedule="shifted-critical-path",
                                           recompute="stage-aware"), tiny)]
 dirs = measure_cases(cases, OUT, steps=3, warmup_steps=1, repeats=3, warmup=1)
-live = [validate(d) for d in dirs]
+live = [compare_run(d) for d in dirs]
 live_table = pd.DataFrame([r.summary() for r in live])
 display(live_table[["run", "measured_ms", "predicted_ms", "error", "replay_error",
                     "action_median_abs_error", "activation_max_abs_error"]].round(3))

@@ -2,20 +2,14 @@
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from merak_exec.launch import free_port
 from merak_sim.config import ParallelConfig
 from merak_sim.dispatch import write_launch
 from merak_sim.plan import Plan
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_dispatched_plan_trains_on_two_cpu_processes(tmp_path):
@@ -28,7 +22,7 @@ def test_dispatched_plan_trains_on_two_cpu_processes(tmp_path):
                                 dtype="fp32"),
     )
     files = write_launch(plan, "torchrun", nodes=1, gpus_per_node=2, out_dir=tmp_path,
-                         master_port=_free_port())
+                         master_port=free_port())
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo",
                MERAK_TIMEOUT_S="60",
                PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])

@@ -1,4 +1,4 @@
-"""Unit-cost makespans of shared/reference/merak.md and classic bubble fractions."""
+"""Unit-cost makespans of Merak's schedule analysis (Lai et al., TPDS 2023) and classic bubble fractions."""
 
 import pytest
 

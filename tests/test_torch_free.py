@@ -101,3 +101,28 @@ def test_simulator_imports_and_runs_without_torch():
     assert cli["simulate"]["rc"] == 0, cli["simulate"]
     summary = json.loads(cli["simulate"]["stdout"])
     assert summary["iteration_time_s"] > 0 and summary["fits_in_memory"] in (True, False)
+
+
+EXEC_SCRIPT = textwrap.dedent('''
+    import importlib.abc, sys
+
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "transformers"):
+                raise ImportError(f"{name} is blocked (simulator-only install)")
+            return None
+
+    sys.meta_path.insert(0, Refuse())
+    from merak_exec.__main__ import main
+    main(["--help"])
+''')
+
+
+def test_merak_exec_without_torch_says_so_in_one_line():
+    """Without the ``exec`` extra, ``merak-exec`` exits 2 with one line naming it."""
+    p = subprocess.run([sys.executable, "-c", EXEC_SCRIPT], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert lines == ["merak-exec: error: torch is not installed; install the backend with "
+                     "pip install 'merak[exec]'"], p.stderr

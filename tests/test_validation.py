@@ -1,4 +1,4 @@
-"""Validation loop (issue 7): run directories, pricing from a stage profile, the
+"""Validation loop: run directories, pricing from a stage profile, the
 measured-timeline conventions, memory and parameter predictions, the CLI.
 
 A synthetic "measurement" made from a simulation, with the runtime's habit of starting
@@ -16,7 +16,7 @@ import pytest
 
 from merak_sim.cli import main as cli_main
 from merak_sim.config import ParallelConfig
-from merak_sim.validation.compare import validate
+from merak_sim.validation.compare import compare_run
 from merak_sim.validation.measured import cpu_shares, measured_breakdown
 from merak_sim.validation.memory import gpt_param_bytes
 from merak_sim.validation.pricing import cost_table_from_profile, effective_config, simulate_run
@@ -98,7 +98,7 @@ def _synthetic_dir(tmp_path, config: dict, profile: dict, name="run"):
 def test_simulated_measurement_validates_with_zero_error(tmp_path, schedule, recompute):
     d, sim = _synthetic_dir(tmp_path, _cfg(schedule=schedule, recompute=recompute),
                             _profile(2, 1.0 if recompute != "none" else 0.0))
-    rep = validate(d)
+    rep = compare_run(d)
     assert rep.measured_iteration_s == pytest.approx(sim.iteration_time_s, rel=1e-9)
     assert abs(rep.iteration_error) < 1e-9
     kinds = set(rep.actions["kind"])
@@ -130,7 +130,7 @@ def test_mispredicted_action_shows_in_the_table(tmp_path):
     run = read_run(d)
     slow = replace(run, profile={**run.profile, "stages": [
         dict(run.profile["stages"][0], forward_s=0.02), run.profile["stages"][1]]})
-    rep = validate(slow)
+    rep = compare_run(slow)
     f0 = rep.actions[(rep.actions["stage"] == 0) & (rep.actions["kind"] == "FORWARD")]
     assert (f0["error"] > 0.5).all()  # predicted 20 ms where 10 ms were "measured"
     b1 = rep.actions[(rep.actions["stage"] == 1) & (rep.actions["kind"] == "BACKWARD")]
@@ -266,14 +266,14 @@ def test_post_overhead_lengthens_the_iteration_but_not_the_actions(tmp_path):
     run = read_run(d)
     slow = replace(run, profile={**run.profile, "machine": {**run.profile["machine"],
                                                             "p2p_post_s": 1e-3}})
-    rep = validate(slow)
+    rep = compare_run(slow)
     assert rep.predicted_iteration_s > sim0.iteration_time_s + 2e-3
     assert max(rep.action_abs_errors) < 1e-9  # the posts are not the actions' time
     extra = rep.sim.meta["post_extra_s"]
     assert extra[(0, "B0")] == pytest.approx(2e-3)  # sA1/rG0 posted right before B0
     # in the per-rank breakdown the posts are not compute (a measured action starts
     # after its posts): the same compute as without them, the posts in the bubble
-    base = validate(run).ranks
+    base = compare_run(run).ranks
     assert list(rep.ranks["predicted_compute_s"]) == pytest.approx(
         list(base["predicted_compute_s"]), rel=1e-9)
     assert all(rep.ranks["predicted_bubble_s"] > base["predicted_bubble_s"] + 2e-3)
@@ -285,7 +285,7 @@ def test_contention_model_uses_alone_times_where_a_stage_runs_alone(tmp_path):
     stages = [dict(s, **{k[:-2] + "_solo_s": 0.5 * s[k] for k in (
         "forward_s", "backward_s", "backward_ckpt_s", "forward_nograd_s", "reforward_s",
         "backward_input_s", "backward_weight_s")}) for s in run.profile["stages"]]
-    fast = validate(replace(run, profile={**run.profile, "stages": stages}))
+    fast = compare_run(replace(run, profile={**run.profile, "stages": stages}))
     assert fast.predicted_iteration_s < sim0.iteration_time_s
     ev = fast.sim.events()
     f0 = ev[(ev["stage"] == 0) & (ev["action"] == "F0")].iloc[0]
@@ -308,7 +308,7 @@ def test_backwards_after_a_ranks_first_are_priced_accumulating(tmp_path, schedul
     delta = {"backward_accum_delta_s": 0.004, "backward_ckpt_accum_delta_s": 0.005,
              "backward_weight_accum_delta_s": 0.006}
     stages = [dict(st, **delta) for st in run.profile["stages"]]
-    acc = validate(replace(run, profile={**run.profile, "stages": stages}))
+    acc = compare_run(replace(run, profile={**run.profile, "stages": stages}))
     ev0, ev = sim0.events(), acc.sim.events()
     for stage in (0, 1):
         key = ("backward_weight_accum_delta_s" if kind == "BACKWARD_WEIGHT" else
@@ -325,7 +325,7 @@ def test_backwards_after_a_ranks_first_are_priced_accumulating(tmp_path, schedul
     assert acc.predicted_iteration_s > sim0.iteration_time_s
     assert acc.summary()["backward_pricing"] == "paired-delta"
     # profiles without the accumulation figures (older run directories) price as before
-    old = validate(run)
+    old = compare_run(run)
     assert old.predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
     assert old.summary()["backward_pricing"] == "fresh"
 
@@ -343,14 +343,14 @@ def test_min_statistic_uses_the_fastest_samples(tmp_path, capsys):
     run = read_run(d)
     stages = [dict(s, forward_min_s=0.5 * s["forward_s"]) for s in run.profile["stages"]]
     fast = replace(run, profile={**run.profile, "stages": stages})
-    low = validate(fast, statistic="min")
+    low = compare_run(fast, statistic="min")
     assert low.summary()["statistic"] == "min"
     assert low.predicted_iteration_s < sim0.iteration_time_s
     f = low.actions[low.actions["kind"] == "FORWARD"]
     assert (f["predicted_s"] < f["measured_s"]).all()
-    assert validate(fast).predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
+    assert compare_run(fast).predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
     with pytest.raises(ValueError, match="statistic"):
-        validate(fast, statistic="mode")
+        compare_run(fast, statistic="mode")
     assert cli_main(["validate", "--run", str(d), "--statistic", "min", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["summary"]["statistic"] == "min"
 
@@ -360,7 +360,7 @@ def test_receive_posted_against_a_pending_send_of_a_computing_peer_costs_the_blo
     d, sim0 = _synthetic_dir(tmp_path, _cfg(), _profile(2))
     run = read_run(d)
     machine = {**run.profile["machine"], "p2p_post_s": 1e-4, "p2p_post_blocked_s": 5e-3}
-    rep = validate(replace(run, profile={**run.profile, "machine": machine}))
+    rep = compare_run(replace(run, profile={**run.profile, "machine": machine}))
     extra = rep.sim.meta["post_extra_s"]
     # 1F1B, stage 1 after B0 posts sG0 / rA1: stage 0 posted sA1 after F1 and starts
     # B0 as soon as sG0 lands, so the receive meets a pending send of a computing peer
@@ -370,7 +370,7 @@ def test_receive_posted_against_a_pending_send_of_a_computing_peer_costs_the_blo
     assert rep.predicted_iteration_s > sim0.iteration_time_s + 5e-3
     assert max(rep.action_abs_errors) < 1e-9  # post costs are not the actions' time
     # without the blocked figure every post costs the plain figure
-    plain = validate(replace(run, profile={**run.profile, "machine": {
+    plain = compare_run(replace(run, profile={**run.profile, "machine": {
         **run.profile["machine"], "p2p_post_s": 1e-4}}))
     assert plain.sim.meta["post_extra_s"][(1, "F1")] == pytest.approx(2e-4)
 
@@ -379,15 +379,15 @@ def test_mean_statistic_prices_from_the_profile_means(tmp_path):
     d, sim0 = _synthetic_dir(tmp_path, _cfg(), _profile(2))
     run = read_run(d)
     # without mean figures the stored medians stand
-    assert validate(run).predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
+    assert compare_run(run).predicted_iteration_s == pytest.approx(sim0.iteration_time_s)
     stages = [dict(s, forward_mean_s=1.5 * s["forward_s"]) for s in run.profile["stages"]]
     skewed = replace(run, profile={**run.profile, "stages": stages})
-    rep = validate(skewed)
+    rep = compare_run(skewed)
     assert rep.statistic == "mean"
     assert rep.predicted_iteration_s > sim0.iteration_time_s
     f = rep.actions[rep.actions["kind"] == "FORWARD"]
     assert (f["predicted_s"] / f["measured_s"]).round(6).eq(1.5).all()
-    assert validate(skewed, statistic="median").predicted_iteration_s == pytest.approx(
+    assert compare_run(skewed, statistic="median").predicted_iteration_s == pytest.approx(
         sim0.iteration_time_s)
 
 
@@ -419,13 +419,13 @@ def test_classify_posts_splits_receives_met_by_a_pending_send_of_a_computing_pee
 def test_each_block_is_priced_from_the_profiler_steps_bracketing_it(tmp_path):
     d, sim0 = _synthetic_dir(tmp_path, _cfg(), _profile(2))
     run = read_run(d)
-    assert run.step_block == () and validate(run).blocks.empty  # older run directories
+    assert run.step_block == () and compare_run(run).blocks.empty  # older run directories
     base = run.profile["stages"]
     slow = [{k: 2 * v for k, v in st.items() if k.endswith("_s")} for st in base]
     fast = [{k: v for k, v in st.items() if k.endswith("_s")} for st in base]
     # block 0 between a fast and a slow profiler step, block 1 between two slow ones
     prof = {**run.profile, "samples": [{"stages": fast}, {"stages": slow}, {"stages": slow}]}
-    rep = validate(replace(run, profile=prof, step_block=(0, 1)))
+    rep = compare_run(replace(run, profile=prof, step_block=(0, 1)))
     b = rep.blocks.set_index("block")
     assert list(b.index) == [0, 1] and list(b["steps"]) == [1, 1]
     assert b.loc[0, "measured_s"] == pytest.approx(sim0.iteration_time_s)
@@ -447,8 +447,8 @@ def test_each_block_is_priced_from_the_profiler_steps_bracketing_it(tmp_path):
 def test_cpu_share_compares_a_ranks_cpu_time_with_its_busy_time(tmp_path):
     d, sim = _synthetic_dir(tmp_path, _cfg(), _profile(2))
     run = read_run(d)
-    assert run.cpu_s == () and validate(run).cpu.empty  # older run directories
-    rep = validate(run)
+    assert run.cpu_s == () and compare_run(run).cpu.empty  # older run directories
+    rep = compare_run(run)
     assert rep.summary()["cpu_share_min"] != rep.summary()["cpu_share_min"]  # NaN
     assert "cpu_share_min" not in summarize([rep])
     busy = {r.rank: r.compute_s + r.recompute_s for r in sim.ranks}
@@ -458,7 +458,7 @@ def test_cpu_share_compares_a_ranks_cpu_time_with_its_busy_time(tmp_path):
     (d / "run.json").write_text(json.dumps({**body, "cpu_s": [list(c) for c in cpu]}))
     run = read_run(d)
     assert run.cpu_s == cpu
-    rep = validate(run)
+    rep = compare_run(run)
     sh = rep.cpu.set_index(["step", "rank"])["share"]
     assert sh[(0, 0)] == pytest.approx(1.0) and sh[(1, 0)] == pytest.approx(1.0)
     assert sh[(0, 1)] == pytest.approx(1.0) and sh[(1, 1)] == pytest.approx(0.8)

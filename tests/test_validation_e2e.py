@@ -14,7 +14,7 @@ from merak_exec.profiling.cases import Case, MeasureError, small_gpt
 from merak_exec.profiling.measure import measure_cases
 from merak_sim.cli import main as cli_main
 from merak_sim.schedule.ir import iter_actions
-from merak_sim.validation.compare import validate
+from merak_sim.validation.compare import compare_run
 from merak_sim.validation.suite import summarize
 
 TINY = small_gpt(layers=4, hidden=32, heads=4, vocab=64, seq=16)
@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
 
 
 def test_measured_runs_validate(runs, tmp_path):
-    reps = [validate(d) for d in runs]
+    reps = [compare_run(d) for d in runs]
     for rep in reps:
         run = read_run(rep.run.path)
         assert run.steps == [0, 1] and len(run.wall_s) == 2

@@ -27,7 +27,7 @@ each), every rank:
    averaged (the fastest sample kept for ``*_min_s``), so a drift of the machine's
    load affects profile and run alike, and each is kept as well, with the block each
    timed iteration ran in, so every block can be validated against the two profiles
-   bracketing it (:func:`merak_sim.validation.block_errors`); and the cases take
+   bracketing it (:func:`merak_sim.validation.compare.block_errors`); and the cases take
    turns block by block (round-robin), so it affects every case alike too (the
    speed-up of one case over another is measured side by side);
 4. **measures memory** in one more, untimed iteration: the live bytes of tensors

@@ -62,7 +62,7 @@ class _Bench:
         self.fastest: dict = {}
         # Main-thread CPU seconds against wall seconds of every sample timed with all
         # ranks busy: near 1 the rank kept its core while profiled, as the run's CPU
-        # share (:func:`merak_sim.validation.cpu_shares`) tells for the run.
+        # share (:func:`merak_sim.validation.measured.cpu_shares`) tells for the run.
         self.busy = {"wall": 0.0, "cpu": 0.0}
         self.world = dist.get_world_size()
         # Alone: one rank times while the others wait at a barrier (what a pipeline

@@ -14,7 +14,7 @@ def schedule_comparison(pp: int = 4, microbatches: int = 8) -> list[dict]:
     """Unit-cost makespans of the Merak schedule family against 1F1B (f=1, b=2, r=1).
 
     Returns one row per variant with its makespan and speed-up over 1F1B with full
-    recomputation, as in the toy check of shared/reference/merak.md.
+    recomputation, as in the toy analysis of Merak's schedules (Lai et al., TPDS 2023).
     """
     c = list(stage_aware_fractions(pp, 0.75))
     if pp >= 3:

@@ -35,9 +35,9 @@ def command(run_dir: str, profile: str | None, gantt: str | None, report_path: s
             statistic: str, as_json: bool) -> None:
     """Compare a measured run with its simulation (iteration, actions, memory)."""
     from merak_sim.io import atomic_write_text
-    from merak_sim.validation.compare import validate
+    from merak_sim.validation.compare import compare_run
 
-    rep = validate(run_dir, profile, statistic=statistic)
+    rep = compare_run(run_dir, profile, statistic=statistic)
     if gantt:
         rep.plot(gantt)
     md = rep.to_markdown()

@@ -1,7 +1,7 @@
 """Achieved-efficiency curves: what fraction of peak a kernel of a given shape reaches.
 
-The curve is a frozen set of named parameters (:class:`Efficiency`) so a fit (the
-simulator issue fits it to the vTrain A100 single-node runs) can set them and a table
+The curve is a frozen set of named parameters (:class:`Efficiency`) so a fit
+(:mod:`merak_sim.experiments.vtrain` fits it to the vTrain A100 single-node runs) can set them and a table
 can print them. Shapes enter through three factors:
 
     gemm_efficiency(m, n, k) = gemm_max * g(m) * g(n) * g(k) * W / (W + gemm_flops_half)

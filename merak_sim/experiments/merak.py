@@ -1,6 +1,6 @@
 """Reproduction of Merak's headline speed-ups (Lai et al., TPDS 2023).
 
-Claim (shared/reference/merak.md): on 64 GPUs Merak trains GPT models of 1.5B, 2.5B,
+Claim (Lai et al., TPDS 2023): on 64 GPUs Merak trains GPT models of 1.5B, 2.5B,
 8.3B and 20B parameters up to 1.42x, 1.39x, 1.43x and 1.61x faster than Megatron-LM and
 DeepSpeed. Recipe, per model, each system at *its own* best configuration found by the
 planner within the system's restricted search space
@@ -29,14 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from merak_sim.config import ParallelConfig
+from merak_sim.hardware import get_cluster
 from merak_sim.io import atomic_write_bytes, atomic_write_text
+from merak_sim.model import get_model
+from merak_sim.planner import SYSTEMS, search
+from merak_sim.schedule import SCHEDULES
+from merak_sim.sim import simulate
 
 __all__ = ["PAPER_SPEEDUPS", "PAPER_MODELS", "SYSTEM_ORDER", "ABLATION_ORDER",
            "SystemRun", "ModelReproduction", "Reproduction", "reproduce_merak",
            "assumptions", "explain", "hand_configs", "plot_reproduction",
            "DEFAULT_GLOBAL_BATCH"]
 
-#: Merak's published speed-ups per model (shared/reference/merak.md, "Headline claim").
+#: Merak's published speed-ups per model (Lai et al., TPDS 2023, headline claim).
 PAPER_SPEEDUPS: dict[str, float] = {"gpt-1.5b": 1.42, "gpt-2.5b": 1.39, "gpt-8.3b": 1.43,
                                     "gpt-20b": 1.61}
 PAPER_MODELS: tuple[str, ...] = tuple(PAPER_SPEEDUPS)
@@ -171,9 +176,6 @@ def describe(cfg: ParallelConfig) -> str:
 def assumptions(cluster: str = "paper-3090", global_batch_size: int = DEFAULT_GLOBAL_BATCH,
                 models: tuple[str, ...] = PAPER_MODELS) -> tuple[str, ...]:
     """Every assumption the reproduction rests on (printed with the results)."""
-    from merak_sim.hardware import get_cluster
-    from merak_sim.model import get_model
-
     c = get_cluster(cluster)
     out = [
         f"cluster {c.name}: {c.nodes} nodes x {c.gpus_per_node} {c.gpu.name} "
@@ -209,7 +211,6 @@ def reproduce_merak(models: tuple[str, ...] = PAPER_MODELS, cluster: str = "pape
                     global_batch_size: int = DEFAULT_GLOBAL_BATCH, top_k: int = 2,
                     progress: bool = False, log=None) -> Reproduction:
     """Run the reproduction (module docstring). ``log`` receives progress lines."""
-    from merak_sim.planner import SYSTEMS, search
 
     t0 = time.perf_counter()
     out = []
@@ -305,7 +306,6 @@ def explain(m: ModelReproduction) -> str:
 
 def _without_recompute(model: str, cluster: str, cfg: ParallelConfig) -> float | None:
     """SimPy time of ``cfg`` with recompute off, or None if it does not fit."""
-    from merak_sim.sim import simulate
 
     d = cfg.to_dict()
     d.update(recompute="none", recompute_fractions=None)
@@ -318,13 +318,13 @@ def hand_configs(model: str, global_batch_size: int = DEFAULT_GLOBAL_BATCH
     """Hand-written configurations per system for the paper models on 64 GPUs (the kind
     a user would try: tp within the 4-GPU node, pp to fit, micro-batch 1-4), used by
     notebook 02 and the planner-quality check (the planner must match or beat them)."""
-    from merak_sim.planner import SYSTEMS
 
     shapes = {"gpt-1.5b": [(16, 1, 4), (8, 1, 8), (4, 1, 16)],
               "gpt-2.5b": [(8, 2, 4), (4, 4, 4), (8, 1, 8)],
               "gpt-8.3b": [(2, 4, 8), (4, 2, 8), (1, 4, 16)],
               "gpt-20b": [(1, 4, 16), (2, 4, 8), (1, 2, 32)]}[model]
     out: dict[str, list[ParallelConfig]] = {}
+    merak_floor = SCHEDULES[SYSTEMS["merak"].schedules[0]].min_microbatches
     for sys_key in SYSTEM_ORDER:
         sp = SYSTEMS[sys_key]
         cfgs = []
@@ -333,7 +333,7 @@ def hand_configs(model: str, global_batch_size: int = DEFAULT_GLOBAL_BATCH
                 if global_batch_size % (dp * mbs):
                     continue
                 M = global_batch_size // (dp * mbs)
-                if M < max(pp, 4):
+                if M < merak_floor(pp):  # every system runs the shapes Merak's can
                     continue
                 ov = sp.tp_overlap[0] if (tp > 1 and mbs % 2 == 0) else "none"
                 rc = sp.recompute[0]

@@ -1,6 +1,6 @@
 """Unit-cost replay: makespan and idle time of a schedule under toy costs.
 
-Costs follow shared/reference/merak.md: forward ``f``, backward ``b`` (split into
+Costs follow Merak's schedule analysis (Lai et al., TPDS 2023): forward ``f``, backward ``b`` (split into
 ``b - w`` for I and ``w`` for W in zero-bubble schedules), re-forward ``r`` (default
 ``f``). A backward whose forward was checkpointed also pays the recompute of the
 checkpointed fraction ``c_s`` of the stage: ``b + c_s * r``, unless an explicit R

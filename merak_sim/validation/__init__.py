@@ -11,7 +11,7 @@ Modules:
 - :mod:`~merak_sim.validation.measured`: the measured side's conventions (effective
   starts, exposed communication, CPU shares);
 - :mod:`~merak_sim.validation.memory`: memory and parameter bytes per stage;
-- :mod:`~merak_sim.validation.compare`: :func:`~merak_sim.validation.compare.validate`,
+- :mod:`~merak_sim.validation.compare`: :func:`~merak_sim.validation.compare.compare_run`,
   one run's comparison;
 - :mod:`~merak_sim.validation.report`: its
   :class:`~merak_sim.validation.report.AccuracyReport` (markdown, JSON);

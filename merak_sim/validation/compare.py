@@ -1,6 +1,6 @@
 """Prediction versus measurement: simulate a measured run's configuration and compare.
 
-:func:`validate` takes a measured run (:mod:`merak_sim.validation.rundir`) and the
+:func:`compare_run` takes a measured run (:mod:`merak_sim.validation.rundir`) and the
 stage profile measured on the same machine, simulates the same configuration with the
 exact evaluator (:mod:`merak_sim.validation.pricing`: every figure a measured
 parameter of the machine, none fitted to the run being validated), and reports
@@ -38,7 +38,7 @@ from merak_sim.validation.profile import combine_profiles
 from merak_sim.validation.report import COMPUTE_KINDS, AccuracyReport, relative_error
 from merak_sim.validation.rundir import MeasuredRun, read_run
 
-__all__ = ["validate", "block_errors"]
+__all__ = ["compare_run", "block_errors"]
 
 
 def block_errors(run: MeasuredRun, makespans: dict[int, float],
@@ -126,7 +126,7 @@ def _rank_table(per_step: list, sim) -> pd.DataFrame:
     return pd.DataFrame(rk)
 
 
-def validate(run: MeasuredRun | str | Path, profile: str | Path | None = None,
+def compare_run(run: MeasuredRun | str | Path, profile: str | Path | None = None,
              statistic: str = "mean") -> AccuracyReport:
     """Compare a measured run with its simulation (module docstring). ``statistic``:
     "mean" (the report's figures: the profile's mean action times against the median

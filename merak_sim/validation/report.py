@@ -1,7 +1,7 @@
 """The accuracy report of one validated run: headline figures, markdown and JSON.
 
 :class:`AccuracyReport` holds a run's prediction against its measurement (built by
-:func:`merak_sim.validation.compare.validate`): the iteration time, the per-action,
+:func:`merak_sim.validation.compare.compare_run`): the iteration time, the per-action,
 per-rank and per-stage memory tables, the per-block errors and the CPU shares.
 """
 
@@ -46,7 +46,7 @@ def _finite(x):
 @dataclass(frozen=True)
 class AccuracyReport:
     """Prediction versus measurement of one run
-    (:func:`merak_sim.validation.compare.validate`).
+    (:func:`merak_sim.validation.compare.compare_run`).
 
     Attributes:
         name: run name (directory name).
