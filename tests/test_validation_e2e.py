@@ -15,6 +15,7 @@ from merak_exec.profiling.measure import measure_cases
 from merak_sim.cli import main as cli_main
 from merak_sim.schedule.ir import iter_actions
 from merak_sim.validation.compare import compare_run
+from merak_sim.validation.rundir import read_run
 from merak_sim.validation.suite import summarize
 
 TINY = small_gpt(layers=4, hidden=32, heads=4, vocab=64, seq=16)
