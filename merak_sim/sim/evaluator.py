@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from merak_sim.schedule.execute import execute
 from merak_sim.schedule.ir import Kind, ScheduleError
 
+from .buckets import chunk_buckets, overlapped_share
 from .program import OP_AR, OP_POST, Compiled
 
 __all__ = ["DependencyGraph", "Evaluation", "plan", "evaluate", "ar_buckets"]
@@ -140,20 +141,12 @@ def ar_buckets(
     zero: int,
 ) -> list[tuple[int, float, float]]:
     """(chunk, ready time, duration) of each gradient bucket of ``rank`` when the
-    data-parallel reduction overlaps the last backwards.
-
-    Each chunk's gradients are split into ``buckets`` equal buckets that become ready
-    evenly through that chunk's last backward (layers finish one after another, as in
-    PyTorch DDP and Megatron's bucketed overlap). Under ZeRO-1 only the reduce-scatter
-    half overlaps; the all-gather half runs after the optimizer step.
-    """
+    data-parallel reduction overlaps the last backwards (:mod:`merak_sim.sim.buckets`)."""
     out = []
-    share = 0.5 if zero == 1 else 1.0
     for (chunk, ar_s), aid in zip(prog.ar_chunks[rank], prog.last_backward[rank], strict=False):
-        s, e = start[aid], end[aid]
-        d = e - s
-        for j in range(buckets):
-            out.append((chunk, s + d * (j + 1) / buckets, ar_s * share / buckets))
+        s = start[aid]
+        out += [(chunk, ready, d)
+                for ready, d in chunk_buckets(s, end[aid] - s, ar_s, buckets, zero)]
     return out
 
 
@@ -198,7 +191,7 @@ def _finish_ranks(prog: Compiled, pl: DependencyGraph, start: list[float], end: 
             clock += dur[opt]
             end[opt] = clock
             if ar >= 0 and overlap_dp and zero == 1 and rb:
-                ag = dur[ar] * 0.5
+                ag = dur[ar] * (1 - overlapped_share(zero))
                 rb.append((-1, clock, clock + ag))
                 clock += ag
         all_buckets.append(tuple(rb))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from merak_sim.layout import RankLayout
 from merak_sim.schedule.ir import Kind
 
+from .buckets import chunk_buckets, overlapped_share
 from .entities import HBM, Fabric, SyncGroup, Topology
 from .program import OP_AR, OP_POST, Compiled
 from .routes import LinkRoutes
@@ -243,7 +244,8 @@ class GPU:
             yield from self._alone(x, d, on_fabric)
         if kind is Kind.OPTIMIZER and self.overlap and self.run.opts.zero == 1:
             # ZeRO-1: the all-gather half of the reduction runs after the step.
-            t0 = yield self.dp_group.arrive("ag", self.ar_total * 0.5, self.dp_start)
+            t0 = yield self.dp_group.arrive("ag", self.ar_total * (1 - overlapped_share(1)),
+                                           self.dp_start)
             self.buckets.append((-1, t0, self.env.now))
 
     def _lockstep(self, x: int, d: float, on_fabric: bool) -> Generator:
@@ -299,11 +301,9 @@ class GPU:
         """Queue the gradient buckets of chunk ``x``'s last backward, ready evenly
         through it, and wake the collective stream."""
         ch = self.run.prog.actions[x].chunk
-        nb = self.run.opts.buckets
-        share = 0.5 if self.run.opts.zero == 1 else 1.0
-        for j in range(nb):
-            self.bucket_queue.append((ch, t0 + d * (j + 1) / nb,
-                                      self.chunk_ar[ch] * share / nb))
+        opts = self.run.opts
+        self.bucket_queue += [(ch, ready, dd) for ready, dd in
+                              chunk_buckets(t0, d, self.chunk_ar[ch], opts.buckets, opts.zero)]
         ev, self.bucket_wake = self.bucket_wake, self.env.event()
         ev.succeed()
 
