@@ -77,10 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         *[f"| {d} | {r} | {n} |" for (d, r), n in sorted(reasons.items())],
         "",
     ]
-    text = "\n".join(doc)
+    rows = ["## Every skipped row", "", "| dataset | row | reason |", "|---|---|---|",
+            *[f"| {s.dataset} | {s.label.replace('|', '/')} | {s.reason} |" for s in skipped],
+            ""]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, text)
-    print(text)
+    atomic_write_text(args.out, "\n".join(doc + rows))
+    print("\n".join(doc))
     return 0
 
 
