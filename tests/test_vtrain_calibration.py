@@ -57,14 +57,34 @@ def test_fit_never_worsens_the_loss(files):
     meas = [r.time_ms / 1e3 for r in rows]
     from merak_sim.costs.efficiency import Efficiency
 
-    def loss(e, lk):
-        return sum(abs(math.log(predict_row(r, e, link=lk) / m))
+    def loss(e):
+        return sum(abs(math.log(predict_row(r, e) / m))
                    for r, m in zip(rows, meas, strict=True)) / len(rows)
 
-    e0 = Efficiency()
-    eff, link, best = fit(rows, e0, rounds=1, params=("gemm_max", "intra_latency_s"))
-    assert best == pytest.approx(loss(eff, link))
-    assert best <= loss(e0, None) + 1e-12
+    e0 = Efficiency(gemm_max=0.8)
+    eff, best = fit(rows, e0, rounds=1, params=("gemm_max", "kernel_overhead_s"))
+    assert best == pytest.approx(loss(eff))
+    assert best <= loss(e0) + 1e-12
+
+
+def test_fit_stays_inside_the_physical_bounds(files):
+    from merak_sim.costs.efficiency import Efficiency
+    from merak_sim.experiments.vtrain import BOUNDS
+
+    assert BOUNDS["gemm_max"][1] == 0.80
+    eff, _ = fit(load_vtrain(files[0]), Efficiency(gemm_max=0.95), rounds=1,
+                 params=("gemm_max",))
+    assert eff.gemm_max <= 0.80
+
+
+def test_prepared_row_predicts_as_predict_row(files):
+    from merak_sim.costs.efficiency import Efficiency
+    from merak_sim.experiments.vtrain import PreparedRow
+
+    e = Efficiency(gemm_max=0.75, kernel_overhead_s=8e-6)
+    for r in load_vtrain(files[0]) + load_vtrain(files[1]):
+        for mode in ("full", "scatter-gather"):
+            assert PreparedRow.of(r).predict(e, mode) == predict_row(r, e, pipeline_send=mode)
 
 
 def test_calibrated_model_marks_a100_tables():
@@ -82,9 +102,8 @@ def test_calibrated_constants_match_the_recorded_fit():
     import json
     from pathlib import Path
 
-    from merak_sim.costs.calibrated import CALIBRATED, CALIBRATED_LINKS
+    from merak_sim.costs.calibrated import CALIBRATED
 
     rec = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results"
                       / "vtrain_calibration.json").read_text())
     assert CALIBRATED["A100"] == pytest.approx(rec["parameters"])
-    assert CALIBRATED_LINKS["vtrain-a100"] == pytest.approx(rec["intra_link"])

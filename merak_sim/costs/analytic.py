@@ -29,9 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.comm import (
+    PIPELINE_SENDS,
     CostModelError,
     collective_time,
     group_ranks,
+    pipeline_send_time,
     stage_placement,
 )
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
@@ -92,12 +94,16 @@ class AnalyticCostModel:
         collectives: how the cost table prices a collective, with
             :func:`~merak_sim.costs.comm.collective_time`'s signature; None: that
             alpha-beta model (TraceCostModel passes measured timings).
+        pipeline_send: how activations cross a pipeline boundary, "full" or
+            "scatter-gather" (:func:`~merak_sim.costs.comm.pipeline_send_time`;
+            scatter-gather applies without sequence parallelism only).
     """
 
     def __init__(self, efficiency: Efficiency | None = None,
                  profile: ActivationProfile | None = None,
                  partition_method: str = "uniform",
-                 collectives: CollectiveTime | None = None) -> None:
+                 collectives: CollectiveTime | None = None,
+                 pipeline_send: str = "full") -> None:
         if partition_method not in ("uniform", "time", "parameters"):
             raise CostModelError(f"unknown partition method {partition_method!r}; choose "
                                  "uniform, parameters or time")
@@ -105,11 +111,15 @@ class AnalyticCostModel:
         self.profile = profile
         self.partition_method = partition_method
         self._comm = collectives or collective_time
+        if pipeline_send not in PIPELINE_SENDS:
+            raise CostModelError(f"unknown pipeline send {pipeline_send!r}; choose one of: "
+                                 f"{', '.join(PIPELINE_SENDS)}")
+        self.pipeline_send = pipeline_send
 
     def with_collectives(self, collectives: CollectiveTime) -> AnalyticCostModel:
         """The same model with collectives priced by ``collectives``."""
         return AnalyticCostModel(self.efficiency, self.profile, self.partition_method,
-                                 collectives)
+                                 collectives, self.pipeline_send)
 
     # -- helpers shared with TraceCostModel
     def efficiency_for(self, cluster: Cluster) -> Efficiency:
@@ -359,9 +369,9 @@ class AnalyticCostModel:
             send = 0.0
         else:
             nxt = (g + 1) % config.pp
-            a = group_ranks("tp", config, pp_rank)[0]
-            b = group_ranks("tp", config, nxt)[0]
-            send = self._comm("p2p", p2p, (a, b), cluster) if a != b else 0.0
+            mode = "full" if sp else self.pipeline_send
+            send = pipeline_send_time(mode, p2p, group_ranks("tp", config, pp_rank),
+                                      group_ranks("tp", config, nxt), cluster, self._comm)
         grad_ar = 0.0
         if dp > 1:
             ranks = group_ranks("dp", config, pp_rank)

@@ -1,14 +1,15 @@
 """The default cost model: the analytic model with efficiency parameters fitted to
-measured runs.
+measured runs, and measured collectives where the cluster has them.
 
 :data:`CALIBRATED` holds the efficiency parameters the vTrain fit produced
 (:mod:`merak_sim.experiments.vtrain`: A100 Megatron GPT runs of vTrain, Bang et al.,
 MICRO 2024), copied here from benchmarks/results/vtrain_calibration.json by hand so a
-reviewer sees them change; :data:`CALIBRATED_LINKS` the intra-node link the same fit
-moved, applied only to the ``vtrain-a100`` cluster it was fitted on (single-node runs
-exercise NVLink only; the inter-node network keeps vTrain's stated 800 Gb/s per node).
-:class:`CalibratedCostModel` serves them to :func:`merak_sim.sim.simulate` and the
-planner for A100 clusters and the published defaults elsewhere.
+reviewer sees them change. On clusters with a measured NCCL table
+(:data:`merak_sim.costs.nccl.NCCL_TABLES`: the A100 presets) the intra-node collectives
+come from that table and pipeline sends are Megatron-LM's scatter-gather, as in the runs
+the fit was made on. :class:`CalibratedCostModel` serves them to
+:func:`merak_sim.sim.simulate` and the planner for A100 clusters and the published
+defaults elsewhere (other GPUs keep the alpha-beta links and full pipeline sends).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import TYPE_CHECKING
 
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.base import CostTable
+from merak_sim.costs.comm import measured_collectives
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
+from merak_sim.costs.nccl import nccl_table_for
 from merak_sim.hardware import Cluster
 
 if TYPE_CHECKING:
@@ -26,40 +29,25 @@ if TYPE_CHECKING:
     from merak_sim.model import ModelSpec
     from merak_sim.partition import PartitionLike
 
-__all__ = ["CALIBRATED", "CALIBRATED_LINKS", "CalibratedCostModel", "calibrated_cost_model",
-           "with_intra_link"]
+__all__ = ["CALIBRATED", "CalibratedCostModel", "calibrated_cost_model"]
 
 #: Fitted efficiency parameters per GPU family, from ``benchmarks/vtrain_validation.py``
-#: (12 rounds, 2026-11-30; single-node MAPE 9.82 %, multi-node
-#: 10.32 % without refitting). gemm_max, attn_factor and
-#: mem_bw_eff sit at their physical bounds: the small single-node models are dominated
-#: by per-kernel and latency costs, which the fit raises (~15 us per kernel) while it
-#: lowers the per-FLOP costs to the ceiling.
+#: (8 rounds from the previous fit clipped into the physical bounds, 2026-12-01;
+#: single-node MAPE 12.26 %, multi-node 6.78 % without refitting,
+#: mean signed error -4.51 %). gemm_max, attn_factor and mem_bw_eff sit at
+#: their physical bounds (:data:`merak_sim.experiments.vtrain.BOUNDS`: GEMM ceiling 0.80):
+#: the small single-node models are dominated by per-kernel and latency costs, which
+#: the fit raises (~14 us per kernel) while it lowers the per-FLOP costs to the ceiling.
 CALIBRATED: dict[str, dict[str, float]] = {
     "A100": {
-        "gemm_max": 0.9,
-        "gemm_dim_half": 96.0,
-        "gemm_flops_half": 9454349056.189854,
+        "gemm_max": 0.8,
+        "gemm_dim_half": 60.65552505784278,
+        "gemm_flops_half": 10095259117.508377,
         "attn_factor": 1.0,
-        "mem_bw_eff": 0.95,
-        "kernel_overhead_s": 1.4940205915954343e-05,
+        "mem_bw_eff": 0.92,
+        "kernel_overhead_s": 1.399170839070519e-05,
     },
 }
-#: Fitted intra-node link of the ``vtrain-a100`` cluster preset (same fit): NVLink per
-#: GPU per direction and per-step latency. Applied only to that cluster.
-CALIBRATED_LINKS: dict[str, dict[str, float]] = {
-    "vtrain-a100": {"intra_bandwidth_Bps": 300000000000.0,
-                    "intra_latency_s": 1.5248283810916136e-05},
-}
-
-
-def with_intra_link(cluster: Cluster, link: dict[str, float]) -> Cluster:
-    """``cluster`` with its intra-node link's ``intra_bandwidth_Bps`` /
-    ``intra_latency_s`` replaced where ``link`` names them."""
-    intra = replace(cluster.intra,
-                    bandwidth_Bps=link.get("intra_bandwidth_Bps", cluster.intra.bandwidth_Bps),
-                    latency_s=link.get("intra_latency_s", cluster.intra.latency_s))
-    return replace(cluster, intra=intra)
 
 
 class CalibratedCostModel:
@@ -67,25 +55,26 @@ class CalibratedCostModel:
     have a fit, and the published defaults elsewhere."""
 
     def __init__(self) -> None:
-        self._by_gpu: dict[str, AnalyticCostModel] = {}
+        self._by_gpu: dict[tuple[str, str], AnalyticCostModel] = {}
 
     def _model(self, cluster: Cluster) -> AnalyticCostModel:
         name = cluster.gpu.name
-        m = self._by_gpu.get(name)
+        m = self._by_gpu.get((name, cluster.name))
         if m is None:
             key = "A100" if name.startswith("A100") else name
             eff = (Efficiency(**{**default_efficiency(name).to_dict(), **CALIBRATED[key]})
                    if key in CALIBRATED else None)
-            m = self._by_gpu[name] = AnalyticCostModel(efficiency=eff)
+            table = nccl_table_for(cluster.name)
+            m = (AnalyticCostModel(efficiency=eff) if table is None else
+                 AnalyticCostModel(efficiency=eff, collectives=measured_collectives(table),
+                                   pipeline_send="scatter-gather"))
+            self._by_gpu[(name, cluster.name)] = m
         return m
 
     def cost_table(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
                    partition: PartitionLike | None = None) -> CostTable:
         """Cost table from the analytic model with the calibrated efficiency (and the
-        calibrated intra-node link for the cluster the fit was made on)."""
-        link = CALIBRATED_LINKS.get(cluster.name)
-        if link:
-            cluster = with_intra_link(cluster, link)
+        measured collectives where the cluster has them)."""
         t = self._model(cluster).cost_table(model, cluster, config, partition)
         if cluster.gpu.name.startswith("A100") and "A100" in CALIBRATED:
             t = replace(t, notes=t.notes + (

@@ -10,20 +10,35 @@ getting 1/gpus_per_node of its node's network bandwidth (every data-parallel gro
 communicates at once in training). Ranks are placed by :class:`merak_sim.layout.RankLayout`
 (Megatron's order: tp fastest, then dp, then pp), so TP groups stay in a node when
 tp <= gpus_per_node.
+
+Measured collectives (``intra_table``, :func:`measured_collectives`): where a cluster has
+a measured NCCL table (:mod:`merak_sim.costs.nccl`), every collective inside one node,
+and the intra-node halves of the hierarchical algorithm, take the measured time of that
+group size and message size instead of one bandwidth and latency for every group.
+
+Pipeline sends (:func:`pipeline_send_time`): "full" sends the whole activation from each
+GPU of a stage's TP group to its peer; "scatter-gather" (Megatron-LM's default without
+sequence parallelism) sends 1/tp of it per GPU and rebuilds it with an all-gather over
+the receiving TP group (NVLink when the group is in a node).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections.abc import Callable
+from functools import lru_cache, partial
 from typing import Any
 
+from merak_sim.costs.nccl import NcclTable
 from merak_sim.hardware import Cluster
 from merak_sim.layout import RankLayout
 
-__all__ = ["COLLECTIVES", "CostModelError", "clear_caches", "collective_time", "group_ranks",
+__all__ = ["COLLECTIVES", "PIPELINE_SENDS", "CostModelError", "clear_caches", "collective_time",
+           "group_ranks", "group_shape", "measured_collectives", "pipeline_send_time",
            "stage_placement"]
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "p2p")
+#: How activations cross a pipeline boundary (module docstring).
+PIPELINE_SENDS = ("full", "scatter-gather")
 
 
 class CostModelError(ValueError):
@@ -49,8 +64,10 @@ def _ring(kind: str, nbytes: float, p: int, bw: float, lat: float) -> float:
     return (p - 1) * lat + (p - 1) / p * nbytes / bw
 
 
-def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Cluster) -> float:
-    """Alpha-beta time of a collective among global ``ranks`` on ``cluster`` (module
+def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Cluster,
+                    intra_table: NcclTable | None = None) -> float:
+    """Time of a collective among global ``ranks`` on ``cluster``: alpha-beta, with the
+    intra-node parts measured where ``intra_table`` covers the group (module
     docstring)."""
     if kind not in COLLECTIVES:
         raise CostModelError(f"unknown collective {kind!r}; choose one of: "
@@ -66,10 +83,36 @@ def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: C
         if cluster.same_node(a, b):
             return cluster.intra.time(nbytes)
         return cluster.inter.latency_s + nbytes / cluster.inter_bandwidth_per_gpu_Bps
-    return _collective_cached(kind, float(nbytes), _shape(ranks, cluster), cluster)
+    return _collective_cached(kind, float(nbytes), group_shape(ranks, cluster), cluster,
+                              intra_table)
 
 
-def _shape(ranks: tuple[int, ...], cluster: Cluster) -> tuple[int, int]:
+def measured_collectives(table: NcclTable) -> Callable[..., float]:
+    """:func:`collective_time` with ``table`` pricing the intra-node parts (the
+    ``collectives`` argument of :class:`~merak_sim.costs.analytic.AnalyticCostModel`)."""
+    return partial(collective_time, intra_table=table)
+
+
+def pipeline_send_time(mode: str, nbytes: float, src_tp: tuple[int, ...],
+                       dst_tp: tuple[int, ...], cluster: Cluster,
+                       comm: Callable[..., float] = collective_time) -> float:
+    """Seconds to move one stage's activation of ``nbytes`` from TP group ``src_tp`` to
+    TP group ``dst_tp`` (module docstring; ``comm`` prices the pieces)."""
+    if mode not in PIPELINE_SENDS:
+        raise CostModelError(f"unknown pipeline send {mode!r}; choose one of: "
+                             f"{', '.join(PIPELINE_SENDS)}")
+    a, b = src_tp[0], dst_tp[0]
+    if a == b:
+        return 0.0
+    tp = len(dst_tp)
+    if mode == "full" or tp == 1:
+        return comm("p2p", nbytes, (a, b), cluster)
+    return comm("p2p", nbytes / tp, (a, b), cluster) + comm("all-gather", nbytes, dst_tp,
+                                                            cluster)
+
+
+def group_shape(ranks: tuple[int, ...], cluster: Cluster) -> tuple[int, int]:
+    """(nodes the group spans, most of its GPUs in one node)."""
     per_node: dict[int, int] = {}
     for r in ranks:
         n = cluster.node_of(r)
@@ -77,14 +120,21 @@ def _shape(ranks: tuple[int, ...], cluster: Cluster) -> tuple[int, int]:
     return len(per_node), max(per_node.values())
 
 
+def _intra(kind: str, nbytes: float, p: int, cluster: Cluster,
+           table: NcclTable | None) -> float:
+    if table is not None and table.covers(p):
+        return table.time(kind, nbytes, p)
+    return _ring(kind, nbytes, p, cluster.intra.bandwidth_Bps, cluster.intra.latency_s)
+
+
 @lru_cache(maxsize=65536)
 def _collective_cached(kind: str, nbytes: float, shape: tuple[int, int],
-                       cluster: Cluster) -> float:
+                       cluster: Cluster, table: NcclTable | None) -> float:
     n_nodes, local = shape
     intra, inter = cluster.intra, cluster.inter
     p = n_nodes * local
     if n_nodes == 1:
-        return _ring(kind, nbytes, local, intra.bandwidth_Bps, intra.latency_s)
+        return _intra(kind, nbytes, local, cluster, table)
     bw_g = cluster.inter_bandwidth_per_gpu_Bps
     # Flat ring over all p ranks: the node-crossing edges are the bottleneck; NCCL's
     # parallel rings let the group's l GPUs per node use l shares of the network.
@@ -93,9 +143,9 @@ def _collective_cached(kind: str, nbytes: float, shape: tuple[int, int],
     half = "reduce-scatter" if kind in ("all-reduce", "reduce-scatter") else "all-gather"
     hier = _ring(kind, nbytes / local, n_nodes, bw_g, inter.latency_s)
     if kind == "all-reduce":
-        hier += 2 * _ring(half, nbytes, local, intra.bandwidth_Bps, intra.latency_s)
+        hier += 2 * _intra(half, nbytes, local, cluster, table)
     else:
-        hier += _ring(half, nbytes, local, intra.bandwidth_Bps, intra.latency_s)
+        hier += _intra(half, nbytes, local, cluster, table)
     return min(flat, hier)
 
 
@@ -106,8 +156,8 @@ def stage_placement(cluster: Cluster, dp: int, tp: int, pp: int, pp_rank: int,
     and whether its send to the next stage stays in a node."""
     layout = RankLayout(dp, tp, pp)
     base = layout.rank(pp_rank)
-    tp_shape = _shape(layout.group("tp", base), cluster)
-    dp_shape = _shape(layout.group("dp", base), cluster)
+    tp_shape = group_shape(layout.group("tp", base), cluster)
+    dp_shape = group_shape(layout.group("dp", base), cluster)
     if last:
         send = None
     else:

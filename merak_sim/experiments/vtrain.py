@@ -14,13 +14,21 @@ data): GPT with the row's layers, hidden size, heads and sequence length, vocabu
 vTrain's link figures); 1F1B, full recomputation, no overlap of the data-parallel
 all-reduce.
 
-The fit minimises the mean absolute log error (a symmetric relative error) with a
-derivative-free coordinate search in log space (scipy is not a dependency): each
-round tries multiplying every parameter by ``step`` and ``1 / step``, keeps
-improvements, and halves the step (in log) when nothing improves. Besides the
-efficiency curve the fit moves the intra-node link's bandwidth and latency
-(single-node runs exercise NVLink only); the inter-node network keeps vTrain's stated
-800 Gb/s per node.
+Communication as the runs had it: collectives inside a node priced from vTrain's
+measured NCCL all-reduce tables (:data:`merak_sim.costs.nccl.A100_NVSWITCH`: bus
+bandwidth per group size and message size), the inter-node network at vTrain's stated
+800 Gb/s per node shared by the node's GPUs, and pipeline sends as Megatron-LM sends them
+by default (scatter-gather: 1/tp of the activation per GPU, then an NVLink all-gather;
+``pipeline_send="full"`` for the whole activation).
+
+The fit (:func:`fit`) moves only the efficiency curve: the single-node rows' links are
+measured (the NCCL tables), not fitted. Bounds come from physics, fixed before looking
+at any result (:data:`BOUNDS`). It minimises the mean absolute log error (a symmetric
+relative error) with a derivative-free coordinate search in log space (scipy is not a
+dependency): each round tries multiplying every parameter by ``step`` and ``1 / step``,
+keeps improvements, and halves the step (in log) when nothing improves. Each row's
+schedule is built once (:class:`PreparedRow`), so one loss evaluation costs a cost table
+and an evaluator pass per row.
 """
 
 from __future__ import annotations
@@ -33,30 +41,38 @@ from pathlib import Path
 
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
-from merak_sim.costs.calibrated import with_intra_link
+from merak_sim.costs.comm import measured_collectives
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.costs.nccl import A100_NVSWITCH
 from merak_sim.hardware import Cluster, get_cluster
 from merak_sim.model import ModelSpec
+from merak_sim.schedule.ir import Schedule
 from merak_sim.sim.api import simulate
+from merak_sim.sim.evaluator import evaluate
+from merak_sim.sim.program import compile_program
 
-__all__ = ["FIT_PARAMS", "LINK_PARAMS", "VTrainRow", "load_vtrain", "row_setup",
-           "predict_row", "fit"]
+__all__ = ["BOUNDS", "FIT_PARAMS", "MEGATRON_PIPELINE_SEND", "PreparedRow", "VTrainRow",
+           "fit", "load_vtrain", "predict_row", "row_setup", "vtrain_cost_model"]
 
 #: Efficiency parameters the fit may move (the others keep their published defaults).
 FIT_PARAMS = ("gemm_max", "gemm_dim_half", "gemm_flops_half", "attn_factor", "mem_bw_eff",
               "kernel_overhead_s")
-#: Intra-node link parameters the fit may move (single-node runs exercise only NVLink;
-#: the inter-node network keeps vTrain's stated figure).
-LINK_PARAMS = ("intra_bandwidth_Bps", "intra_latency_s")
+#: Megatron-LM's pipeline send without sequence parallelism (the vTrain runs' framework).
+MEGATRON_PIPELINE_SEND = "scatter-gather"
 
-# Physical limits fixed before looking at any result: no GEMM reaches more than 90 % of
-# the A100's tensor peak, attention GEMMs are no faster than the others, memory-bound
-# kernels stay below 95 % of HBM bandwidth, NVLink3 carries at most 300 GB/s per
-# direction.
-_BOUNDS = {"gemm_max": (0.3, 0.9), "attn_factor": (0.1, 1.0), "mem_bw_eff": (0.2, 0.95),
-           "gemm_dim_half": (1.0, 1024.0), "gemm_flops_half": (1e6, 1e11),
-           "kernel_overhead_s": (0.0, 1e-3), "intra_bandwidth_Bps": (10e9, 300e9),
-           "intra_latency_s": (1e-7, 1e-3)}
+#: Physical limits of the fitted parameters, fixed before looking at any result:
+#: - gemm_max <= 0.80: cuBLAS fp16 GEMMs of 4k-8k sizes on A100 reach about 250 of
+#:   312 TFLOP/s (NVIDIA's "Matrix Multiplication Background" guide); >= 0.3.
+#: - attn_factor <= 1: attention GEMMs (head dim 64-128) are no faster than the others.
+#: - mem_bw_eff <= 0.92: STREAM-like copies reach about 90 % of A100 HBM bandwidth.
+#: - kernel_overhead_s in [1, 30] us: a CUDA launch costs a few microseconds; eager
+#:   PyTorch's per-op dispatch (10-20 us) shows when kernels are small.
+#: - gemm_dim_half / gemm_flops_half: tile (a few to 256) and wave quantisation (up to
+#:   a full-device wave of 108 SMs x 256^3-tile GEMMs, ~1e11 FLOPs).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "gemm_max": (0.3, 0.80), "attn_factor": (0.1, 1.0), "mem_bw_eff": (0.2, 0.92),
+    "gemm_dim_half": (1.0, 256.0), "gemm_flops_half": (1e6, 1e11),
+    "kernel_overhead_s": (1e-6, 3e-5)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,86 +110,107 @@ def load_vtrain(path: str | Path) -> list[VTrainRow]:
     return rows
 
 
-def row_setup(row: VTrainRow, link: dict[str, float] | None = None
-              ) -> tuple[ModelSpec, Cluster, ParallelConfig]:
-    """(ModelSpec, Cluster, ParallelConfig) of a vTrain row (module docstring); ``link``
-    overrides the intra-node link's ``intra_bandwidth_Bps`` / ``intra_latency_s``."""
+def row_setup(row: VTrainRow) -> tuple[ModelSpec, Cluster, ParallelConfig]:
+    """(ModelSpec, Cluster, ParallelConfig) of a vTrain row (module docstring)."""
     model = ModelSpec(name=f"vtrain-h{row.hidden}-L{row.layers}", family="gpt",
                       layers=row.layers, hidden=row.hidden, heads=row.heads,
                       seq_len=row.seq_len, vocab=51200, dtype="fp16",
                       source="vTrain ground truth row (vocab 51200 assumed)")
     nodes = max(1, math.ceil(row.gpus / 8))
     cluster = get_cluster("vtrain-a100", nodes=nodes)
-    if link:
-        cluster = with_intra_link(cluster, link)
     cfg = ParallelConfig(dp=row.dp, tp=row.tp, pp=row.pp, micro_batch_size=row.micro_batch,
                          global_batch_size=row.global_batch, schedule="1f1b",
                          recompute="full", dtype="fp16")
     return model, cluster, cfg
 
 
+def vtrain_cost_model(efficiency: Efficiency | None = None,
+                      pipeline_send: str = MEGATRON_PIPELINE_SEND) -> AnalyticCostModel:
+    """The analytic model as the vTrain rows are priced (module docstring)."""
+    return AnalyticCostModel(efficiency=efficiency,
+                             collectives=measured_collectives(A100_NVSWITCH),
+                             pipeline_send=pipeline_send)
+
+
 def predict_row(row: VTrainRow, efficiency: Efficiency | None = None, *,
                 engine: str = "evaluator", contention: bool | None = None,
-                link: dict[str, float] | None = None) -> float:
-    """Predicted iteration time (seconds) of a vTrain row with the given efficiency
-    (and intra-node link parameters)."""
-    model, cluster, cfg = row_setup(row, link)
-    res = simulate(model, cluster, cfg, cost_model=AnalyticCostModel(efficiency=efficiency),
+                pipeline_send: str = MEGATRON_PIPELINE_SEND) -> float:
+    """Predicted iteration time (seconds) of a vTrain row with the given efficiency."""
+    model, cluster, cfg = row_setup(row)
+    res = simulate(model, cluster, cfg, cost_model=vtrain_cost_model(efficiency, pipeline_send),
                    engine=engine, contention=contention if engine == "simpy" else None,
                    sub_cluster=True, keep_trace=False)
     return res.iteration_time_s
+
+
+@dataclass(frozen=True)
+class PreparedRow:
+    """A row with its configuration and schedule built once, for repeated pricing
+    (the fit): :meth:`predict` equals :func:`predict_row` with the evaluator."""
+
+    row: VTrainRow
+    model: ModelSpec
+    cluster: Cluster
+    config: ParallelConfig
+    schedule: Schedule
+    recompute: tuple[float, ...]
+
+    @classmethod
+    def of(cls, row: VTrainRow) -> PreparedRow:
+        """Prepare ``row``."""
+        model, cluster, cfg = row_setup(row)
+        sched = cfg.build_schedule()
+        return cls(row, model, cluster, cfg, sched, cfg.recompute_per_stage(sched))
+
+    def predict(self, efficiency: Efficiency | None = None,
+                pipeline_send: str = MEGATRON_PIPELINE_SEND) -> float:
+        """Predicted iteration time (seconds), as :func:`predict_row`."""
+        table = vtrain_cost_model(efficiency, pipeline_send).cost_table(
+            self.model, self.cluster, self.config)
+        return evaluate(compile_program(self.schedule, table, self.recompute)).makespan
 
 
 def _loss(pred: Sequence[float], meas: Sequence[float]) -> float:
     return sum(abs(math.log(p / m)) for p, m in zip(pred, meas, strict=True)) / len(meas)
 
 
-def _param(eff: Efficiency, link: dict[str, float], name: str) -> float:
-    return link[name] if name in LINK_PARAMS else getattr(eff, name)
-
-
 def fit(rows: Sequence[VTrainRow], start: Efficiency | None = None, *, rounds: int = 12,
-        step: float = 1.5, params: Sequence[str] = FIT_PARAMS + LINK_PARAMS,
-        link: dict[str, float] | None = None,
-        log: Callable[[str], None] | None = None
-        ) -> tuple[Efficiency, dict[str, float], float]:
-    """Fit efficiency and intra-node link parameters to ``rows`` (module docstring);
-    returns (Efficiency, link parameters, mean absolute log error)."""
+        step: float = 1.5, params: Sequence[str] = FIT_PARAMS,
+        log: Callable[[str], None] | None = None) -> tuple[Efficiency, float]:
+    """Fit efficiency parameters to ``rows`` within :data:`BOUNDS` (module docstring);
+    returns (Efficiency, mean absolute log error)."""
     eff = start or Efficiency()
-    if link is None:
-        intra = get_cluster("vtrain-a100", nodes=1).intra
-        link = {"intra_bandwidth_Bps": intra.bandwidth_Bps,
-                "intra_latency_s": max(intra.latency_s, 1e-6)}
-    link = dict(link)
+    eff = eff.with_(**{k: min(max(getattr(eff, k), BOUNDS[k][0]), BOUNDS[k][1])
+                       for k in params})
+    prepared = [PreparedRow.of(r) for r in rows]
     meas = [r.time_ms / 1e3 for r in rows]
 
-    def loss_of(e: Efficiency, lk: dict[str, float]) -> float:
-        return _loss([predict_row(r, e, link=lk) for r in rows], meas)
+    def loss_of(e: Efficiency) -> float:
+        return _loss([p.predict(e) for p in prepared], meas)
 
-    best = loss_of(eff, link)
+    best = loss_of(eff)
     if log:
-        log(f"start loss {best:.4f} {eff.to_dict()} {link}")
+        log(f"start loss {best:.4f} {eff.to_dict()}")
     s = step
     for rnd in range(rounds):
         improved = False
         for name in params:
             for mult in (s, 1.0 / s):
-                old = _param(eff, link, name)
-                lo, hi = _BOUNDS[name]
+                old = getattr(eff, name)
+                lo, hi = BOUNDS[name]
                 v = min(max(old * mult, lo), hi)
                 if v == old:
                     continue
                 try:
-                    cand_e = eff if name in LINK_PARAMS else eff.with_(**{name: v})
+                    cand = eff.with_(**{name: v})
                 except ValueError:
                     continue
-                cand_l = {**link, name: v} if name in LINK_PARAMS else link
-                c_loss = loss_of(cand_e, cand_l)
+                c_loss = loss_of(cand)
                 if c_loss < best:
-                    eff, link, best, improved = cand_e, cand_l, c_loss, True
+                    eff, best, improved = cand, c_loss, True
                     break
         if log:
-            log(f"round {rnd}: step x{s:.3f} loss {best:.4f} {eff.to_dict()} {link}")
+            log(f"round {rnd}: step x{s:.3f} loss {best:.4f} {eff.to_dict()}")
         if not improved:
             s = math.sqrt(s)
-    return eff, link, best
+    return eff, best
