@@ -16,12 +16,17 @@ explicit list of split points overrides it.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from merak_exec.hooks import HookHandle, RuntimeHooks, register
 from merak_exec.mesh import ExecError
@@ -140,10 +145,15 @@ class StageModule(nn.Module):
     ``recompute_layers`` of the layers (counted from the first heavy one) run under
     activation checkpointing in a normal forward (Merak T2's per-stage fraction);
     a re-forward R runs them all plainly because it exists to rebuild activations.
+    With ``selective_recompute`` every other heavy layer run with a graph keeps all
+    its activations but the attention core's (Korthikanti et al. 2022, "selective
+    activation recomputation"): its scaled-dot-product-attention is recomputed in
+    the backward from the saved q, k, v (torch's selective checkpoint policy).
 
     Attributes:
         heavy: per layer, whether it counts for balancing and checkpointing (a block).
         recompute_layers: how many heavy layers a normal forward checkpoints.
+        selective_recompute: recompute the attention core of the other heavy layers.
         hooks: registered :class:`~merak_exec.hooks.RuntimeHooks` (see
             :meth:`add_hooks`).
     """
@@ -158,6 +168,8 @@ class StageModule(nn.Module):
         self.loss_fn = loss_fn
         self.heavy = list(heavy)
         self.recompute_layers = 0
+        self.selective_recompute = False
+        self._attention_ops = 0  # attention cores met under selective recompute
         self.subpipe = None  # a tensor_parallel.SubPipelined when Merak T3 is on
         self.hooks: list[RuntimeHooks] = []
 
@@ -202,10 +214,29 @@ class StageModule(nn.Module):
                 for h in self.hooks:
                     h.on_checkpoint_inputs(xs)
                 y = checkpoint(layer, *xs, use_reentrant=False)
+            elif heavy and self.selective_recompute and torch.is_grad_enabled():
+                for h in self.hooks:
+                    h.on_checkpoint_inputs(xs)
+                seen = self._attention_ops
+                y = checkpoint(layer, *xs, use_reentrant=False,
+                               context_fn=functools.partial(
+                                   create_selective_checkpoint_contexts, self._policy))
+                if self._attention_ops == seen:
+                    raise ExecError("selective recompute recomputes the attention core "
+                                    "(scaled_dot_product_attention), but a block of stage "
+                                    f"{self.index} calls none; use recompute full")
             else:
                 y = layer(*xs)
             xs = y if isinstance(y, tuple) else (y,)
         return xs
+
+    def _policy(self, ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        """Recompute the attention core, keep every other result."""
+        if "scaled_dot_product" in str(op):
+            if ctx.is_recompute is False:
+                self._attention_ops += 1
+            return CheckpointPolicy.MUST_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE
 
 
 def build_stage(chain: LayerChain, ranges: list[range], model_stage: int,
