@@ -16,22 +16,20 @@ explicit list of split points overrides it.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    checkpoint,
-    create_selective_checkpoint_contexts,
-)
+from torch.overrides import TorchFunctionMode
+from torch.utils.checkpoint import checkpoint
 
 from merak_exec.hooks import HookHandle, RuntimeHooks, register
 from merak_exec.mesh import ExecError
 
-__all__ = ["LayerChain", "StageModule", "uniform_split", "split_from_points", "build_stage"]
+__all__ = ["LayerChain", "StageModule", "uniform_split", "split_from_points", "build_stage",
+           "AttentionRecompute"]
 
 
 @dataclass
@@ -147,8 +145,8 @@ class StageModule(nn.Module):
     a re-forward R runs them all plainly because it exists to rebuild activations.
     With ``selective_recompute`` every other heavy layer run with a graph keeps all
     its activations but the attention core's (Korthikanti et al. 2022, "selective
-    activation recomputation"): its scaled-dot-product-attention is recomputed in
-    the backward from the saved q, k, v (torch's selective checkpoint policy).
+    activation recomputation"): each scaled-dot-product-attention call runs under
+    activation checkpointing, so the backward recomputes it from the kept q, k, v.
 
     Attributes:
         heavy: per layer, whether it counts for balancing and checkpointing (a block).
@@ -169,7 +167,6 @@ class StageModule(nn.Module):
         self.heavy = list(heavy)
         self.recompute_layers = 0
         self.selective_recompute = False
-        self._attention_ops = 0  # attention cores met under selective recompute
         self.subpipe = None  # a tensor_parallel.SubPipelined when Merak T3 is on
         self.hooks: list[RuntimeHooks] = []
 
@@ -215,13 +212,9 @@ class StageModule(nn.Module):
                     h.on_checkpoint_inputs(xs)
                 y = checkpoint(layer, *xs, use_reentrant=False)
             elif heavy and self.selective_recompute and torch.is_grad_enabled():
-                for h in self.hooks:
-                    h.on_checkpoint_inputs(xs)
-                seen = self._attention_ops
-                y = checkpoint(layer, *xs, use_reentrant=False,
-                               context_fn=functools.partial(
-                                   create_selective_checkpoint_contexts, self._policy))
-                if self._attention_ops == seen:
+                with AttentionRecompute() as core:
+                    y = layer(*xs)
+                if not core.calls:
                     raise ExecError("selective recompute recomputes the attention core "
                                     "(scaled_dot_product_attention), but a block of stage "
                                     f"{self.index} calls none; use recompute full")
@@ -230,13 +223,26 @@ class StageModule(nn.Module):
             xs = y if isinstance(y, tuple) else (y,)
         return xs
 
-    def _policy(self, ctx, op, *args, **kwargs) -> CheckpointPolicy:
-        """Recompute the attention core, keep every other result."""
-        if "scaled_dot_product" in str(op):
-            if ctx.is_recompute is False:
-                self._attention_ops += 1
-            return CheckpointPolicy.MUST_RECOMPUTE
-        return CheckpointPolicy.MUST_SAVE
+
+class AttentionRecompute(TorchFunctionMode):
+    """Within this mode every ``scaled_dot_product_attention`` call that builds a graph
+    runs under non-reentrant activation checkpointing: its output is not kept and
+    the backward recomputes it (RNG restored, so attention dropout matches).
+
+    Attributes:
+        calls: attention cores met.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and torch.is_grad_enabled():
+            self.calls += 1
+            return checkpoint(func, *args, use_reentrant=False, **kwargs)
+        return func(*args, **kwargs)
 
 
 def build_stage(chain: LayerChain, ranges: list[range], model_stage: int,
