@@ -177,6 +177,29 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """This rank's shard of the optimizer state (the wrapped optimizer's form)."""
         return self.inner.state_dict()
 
+    def state_by_name(self, named_params) -> dict[str, torch.Tensor]:
+        """This rank's state tensors keyed ``"<name>[a:b].<key>"``: ``name`` from
+        ``named_params`` ((name, full parameter) pairs), ``[a:b]`` the piece's flat
+        element range in that parameter. The keys differ between dp ranks, so a
+        checkpoint holds every shard once; loading copies into these same tensors."""
+        names = {id(p): n for n, p in named_params}
+        out = {}
+        for (piece, p_off, _, n), p in zip(self.segments, self._owners(), strict=True):
+            for sk, sv in self.state.get(piece, {}).items():
+                if isinstance(sv, torch.Tensor):
+                    out[f"{names[id(p)]}[{p_off}:{p_off + n}].{sk}"] = sv
+        return out
+
+    def _owners(self) -> list[nn.Parameter]:
+        """The full parameter each piece of :attr:`segments` belongs to."""
+        start = self.dp_rank * self.shard_numel
+        out, off = [], 0
+        for p in self.params:
+            if off < start + self.shard_numel and off + p.numel() > start:
+                out.append(p)
+            off += p.numel()
+        return out
+
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a shard saved by :meth:`state_dict` on the same dp rank and layout."""
         self.inner.load_state_dict(state_dict)

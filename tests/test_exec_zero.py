@@ -88,3 +88,19 @@ def test_zero1_optimizer_memory_is_one_over_dp(tmp_path):
               f"unsharded = {ratio:.4f} (1/dp = {1 / world:.4f})")
         assert m["is_zero"]
         assert abs(ratio * world - 1) <= 0.05
+
+
+def test_zero1_state_names_cover_every_shard_once():
+    """dp=1 group-free shard: the named state covers each parameter's whole range."""
+    from merak_exec.zero import ZeroOptimizer
+
+    lin = torch.nn.Linear(3, 2)
+    named = list(lin.named_parameters())
+    opt = ZeroOptimizer(torch.optim.AdamW(lin.parameters()), None, 1, 0)
+    lin(torch.randn(4, 3)).sum().backward()
+    before = lin.weight.detach().clone()
+    opt.step()
+    assert not torch.equal(before, lin.weight)
+    keys = sorted(opt.state_by_name(named))
+    assert keys == sorted(f"{n}[0:{p.numel()}].{k}" for n, p in named
+                          for k in ("exp_avg", "exp_avg_sq", "step"))
