@@ -120,43 +120,30 @@ def _seq_reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
-class _GatherFromSeq(torch.autograd.Function):
-    """All-gather along the sequence forward; reduce-scatter of the gradient backward."""
+def _seq_function(name: str, fwd, bwd, doc: str) -> type:
+    """An autograd Function applying ``fwd(x, group)`` forward and ``bwd(g, group)`` to
+    the gradient backward (the sequence-parallel collectives come in such pairs)."""
 
-    @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        return _seq_gather(x, group)
+        return fwd(x, group)
 
-    @staticmethod
     def backward(ctx, g):
-        return _seq_reduce_scatter(g, ctx.group), None
+        return bwd(g, ctx.group), None
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(backward), "__doc__": doc})
 
 
-class _ReduceScatterToSeq(torch.autograd.Function):
-    """Reduce-scatter along the sequence forward; all-gather of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _seq_reduce_scatter(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _seq_gather(g, ctx.group), None
-
-
-class _ScatterToSeq(torch.autograd.Function):
-    """Keep this rank's sequence part forward (no communication); all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _seq_split(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _seq_gather(g, ctx.group), None
+_GatherFromSeq = _seq_function(
+    "_GatherFromSeq", _seq_gather, _seq_reduce_scatter,
+    "All-gather along the sequence forward; reduce-scatter of the gradient backward.")
+_ReduceScatterToSeq = _seq_function(
+    "_ReduceScatterToSeq", _seq_reduce_scatter, _seq_gather,
+    "Reduce-scatter along the sequence forward; all-gather of the gradient backward.")
+_ScatterToSeq = _seq_function(
+    "_ScatterToSeq", _seq_split, _seq_gather,
+    "Keep this rank's sequence part forward (no communication); all-gather backward.")
 
 
 def scatter_to_sequence(x: torch.Tensor, group) -> torch.Tensor:
