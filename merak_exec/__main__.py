@@ -81,8 +81,13 @@ def cli() -> None:
 @click.option("--pp", default=1, show_default=True)
 @click.option("--virtual-stages", default=1, show_default=True)
 @click.option("--schedule", default="1f1b", show_default=True)
-@click.option("--recompute", default="none", show_default=True)
+@click.option("--recompute", default="none", show_default=True,
+              help="none, full, selective (attention core) or stage-aware")
 @click.option("--tp-overlap", default="none", show_default=True)
+@click.option("--zero", default=0, show_default=True,
+              help="ZeRO stage: 1 shards the optimizer state over dp")
+@click.option("--sequence-parallel", is_flag=True,
+              help="split norms and dropout along the sequence over tp (needs --tp > 1)")
 @click.option("--mbs", default=1, show_default=True, help="micro-batch size")
 @click.option("--microbatches", default=4, show_default=True, help="per pipeline (M)")
 @click.option("--steps", default=10, show_default=True)
@@ -100,14 +105,14 @@ def cli() -> None:
               help="a merak-plan/1 file (from `merak-sim plan`/`dispatch`): its model and "
                    "parallel configuration replace the model, degree and batch options")
 def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_stages,
-          schedule, recompute, tp_overlap, mbs, microbatches, steps, lr, save_dir, save_every,
+          schedule, recompute, tp_overlap, zero, sequence_parallel, mbs, microbatches, steps, lr, save_dir, save_every,
           resume, trace_path, split_points, meta, plan_path) -> None:
     """Train a model on synthetic tokens with dp x tp x pp."""
     import torch
 
     import merak_exec
 
-    extra: dict = {}
+    extra: dict = {"zero": zero, "sequence_parallel": sequence_parallel}
     if plan_path is not None:
         (kind, layers, hidden, heads, vocab, seq), extra = _from_plan(plan_path)
         dp, tp, pp = extra.pop("dp"), extra.pop("tp"), extra.pop("pp")
@@ -142,10 +147,12 @@ def _from_plan(path: str) -> tuple[tuple, dict]:
     simulated one; this CPU/GPU runtime trains in fp32.
     """
     from merak_exec.mesh import ExecError
+    from merak_exec.parallel import check_executable
     from merak_sim.model import get_model
     from merak_sim.plan import Plan
 
     plan = Plan.load(path)
+    check_executable(plan.parallel)
     m = plan.model
     spec = get_model(m["preset"]) if "preset" in m else get_model(m)
     kinds = {"gpt": "gpt", "llama": "llama"}

@@ -28,7 +28,7 @@ from merak_exec.tensor_parallel import (
 )
 from merak_sim.config import ParallelConfig
 
-__all__ = ["ParallelModel", "parallelize"]
+__all__ = ["ParallelModel", "parallelize", "check_executable"]
 
 
 @dataclass
@@ -113,7 +113,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
         record: record per-action events.
         dtype: training dtype (default fp32 on CPU, the config's dtype on CUDA).
     """
-    _check_supported(config)
+    check_executable(config)
     mesh = mesh or build_mesh(config)
     _check_heads(model, config.tp)
     chain, family = to_chain(model, seq_len=seq_len)
@@ -156,13 +156,17 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     fractions = config.recompute_per_stage(sched)
     for c in chunks:
         c.set_recompute_fraction(fractions[mesh.pp_rank])
+        c.selective_recompute = config.recompute == "selective"
     tied = _tied_params(chain, ranges, chunks, S)
     _sync_initial_weights(mesh, chunks, tied)
     _sync_tp_rng(mesh)
     params = [p for c in chunks for p in c.parameters() if p.requires_grad]
     opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(params)
-    specs = _boundary_specs(chain, ranges, config.micro_batch_size, seq_len, dtype)
-    rt = PipelineRuntime(chunks, sched, mesh, opt, specs, tied_params=tied, record=record)
+    opt, grad_sync = _apply_options(config, mesh, chunks, ranges, family, opt)
+    specs = _boundary_specs(chain, ranges, config.micro_batch_size,
+                            seq_len // (config.tp if config.sequence_parallel else 1), dtype)
+    rt = PipelineRuntime(chunks, sched, mesh, opt, specs, tied_params=tied, record=record,
+                         grad_sync=grad_sync)
     return ParallelModel(mesh=mesh, chain=chain, ranges=ranges, chunks=chunks, runtime=rt,
                          config=config)
 
@@ -202,17 +206,37 @@ def _boundary_specs(chain: LayerChain, ranges: list[range], mbs: int, seq: int,
     return out
 
 
-def _check_supported(config: ParallelConfig) -> None:
-    """Config features the simulator models but this runtime does not execute yet."""
-    if config.zero:
-        raise ExecError("zero=1 (optimizer sharding) is simulated but not executed by "
-                        "merak_exec yet; use zero=0")
+def check_executable(config: ParallelConfig) -> None:
+    """Refuse, in one line, what the simulator prices but this runtime does not run:
+    ZeRO-2/3 (torch's FSDP2 does not compose with this pipeline runtime's own
+    gradient accumulation and reduction) and context parallelism (torch offers no
+    ring attention this runtime could call). Call it when a plan is loaded."""
+    if config.zero >= 2:
+        raise ExecError(f"zero={config.zero} (gradient/parameter sharding) is simulated but "
+                        "not executed: FSDP2 does not compose with this pipeline runtime; "
+                        "use zero=0 or zero=1")
+    cp = getattr(config, "cp", 1)  # context-parallel degree, where the config has one
+    if cp > 1:
+        raise ExecError(f"cp={cp} (context parallelism) is simulated but not executed: torch "
+                        "has no ring attention for this runtime; use cp=1")
+
+
+def _apply_options(config: ParallelConfig, mesh: Mesh, chunks, ranges, family, opt):
+    """Sequence parallelism and ZeRO-1 on the built stages: returns the optimizer the
+    runtime steps and its AR ``grad_sync`` (None when neither option is on)."""
+    from merak_exec.sequence_parallel import GradientSync, apply_sequence_parallel, partial_params
+    from merak_exec.zero import ZeroOptimizer
+
+    if not (config.sequence_parallel or config.zero):
+        return opt, None
+    partial = []
     if config.sequence_parallel:
-        raise ExecError("sequence parallelism is simulated but not executed by merak_exec "
-                        "yet; set sequence_parallel=False")
-    if config.recompute == "selective":
-        raise ExecError("selective recompute is simulated but not executed by merak_exec "
-                        "yet; use none, full or stage-aware")
+        regions = apply_sequence_parallel(chunks, ranges, mesh, family)
+        partial = partial_params(chunks, ranges, regions)
+    zero = None
+    if config.zero == 1:
+        zero = opt = ZeroOptimizer(opt, mesh.dp_group, mesh.dp, mesh.dp_rank, mesh.timeout_s)
+    return opt, GradientSync(mesh.tp_group, partial, zero)
 
 
 def _check_heads(model, tp: int) -> None:

@@ -85,19 +85,24 @@ class PipelineRuntime:
             ``(mbs, seq, hidden)``; captured models may add broadcast values).
         tied_params: this rank's copies of tied parameters (summed over the tied group).
         record: keep per-action events.
+        grad_sync: called by AR after the tied sum with the local parameters (sums of
+            sequence-parallel partial gradients, ZeRO's reduce-scatter); it returns
+            True when it also did the data-parallel reduction, else the flat dp
+            all-reduce follows.
     """
 
     def __init__(self, chunks: list[StageModule], schedule: Schedule, mesh: Mesh,
                  optimizer: torch.optim.Optimizer | None,
                  boundary_specs: dict[int, list[tuple[tuple[int, ...], torch.dtype]]],
                  tied_params: list[torch.nn.Parameter] | None = None,
-                 record: bool = True) -> None:
+                 record: bool = True, grad_sync=None) -> None:
         self.chunks = chunks
         self.schedule = schedule
         self.mesh = mesh
         self.optimizer = optimizer
         self.boundary_specs = boundary_specs
         self.tied_params = tied_params or []
+        self.grad_sync = grad_sync
         self.program = schedule.programs[mesh.pp_rank]
         self.timeout = datetime.timedelta(seconds=mesh.timeout_s)
         self.recorder = Recorder(mesh, enabled=record)
@@ -385,6 +390,8 @@ class PipelineRuntime:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 dist.all_reduce(p.grad, group=m.tied_group)
+        if self.grad_sync is not None and self.grad_sync(self.params):
+            return
         if m.dp_group is None:
             return
         grads = []

@@ -20,13 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from merak_exec.hooks import HookHandle, RuntimeHooks, register
 from merak_exec.mesh import ExecError
 
-__all__ = ["LayerChain", "StageModule", "uniform_split", "split_from_points", "build_stage"]
+__all__ = ["LayerChain", "StageModule", "uniform_split", "split_from_points", "build_stage",
+           "AttentionRecompute"]
 
 
 @dataclass
@@ -140,10 +143,15 @@ class StageModule(nn.Module):
     ``recompute_layers`` of the layers (counted from the first heavy one) run under
     activation checkpointing in a normal forward (Merak T2's per-stage fraction);
     a re-forward R runs them all plainly because it exists to rebuild activations.
+    With ``selective_recompute`` every other heavy layer run with a graph keeps all
+    its activations but the attention core's (Korthikanti et al. 2022, "selective
+    activation recomputation"): each scaled-dot-product-attention call runs under
+    activation checkpointing, so the backward recomputes it from the kept q, k, v.
 
     Attributes:
         heavy: per layer, whether it counts for balancing and checkpointing (a block).
         recompute_layers: how many heavy layers a normal forward checkpoints.
+        selective_recompute: recompute the attention core of the other heavy layers.
         hooks: registered :class:`~merak_exec.hooks.RuntimeHooks` (see
             :meth:`add_hooks`).
     """
@@ -158,6 +166,7 @@ class StageModule(nn.Module):
         self.loss_fn = loss_fn
         self.heavy = list(heavy)
         self.recompute_layers = 0
+        self.selective_recompute = False
         self.subpipe = None  # a tensor_parallel.SubPipelined when Merak T3 is on
         self.hooks: list[RuntimeHooks] = []
 
@@ -202,10 +211,38 @@ class StageModule(nn.Module):
                 for h in self.hooks:
                     h.on_checkpoint_inputs(xs)
                 y = checkpoint(layer, *xs, use_reentrant=False)
+            elif heavy and self.selective_recompute and torch.is_grad_enabled():
+                with AttentionRecompute() as core:
+                    y = layer(*xs)
+                if not core.calls:
+                    raise ExecError("selective recompute recomputes the attention core "
+                                    "(scaled_dot_product_attention), but a block of stage "
+                                    f"{self.index} calls none; use recompute full")
             else:
                 y = layer(*xs)
             xs = y if isinstance(y, tuple) else (y,)
         return xs
+
+
+class AttentionRecompute(TorchFunctionMode):
+    """Within this mode every ``scaled_dot_product_attention`` call that builds a graph
+    runs under non-reentrant activation checkpointing: its output is not kept and
+    the backward recomputes it (RNG restored, so attention dropout matches).
+
+    Attributes:
+        calls: attention cores met.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and torch.is_grad_enabled():
+            self.calls += 1
+            return checkpoint(func, *args, use_reentrant=False, **kwargs)
+        return func(*args, **kwargs)
 
 
 def build_stage(chain: LayerChain, ranges: list[range], model_stage: int,

@@ -16,6 +16,18 @@ attributes hold per-rank head counts to divide by tp (Merak's "feature dict",
 Lai et al., TPDS 2023). Users pass their own mapping for other
 models.
 
+Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in
+Large Transformer Models", 2022): with ``sequence_parallel`` set on the linears, the
+residual stream between tensor-parallel regions is split along the sequence over
+tp, so norms, dropout and residual adds work on ``seq/tp`` positions. A
+column-parallel linear then all-gathers its input along the sequence (its backward
+reduce-scatters the input gradient) and a row-parallel linear reduce-scatters its
+partial output instead of all-reducing it (its backward all-gathers): the
+all-gather + reduce-scatter pair the simulator prices in place of an all-reduce.
+The gather sits at the input of the module holding the column-parallel linears (the
+attention, the MLP), so q, k and v share one and the module sees the whole sequence
+(:mod:`merak_exec.sequence_parallel` places it).
+
 Sub-pipelined TP (Merak T3) is implemented by :class:`SubPipelined`: a stage's
 micro-batch is split into k parts along the batch dimension and every part runs in
 its own thread with its own tp process group, so one part's all-reduce (which
@@ -39,7 +51,8 @@ from merak_exec.mesh import ExecError
 
 __all__ = ["TPMapping", "FAMILY_MAPPINGS", "ColumnParallelLinear", "RowParallelLinear",
            "VocabParallelEmbedding", "vocab_parallel_lm_loss", "apply_tensor_parallel",
-           "SubPipelined", "current_tp_group"]
+           "SubPipelined", "current_tp_group", "scatter_to_sequence",
+           "gather_from_sequence"]
 
 _local = threading.local()
 
@@ -78,6 +91,73 @@ class _ReduceFromTP(torch.autograd.Function):
         return g, None
 
 
+def _seq_split(x: torch.Tensor, group) -> torch.Tensor:
+    """This rank's part of ``x`` along the sequence (dim 1)."""
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    if x.shape[1] % t:
+        raise ExecError(f"sequence parallelism splits the sequence over tp={t}: length "
+                        f"{x.shape[1]} is not divisible")
+    return x.chunk(t, dim=1)[r].contiguous()
+
+
+def _seq_gather(x: torch.Tensor, group) -> torch.Tensor:
+    """All-gather along the sequence (dim 1) over ``group``."""
+    t = dist.get_world_size(group)
+    parts = [torch.empty_like(x) for _ in range(t)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=1)
+
+
+def _seq_reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
+    """Sum over ``group`` and keep this rank's part along the sequence (dim 1)."""
+    t = dist.get_world_size(group)
+    if x.shape[1] % t:
+        raise ExecError(f"sequence parallelism splits the sequence over tp={t}: length "
+                        f"{x.shape[1]} is not divisible")
+    parts = [c.contiguous() for c in x.chunk(t, dim=1)]
+    out = torch.empty_like(parts[0])
+    dist.reduce_scatter(out, parts, group=group)
+    return out
+
+
+def _seq_function(name: str, fwd, bwd, doc: str) -> type:
+    """An autograd Function applying ``fwd(x, group)`` forward and ``bwd(g, group)`` to
+    the gradient backward (the sequence-parallel collectives come in such pairs)."""
+
+    def forward(ctx, x, group):
+        ctx.group = group
+        return fwd(x, group)
+
+    def backward(ctx, g):
+        return bwd(g, ctx.group), None
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(backward), "__doc__": doc})
+
+
+_GatherFromSeq = _seq_function(
+    "_GatherFromSeq", _seq_gather, _seq_reduce_scatter,
+    "All-gather along the sequence forward; reduce-scatter of the gradient backward.")
+_ReduceScatterToSeq = _seq_function(
+    "_ReduceScatterToSeq", _seq_reduce_scatter, _seq_gather,
+    "Reduce-scatter along the sequence forward; all-gather of the gradient backward.")
+_ScatterToSeq = _seq_function(
+    "_ScatterToSeq", _seq_split, _seq_gather,
+    "Keep this rank's sequence part forward (no communication); all-gather backward.")
+
+
+def scatter_to_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    """A replicated ``[b, s, ...]`` tensor -> this tp rank's ``[b, s/tp, ...]`` part
+    (the start of the sequence-parallel region; its gradient is all-gathered)."""
+    return _ScatterToSeq.apply(x, current_tp_group(group))
+
+
+def gather_from_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    """This tp rank's ``[b, s/tp, ...]`` part -> the whole ``[b, s, ...]`` (the start of
+    a tensor-parallel region; its gradient is reduce-scattered)."""
+    return _GatherFromSeq.apply(x, current_tp_group(group))
+
+
 def _weight_bias(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight [out, in], bias) of an nn.Linear or a HuggingFace Conv1D ([in, out])."""
     w = mod.weight.detach()
@@ -111,12 +191,16 @@ class ColumnParallelLinear(nn.Module):
                                        (rank + 1) * n) for f in range(fused)])
         self.group = group
         self.fused = fused
+        self.sequence_parallel = False
         self.weight = nn.Parameter(w[rows].clone())
         self.bias = nn.Parameter(b[rows].clone()) if b is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Replicated input -> this rank's slice of the output features."""
-        x = _CopyToTP.apply(x, current_tp_group(self.group))
+        """Replicated input -> this rank's slice of the output features. Under sequence
+        parallelism the input was gathered already, and that gather's backward sums
+        the input gradient over tp."""
+        if not self.sequence_parallel:
+            x = _CopyToTP.apply(x, current_tp_group(self.group))
         return F.linear(x, self.weight, self.bias)
 
 
@@ -131,12 +215,18 @@ class RowParallelLinear(nn.Module):
             raise ExecError(f"row-parallel linear with {inp} inputs is not divisible by tp={tp}")
         n = inp // tp
         self.group = group
+        self.sequence_parallel = False
         self.weight = nn.Parameter(w[:, rank * n:(rank + 1) * n].clone())
         self.bias = nn.Parameter(b.clone()) if b is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of the input features -> full output (summed over tp)."""
-        y = _ReduceFromTP.apply(F.linear(x, self.weight), current_tp_group(self.group))
+        """This rank's slice of the input features -> full output (summed over tp;
+        under sequence parallelism, this rank's sequence part of it)."""
+        group = current_tp_group(self.group)
+        if self.sequence_parallel:
+            y = _ReduceScatterToSeq.apply(F.linear(x, self.weight), group)
+        else:
+            y = _ReduceFromTP.apply(F.linear(x, self.weight), group)
         return y + self.bias if self.bias is not None else y
 
 
