@@ -141,8 +141,8 @@ DeepSpeed-like (+ ZeRO-1) and Merak (shifted critical path + stage-aware recompu
 sub-pipelined TP), plus an ablation adding one technique at a time. The same as
 `merak-sim reproduce merak`. Every assumption is printed first."""),
     new_code_cell(SETUP + """
-from merak_sim.experiments.merak import (reproduce_merak, plot_reproduction, hand_configs,
-                                         describe, SYSTEM_ORDER)
+from merak_sim.experiments.merak import reproduce_merak, hand_configs, describe
+from merak_sim.experiments.merak_figures import plot_reproduction
 rep = reproduce_merak()
 for a in rep.assumptions:
     print("-", a)"""),
