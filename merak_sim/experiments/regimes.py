@@ -258,8 +258,9 @@ def explain_regimes(regimes: tuple[Regime, ...]) -> list[str]:
         lines.append(
             f"Where the free baseline needs no recompute ({len(roomy)} cells, levels "
             f"{', '.join(sorted({f'{r.memory_gb:g}' for r in roomy}, key=float))} GB), "
-            f"{len(gains)} gain anything: the paper-like speed-up there is only the "
-            "recomputation the paper-like baselines are forced into.")
+            f"{len(gains)} gain(s) anything, by trading some recompute for better "
+            "degrees; the paper-like speed-up there is only the recomputation the "
+            "paper-like baselines are forced into.")
     t3s = [r.t3 for r in fitting if r.t3 is not None]
     if t3s:
         closest = min(t3s, key=lambda m: m.loss)
