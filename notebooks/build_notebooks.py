@@ -334,8 +334,9 @@ print(f"healthy 64-GPU iteration {base:.3f} s")"""),
     new_markdown_cell("""\
 ## A straggler GPU
 
-GPU 5 (stage 1 of the second replica) runs 1.1x to 2x slower. Its pipeline slows, and
-the data-parallel all-reduce makes every replica wait for it."""),
+GPU 5 (the first pipeline stage of data-parallel replica 5: ranks run data-parallel
+first) runs 1.1x to 2x slower. Its pipeline slows, and the data-parallel all-reduce
+makes every replica wait for it."""),
     new_code_cell("""\
 factors = (1.0, 1.1, 1.25, 1.5, 2.0)
 strag = pd.Series({f: run(slowdown={5: f}) / base for f in factors}, name="slowdown")
@@ -346,6 +347,17 @@ ax.set(xlabel="straggler compute slowdown", ylabel="iteration slowdown")
 ax.legend()
 plt.show()
 assert strag[1.0] == 1.0 and strag[2.0] > strag[1.1] > 1.0 and strag[2.0] <= 2.0 + 1e-9"""),
+    new_markdown_cell("""\
+The timeline of GPUs 0-7 (the first pipeline stage of replicas 0-7) with the 2x
+straggler on GPU 5: its bars stretch, and the healthy GPUs wait for it inside the
+gradient all-reduce (legend: one colour per action kind, idle time as the
+background)."""),
+    new_code_cell("""\
+from merak_sim.timeline import plot_gantt
+slow = simulate("gpt-1.5b", "paper-3090", CFG, mode="full", slowdown={5: 2.0})
+fig = plot_gantt(slow.events(), max_ranks=8, title="2x straggler on GPU 5",
+                 figsize=(11, 3.5))
+plt.show()"""),
     new_markdown_cell("""\
 ## A degraded link
 

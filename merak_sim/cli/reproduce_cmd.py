@@ -70,7 +70,10 @@ def reproduce_command(paper, out, models, cluster, global_batch_size, top_k, reg
     get_cluster(cluster)
     levels = MEMORY_LEVELS_GB if memory_levels is None else _levels(memory_levels)
     gbs = global_batch_size or DEFAULT_GLOBAL_BATCH
-    log = (lambda line: click.echo(f"  {line}", err=True)) if not as_json else None
+    # Progress goes to stderr, one line per system and regime cell (stdout stays JSON).
+    def log(line: str) -> None:
+        click.echo(f"  {line}", err=True)
+
     rep = reproduce_merak(names, cluster=cluster, global_batch_size=gbs, top_k=top_k,
                           progress=not as_json and sys.stderr.isatty(), log=log)
     reg = regime_map(names, cluster, gbs, levels, log=log) if regimes else ()
