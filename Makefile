@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv clean notebooks
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# Rebuild every notebook from its build script and store its executed outputs (figures
+# included) in the committed .ipynb files.
+notebooks: $(STAMP)
+	$(BIN)/python notebooks/build_notebooks.py
+	$(BIN)/python notebooks/build_notebook_04.py
+	$(BIN)/python notebooks/run_notebooks.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

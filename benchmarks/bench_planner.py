@@ -113,42 +113,6 @@ def quality(rep) -> list[str]:
     return lines
 
 
-def reproduce_md(rep) -> str:
-    """The reproduction report (markdown)."""
-    t = rep.table()
-    lines = ["# Merak speed-ups reproduced in simulation", "",
-             "Command: `merak-sim reproduce merak` (also `.venv/bin/python "
-             "benchmarks/bench_planner.py`), "
-             f"{rep.seconds:.1f} s for the whole reproduction.", "",
-             "| model | Megatron-like s | DeepSpeed-like s | Merak s | vs Megatron | "
-             "vs DeepSpeed | paper (up to) | difference |", "|---|---|---|---|---|---|---|---|"]
-    for _, r in t.iterrows():
-        lines.append(f"| {r.model} | {r.megatron_time_s:.3f} | {r.deepspeed_time_s:.3f} | "
-                     f"{r.merak_time_s:.3f} | {r.speedup_vs_megatron:.2f}x | "
-                     f"{r.speedup_vs_deepspeed:.2f}x | {r.paper_speedup:.2f}x | "
-                     f"{r.deviation:+.0%} |")
-    lines += ["", "Best configuration per system:", "",
-              "| model | Megatron-like | DeepSpeed-like | Merak |", "|---|---|---|---|"]
-    for _, r in t.iterrows():
-        lines.append(f"| {r.model} | {r.megatron_config} | {r.deepspeed_config} | "
-                     f"{r.merak_config} |")
-    ab = rep.ablation_table()
-    lines += ["", "## Ablation (speed-up over the better baseline, each step at its best "
-                  "configuration)", "",
-              "| model | " + " | ".join(rep.models[0].runs[s].label
-                                       for s in ("baseline", "+T1", "+T2", "merak")) + " |",
-              "|---|---|---|---|---|"]
-    for m in rep.models:
-        sub = ab[ab.model == m.model]
-        lines.append(f"| {m.model} | " + " | ".join(
-            f"{x.time_s:.3f} s ({x.speedup:.2f}x)" for x in sub.itertuples()) + " |")
-    expl = rep.explanations()
-    lines += ["", "## Differences over 15 % from the paper, explained by the simulation", ""]
-    lines += [f"- {v}" for v in expl.values()] or ["- none"]
-    lines += ["", "## Assumptions", ""] + [f"- {a}" for a in rep.assumptions]
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
     """Run the benchmarks and write the reports."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -172,7 +136,12 @@ def main() -> None:
     atomic_write_text(out / "planner.md", "\n".join(lines) + "\n")
     print(f"wrote {out / 'planner.md'}")
     if not args.skip_reproduce:
-        atomic_write_text(out / "reproduce_merak.md", reproduce_md(rep))
+        from merak_sim.experiments.merak_report import report_markdown
+        from merak_sim.experiments.regimes import cpu_tp_overlap, explain_regimes, regime_map
+
+        reg = regime_map(log=print)
+        atomic_write_text(out / "reproduce_merak.md", report_markdown(
+            rep, reg, explain_regimes(reg), cpu_tp_overlap()))
         print(f"wrote {out / 'reproduce_merak.md'}")
 
 

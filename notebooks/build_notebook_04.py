@@ -1,5 +1,5 @@
 """Build notebook 04 (validation report) from the cell sources below (run: ``python
-notebooks/build_notebook_04.py``). Committed without outputs; tests/test_notebooks.py
+notebooks/build_notebook_04.py``). ``make notebooks`` executes it and stores its outputs; tests/test_notebooks.py
 executes it. Like the other notebooks, its cells ``assert`` on what they compute and
 its last code cell prints one line ``NOTEBOOK_RESULT {json}``.
 
@@ -21,6 +21,10 @@ CELLS = [
     new_markdown_cell("""\
 # 04 Validation: prediction versus measurement on this machine
 
+**What it answers:** how close the simulator's predictions come to measured runs on
+this machine (iteration, every action, exposed communication and bubbles, activation
+memory), and whether the simulated speed-up of Merak's schedule holds when measured.
+
 The simulator is only as good as its agreement with the machine it models. Here every
 configuration was **profiled** (each action of each stage timed through the real
 runtime, gloo latency and bandwidth measured), **run for real** (2 gloo processes, one
@@ -33,8 +37,7 @@ iteration time, every action, exposed communication and bubbles, and activation 
 import json, tempfile
 from pathlib import Path
 import pandas as pd
-import matplotlib
-matplotlib.use("Agg")
+%matplotlib inline
 import matplotlib.pyplot as plt
 import merak_sim
 from merak_sim.validation.compare import compare_run

@@ -1,6 +1,7 @@
-"""Build notebooks 01-03 from the cell sources below (run: ``python
-notebooks/build_notebooks.py``). The .ipynb files are committed without outputs so
-diffs stay reviewable; tests/test_notebooks.py executes every notebook in this folder.
+"""Build notebooks 01-03 and 05 from the cell sources below (run: ``python
+notebooks/build_notebooks.py``), then ``make notebooks`` executes them and stores their
+outputs (figures included) in the committed .ipynb files; tests/test_notebooks.py
+executes every notebook in this folder and checks each shows at least one figure.
 
 Convention for every notebook here (tests rely on it): its cells ``assert`` on what
 they compute, and its last code cell prints one line ``NOTEBOOK_RESULT {json}`` with the
@@ -20,8 +21,7 @@ SETUP = """\
 import json, tempfile, dataclasses
 import numpy as np
 import pandas as pd
-import matplotlib
-matplotlib.use("Agg")
+%matplotlib inline
 import matplotlib.pyplot as plt
 pd.set_option("display.width", 160)
 OUT = tempfile.mkdtemp(prefix="merak-nb-")"""
@@ -29,6 +29,10 @@ OUT = tempfile.mkdtemp(prefix="merak-nb-")"""
 NB01 = [
     new_markdown_cell("""\
 # 01 What-if study: pipeline schedules, a straggler GPU, a slower network
+
+**What it answers:** how the bubble and peak memory of each pipeline schedule move
+with the pipeline depth and the number of micro-batches, and how much one slow GPU or a
+slower network costs a small job.
 
 Small settings so it runs in well under a minute. Everything is simulated with
 `merak_sim.simulate` (the exact fast evaluator for the sweeps, the SimPy engine with
@@ -134,6 +138,11 @@ NB02 = [
     new_markdown_cell("""\
 # 02 Merak's speed-ups, reproduced in simulation
 
+**What it answers:** how much faster Merak is than Megatron-LM-like and DeepSpeed-like
+baselines in simulation, against baselines run as the paper ran them (full
+recompute) and against the same systems free to choose their own recompute, and where
+(which memory pressure) each of Merak's techniques pays.
+
 `merak_sim.experiments.merak.reproduce_merak` runs each system at its own best
 configuration (found by the planner in the system's search space) on the four paper
 models on 64 simulated RTX 3090s: Megatron-LM-like (1F1B, full recompute, synchronous TP),
@@ -141,8 +150,8 @@ DeepSpeed-like (+ ZeRO-1) and Merak (shifted critical path + stage-aware recompu
 sub-pipelined TP), plus an ablation adding one technique at a time. The same as
 `merak-sim reproduce merak`. Every assumption is printed first."""),
     new_code_cell(SETUP + """
-from merak_sim.experiments.merak import (reproduce_merak, plot_reproduction, hand_configs,
-                                         describe, SYSTEM_ORDER)
+from merak_sim.experiments.merak import reproduce_merak, hand_configs, describe
+from merak_sim.experiments.merak_figures import plot_reproduction
 rep = reproduce_merak()
 for a in rep.assumptions:
     print("-", a)"""),
@@ -202,9 +211,29 @@ print(f"{len(hand)} hand-written configurations, {len(fit)} fit; the closest run
       f"{worst:.3f}x the planner's time")
 assert (fit.planner_s <= fit.hand_s * (1 + 1e-9)).all()
 fit.groupby(["model", "system"]).apply(lambda g: (g.hand_s / g.planner_s).min()).round(3)"""),
+    new_markdown_cell("""\
+## Both baseline families, and where the techniques pay
+
+The paper-like baselines are forced into full recompute; the free ones choose none,
+selective or full. The regime map lowers the GPU memory (24 GB, then 8 GB) and adds
+T1, T2, T3 one at a time over the free baseline (fast evaluator), for the two largest
+models (`merak-sim reproduce merak` maps all four at 24 / 16 / 12 / 8 GB)."""),
+    new_code_cell("""\
+from merak_sim.experiments.regimes import regime_map, explain_regimes
+from merak_sim.experiments.merak_figures import plot_regimes
+display(t[["model", "speedup_up_to", "speedup_vs_free_baselines",
+           "megatron_free_config"]].round(3))
+regs = regime_map(("gpt-8.3b", "gpt-20b"), levels=(24, 8))
+fig = plot_regimes(regs)
+plt.show()
+for line in explain_regimes(regs):
+    print(line)
+assert all(r.factor(s) >= 1 - 1e-9 for r in regs for s in ("+T1", "+T2", "+T3"))
+assert (t.speedup_vs_free_baselines < t.speedup_up_to).all()"""),
     new_code_cell("""\
 print("NOTEBOOK_RESULT " + json.dumps({
     "speedups": {r.model: r.speedup for r in rep.models},
+    "free": {r.model: r.speedup_vs_free_baselines for r in rep.models},
     "paper": {r.model: r.paper for r in rep.models},
     "hand_configs": int(len(hand)), "hand_min_ratio": float(worst)}))"""),
 ]
@@ -212,6 +241,10 @@ print("NOTEBOOK_RESULT " + json.dumps({
 NB03 = [
     new_markdown_cell("""\
 # 03 Planner walk-through: GPT-3 175B on 1024 GPUs
+
+**What it answers:** which parallel configuration trains GPT-3 175B fastest on 1024
+A100s, why every other candidate lost, and what restricting the search to a
+Megatron-LM-like system costs.
 
 128 DGX A100 80 GB nodes (8 GPUs on NVSwitch, 8 x 200 Gb/s InfiniBand per node), global
 batch 1536 sequences of 2048 tokens (GPT-3's 3.2M-token batch). The planner searches
@@ -279,10 +312,95 @@ print("NOTEBOOK_RESULT " + json.dumps({
     "best": res.best_config.to_dict()}))"""),
 ]
 
+NB05 = [
+    new_markdown_cell("""\
+# 05 What-if on a 64-GPU run: a straggler, a degraded link, a mixed-GPU cluster
+
+**What it answers:** how much a 64-GPU GPT-1.5B job (16 nodes x 4 RTX 3090 of the
+`paper-3090` preset, dp=16 x pp=4, global batch 128) slows down when one GPU runs
+slower, when one node's network link loses bandwidth, and what replacing half the GPUs
+with faster ones buys. Every GPU is simulated (`mode="full"`, SimPy with link
+contention): what-ifs break the symmetry the representative mode relies on."""),
+    new_code_cell(SETUP + """
+from merak_sim.sim import simulate
+from merak_sim.config import ParallelConfig
+CFG = ParallelConfig(dp=16, tp=1, pp=4, micro_batch_size=1, global_batch_size=128,
+                     schedule="1f1b", recompute="none", zero=1)
+def run(**what_if):
+    return simulate("gpt-1.5b", "paper-3090", CFG, mode="full", keep_trace=False,
+                    **what_if).iteration_time_s
+base = run()
+print(f"healthy 64-GPU iteration {base:.3f} s")"""),
+    new_markdown_cell("""\
+## A straggler GPU
+
+GPU 5 (the first pipeline stage of data-parallel replica 5: ranks run data-parallel
+first) runs 1.1x to 2x slower. Its pipeline slows, and the data-parallel all-reduce
+makes every replica wait for it."""),
+    new_code_cell("""\
+factors = (1.0, 1.1, 1.25, 1.5, 2.0)
+strag = pd.Series({f: run(slowdown={5: f}) / base for f in factors}, name="slowdown")
+fig, ax = plt.subplots(figsize=(5, 3.5))
+ax.plot(strag.index, strag.values, marker="o", label="one straggler GPU")
+ax.plot(factors, factors, ls="--", color="grey", label="whole job as slow as the GPU")
+ax.set(xlabel="straggler compute slowdown", ylabel="iteration slowdown")
+ax.legend()
+plt.show()
+assert strag[1.0] == 1.0 and strag[2.0] > strag[1.1] > 1.0 and strag[2.0] <= 2.0 + 1e-9"""),
+    new_markdown_cell("""\
+The timeline of GPUs 0-7 (the first pipeline stage of replicas 0-7) with the 2x
+straggler on GPU 5: its bars stretch, and the healthy GPUs wait for it inside the
+gradient all-reduce (legend: one colour per action kind, idle time as the
+background)."""),
+    new_code_cell("""\
+from merak_sim.timeline import plot_gantt
+slow = simulate("gpt-1.5b", "paper-3090", CFG, mode="full", slowdown={5: 2.0})
+fig = plot_gantt(slow.events(), max_ranks=8, title="2x straggler on GPU 5",
+                 figsize=(11, 3.5))
+plt.show()"""),
+    new_markdown_cell("""\
+## A degraded link
+
+Node 3's network link (in and out) at 50 %, 25 % and 10 % of its 100 Gb/s. The
+gradient all-reduce rings pass through it, so the whole job waits."""),
+    new_code_cell("""\
+link = pd.Series({f: run(degraded_links={"node3.nic.in": f, "node3.nic.out": f}) / base
+                  for f in (1.0, 0.5, 0.25, 0.1)}, name="slowdown")
+fig, ax = plt.subplots(figsize=(5, 3.5))
+ax.bar([f"{f:.0%}" for f in link.index], link.values, label="node 3 link degraded")
+ax.set(xlabel="link capacity left", ylabel="iteration slowdown")
+ax.legend()
+plt.show()
+assert link[0.1] > link[0.5] > 1.0"""),
+    new_markdown_cell("""\
+## A mixed-GPU cluster
+
+The first k nodes' GPUs replaced with A100 80 GB (priced by the ratio of peak FLOP/s).
+A pipeline is as fast as its slowest stage and data parallelism as its slowest
+replica: the gain only comes once every GPU of a replica's critical path is faster."""),
+    new_code_cell("""\
+mixed = {}
+for nodes in (0, 4, 8, 12, 16):
+    types = {r: "A100-80GB" for r in range(4 * nodes)}
+    mixed[f"{nodes} of 16 nodes"] = base / run(gpu_types=types) if nodes else 1.0
+mixed = pd.Series(mixed, name="speed-up")
+fig, ax = plt.subplots(figsize=(6, 3.5))
+ax.bar(mixed.index, mixed.values, color="tab:green", label="A100 nodes replacing RTX 3090")
+ax.set(ylabel="speed-up over all RTX 3090")
+ax.legend()
+plt.show()
+assert mixed.iloc[-1] > mixed.iloc[1] >= 1.0 - 1e-9"""),
+    new_code_cell("""\
+print("NOTEBOOK_RESULT " + json.dumps({
+    "base_s": base, "straggler_2x": float(strag[2.0]), "link_10pct": float(link[0.1]),
+    "all_a100_speedup": float(mixed.iloc[-1])}))"""),
+]
+
 NOTEBOOKS = {
     "01_what_if_schedules.ipynb": NB01,
     "02_paper_reproduction.ipynb": NB02,
     "03_planner_175b.ipynb": NB03,
+    "05_what_if_64gpu.ipynb": NB05,
 }
 
 

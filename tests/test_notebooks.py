@@ -5,6 +5,8 @@ Convention (notebooks/build_notebooks.py): a notebook asserts on its own results
 cells, so execution failing is a test failure, and its last code cell prints one line
 ``NOTEBOOK_RESULT {json}``. Known notebooks get extra checks on those numbers; any
 other notebook (added later) must at least contain an ``assert`` and the result line.
+Every notebook must show at least one figure (an ``image/png`` output) when executed,
+and the committed notebooks carry their outputs (``make notebooks``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def _check_02(r):
     assert all(x >= 1.0 for x in r["speedups"].values())
     assert r["paper"]["gpt-20b"] == 1.61
     assert r["hand_configs"] > 0 and r["hand_min_ratio"] >= 1.0 - 1e-9
+    assert all(r["free"][m] < r["speedups"][m] for m in r["speedups"])
 
 
 def _check_03(r):
@@ -55,13 +58,32 @@ def _check_03(r):
     assert r["gain_over_megatron_like"] >= 1.0 - 1e-9
 
 
+def _check_05(r):
+    assert 1.0 < r["straggler_2x"] <= 2.0 + 1e-9
+    assert r["link_10pct"] > 1.0
+    assert r["all_a100_speedup"] > 1.0
+
+
 CHECKS = {"01_what_if_schedules": _check_01, "02_paper_reproduction": _check_02,
-          "03_planner_175b": _check_03}
+          "03_planner_175b": _check_03, "05_what_if_64gpu": _check_05}
+
+
+def _images(nb) -> int:
+    return sum("image/png" in out.get("data", {})
+               for c in nb.cells if c.cell_type == "code" for out in c.get("outputs", []))
 
 
 def test_notebooks_exist():
     names = {p.stem for p in NOTEBOOKS}
     assert set(CHECKS) <= names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_notebook_carries_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and "What it answers" in first.source
+    assert _images(nb) >= 1, f"{path.name}: committed without figures (run make notebooks)"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -72,6 +94,7 @@ def test_notebook_executes(path, tmp_path):
     client = NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
+    assert _images(nb) >= 1, f"{path.name} shows no figure"
     r = _result(nb)
     check = CHECKS.get(path.stem)
     if check is not None:

@@ -10,7 +10,11 @@ planner within the system's restricted search space
 - DeepSpeed-like: the same with ZeRO-1;
 - Merak: shifted critical path (T1) + stage-aware recompute (T2, per-stage fractions
   chosen from the memory model) + sub-pipelined TP (T3);
-- ablation: from the better of the two baselines, add T1, then T2, then T3.
+- ablation: from the better of the two baselines, add T1, then T2, then T3;
+- free baselines: the same two systems free to choose their own recompute (none,
+  selective or full) besides their degrees and micro-batch size, as a user would when
+  memory allows. Merak's speed-up over them is what its techniques buy beyond turning
+  recomputation off (:mod:`merak_sim.experiments.regimes` maps it over memory levels).
 
 The cluster and shapes are not stated by the paper; :func:`assumptions` lists every
 assumption and the reproduction prints them. The paper's "up to" is read as the larger
@@ -22,23 +26,20 @@ technique gained what, which stage recomputes how much, what the winning degrees
 
 from __future__ import annotations
 
-import io
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from merak_sim.config import ParallelConfig
 from merak_sim.hardware import get_cluster
-from merak_sim.io import atomic_write_bytes, atomic_write_text
 from merak_sim.model import get_model
 from merak_sim.planner import SYSTEMS, search
 from merak_sim.schedule import SCHEDULES
 from merak_sim.sim import simulate
 
-__all__ = ["PAPER_SPEEDUPS", "PAPER_MODELS", "SYSTEM_ORDER", "ABLATION_ORDER",
+__all__ = ["PAPER_SPEEDUPS", "PAPER_MODELS", "SYSTEM_ORDER", "FREE_ORDER", "ABLATION_ORDER",
            "SystemRun", "ModelReproduction", "Reproduction", "reproduce_merak",
-           "assumptions", "explain", "hand_configs", "plot_reproduction",
+           "assumptions", "explain", "hand_configs", "describe", "check_models",
            "DEFAULT_GLOBAL_BATCH"]
 
 #: Merak's published speed-ups per model (Lai et al., TPDS 2023, headline claim).
@@ -46,6 +47,8 @@ PAPER_SPEEDUPS: dict[str, float] = {"gpt-1.5b": 1.42, "gpt-2.5b": 1.39, "gpt-8.3
                                     "gpt-20b": 1.61}
 PAPER_MODELS: tuple[str, ...] = tuple(PAPER_SPEEDUPS)
 SYSTEM_ORDER = ("megatron", "deepspeed", "merak")
+#: The baselines free to choose their own recompute (keys of SYSTEMS).
+FREE_ORDER = ("megatron-free", "deepspeed-free")
 ABLATION_ORDER = ("baseline", "+T1", "+T2", "merak")
 #: Global batch (sequences) per iteration: an assumption, the paper does not state it.
 DEFAULT_GLOBAL_BATCH = 128
@@ -89,6 +92,18 @@ class ModelReproduction:
         """Merak's speed-up over each baseline system."""
         m = self.runs["merak"].time_s
         return {s: self.runs[s].time_s / m for s in ("megatron", "deepspeed")}
+
+    @property
+    def speedup_vs_free(self) -> dict[str, float]:
+        """Merak's speed-up over each free baseline (own recompute choice)."""
+        m = self.runs["merak"].time_s
+        return {s: self.runs[s].time_s / m for s in FREE_ORDER}
+
+    @property
+    def speedup_vs_free_baselines(self) -> float:
+        """Speed-up over the faster free baseline: what Merak's techniques buy beyond
+        turning recomputation off (below 1: Merak's plan is slower)."""
+        return min(self.speedup_vs_free.values())
 
     @property
     def speedup(self) -> float:
@@ -137,10 +152,14 @@ class Reproduction:
             r["speedup_vs_megatron"] = m.speedup_vs["megatron"]
             r["speedup_vs_deepspeed"] = m.speedup_vs["deepspeed"]
             r["speedup_up_to"] = m.speedup
+            for s in FREE_ORDER:
+                r[f"{s.replace('-', '_')}_time_s"] = m.runs[s].time_s
+                r[f"speedup_vs_{s.replace('-', '_')}"] = m.speedup_vs_free[s]
+            r["speedup_vs_free_baselines"] = m.speedup_vs_free_baselines
             r["paper_speedup"] = m.paper
             r["deviation"] = m.deviation
-            for s in SYSTEM_ORDER:
-                r[f"{s}_config"] = describe(m.runs[s].config)
+            for s in SYSTEM_ORDER + FREE_ORDER:
+                r[f"{s.replace('-', '_')}_config"] = describe(m.runs[s].config)
             rows.append(r)
         return pd.DataFrame(rows)
 
@@ -201,6 +220,8 @@ def assumptions(cluster: str = "paper-3090", global_batch_size: int = DEFAULT_GL
         "that + ZeRO-1; Merak = shifted critical path + stage-aware recompute (fractions "
         "chosen from the memory model) + sub-pipelined TP (2 parts), ZeRO-1 allowed",
         "paper's 'up to' read as the larger speed-up over the two baselines",
+        "free baselines: the same two systems choosing their own recompute among none, "
+        "selective and full (and their own degrees and micro-batch size)",
         "iteration times from the SimPy engine with link contention; data-parallel "
         "all-reduce after the backward (no overlap) for every system",
     ]
@@ -213,13 +234,11 @@ def reproduce_merak(models: tuple[str, ...] = PAPER_MODELS, cluster: str = "pape
     """Run the reproduction (module docstring). ``log`` receives progress lines."""
 
     t0 = time.perf_counter()
+    check_models(models)
     out = []
     for name in models:
-        if name not in PAPER_SPEEDUPS:
-            raise ValueError(f"unknown paper model {name!r}; choose from "
-                             f"{', '.join(PAPER_MODELS)}")
         runs: dict[str, SystemRun] = {}
-        for key in ("megatron", "deepspeed", "+T1", "+T2", "merak"):
+        for key in ("megatron", "deepspeed", *FREE_ORDER, "+T1", "+T2", "merak"):
             space = SYSTEMS[key]
             res = search(name, cluster, global_batch_size, space=space, top_k=top_k,
                          progress=progress)
@@ -236,6 +255,16 @@ def reproduce_merak(models: tuple[str, ...] = PAPER_MODELS, cluster: str = "pape
     return Reproduction(tuple(out), cluster, global_batch_size,
                         assumptions(cluster, global_batch_size, models),
                         time.perf_counter() - t0)
+
+
+def check_models(models) -> None:
+    """Raise ValueError (one line) unless every name is a paper model."""
+    for name in models:
+        if name not in PAPER_SPEEDUPS:
+            raise ValueError(f"unknown paper model {name!r}; choose from "
+                             f"{', '.join(PAPER_MODELS)}")
+    if not models:
+        raise ValueError(f"no model given; choose from {', '.join(PAPER_MODELS)}")
 
 
 def _stage_lines(res, what: str) -> list[float]:
@@ -344,63 +373,3 @@ def hand_configs(model: str, global_batch_size: int = DEFAULT_GLOBAL_BATCH
                     zero=sp.zero[-1] if dp > 1 else 0))
         out[sys_key] = cfgs
     return out
-
-
-def plot_reproduction(rep: Reproduction, path: str | Path | None = None):
-    """Bar chart: per model, each system's speed-up over the Megatron-LM-like baseline
-    with the paper's Merak figure marked, and the ablation steps. Written atomically
-    as PNG when ``path`` is given; returns the figure."""
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    names = [m.model for m in rep.models]
-    x = np.arange(len(names))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.5))
-    w = 0.25
-    labels = {"megatron": "Megatron-LM-like", "deepspeed": "DeepSpeed-like",
-              "merak": "Merak (simulated)"}
-    for i, s in enumerate(SYSTEM_ORDER):
-        vals = [m.runs["megatron"].time_s / m.runs[s].time_s for m in rep.models]
-        a1.bar(x + (i - 1) * w, vals, w, label=labels[s])
-    a1.scatter(x + w, [m.paper for m in rep.models], marker="*", s=160, color="k",
-               zorder=3, label="Merak (paper, up to)")
-    a1.set_xticks(x, names)
-    a1.set_ylabel("speed-up over Megatron-LM-like")
-    a1.set_title(f"{rep.cluster}, global batch {rep.global_batch_size}")
-    a1.axhline(1.0, color="grey", lw=0.8)
-    top = max([m.paper for m in rep.models] + [m.speedup for m in rep.models])
-    a1.set_ylim(0, top * 1.3)
-    a1.legend(fontsize=8, loc="upper left", ncol=2)
-    w2 = 0.2
-    for i, s in enumerate(ABLATION_ORDER):
-        vals = [dict((st, sp) for st, _l, _t, sp in m.ablation)[s] for m in rep.models]
-        a2.bar(x + (i - 1.5) * w2, vals, w2, label=rep.models[0].runs[s].label)
-    a2.set_xticks(x, names)
-    a2.set_ylabel("speed-up over the better baseline")
-    a2.set_title("ablation: one technique at a time")
-    a2.axhline(1.0, color="grey", lw=0.8)
-    a2.set_ylim(0, top * 1.3)
-    a2.legend(fontsize=8, loc="upper left", ncol=2)
-    fig.tight_layout()
-    if path is not None:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=100)
-        plt.close(fig)
-        atomic_write_bytes(path, buf.getvalue())
-    return fig
-
-
-def write_outputs(rep: Reproduction, out_dir: str | Path) -> dict[str, Path]:
-    """Write the chart (PNG), the tables (CSV) and the assumptions (text) atomically."""
-    out = Path(out_dir)
-    paths = {"chart": out / "merak_speedups.png", "table": out / "speedups.csv",
-             "ablation": out / "ablation.csv", "assumptions": out / "assumptions.txt"}
-    plot_reproduction(rep, paths["chart"])
-    atomic_write_text(paths["table"], rep.table().to_csv(index=False))
-    atomic_write_text(paths["ablation"], rep.ablation_table().to_csv(index=False))
-    atomic_write_text(paths["assumptions"], "\n".join(rep.assumptions) + "\n")
-    return paths

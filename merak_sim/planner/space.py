@@ -101,6 +101,14 @@ SYSTEMS: dict[str, SearchSpace] = {
                             zero=(0,), name="Megatron-LM-like", **_BASE),
     "deepspeed": SearchSpace(schedules=("1f1b",), recompute=("full",), tp_overlap=("none",),
                              zero=(1,), name="DeepSpeed-like", **_BASE),
+    # The same systems free to choose their own recompute (as a user would when memory
+    # allows), besides their degrees and micro-batch size.
+    "megatron-free": SearchSpace(schedules=("1f1b",), recompute=("none", "selective", "full"),
+                                 tp_overlap=("none",), zero=(0,), name="Megatron-LM-like (free)",
+                                 **_BASE),
+    "deepspeed-free": SearchSpace(schedules=("1f1b",), recompute=("none", "selective", "full"),
+                                  tp_overlap=("none",), zero=(1,), name="DeepSpeed-like (free)",
+                                  **_BASE),
     # Ablation: start from the union of the two baselines, add one technique at a time.
     "baseline": SearchSpace(schedules=("1f1b",), recompute=("full",), tp_overlap=("none",),
                             zero=(0, 1), name="1F1B + full recompute", **_BASE),
