@@ -103,7 +103,8 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
                 partition: str = "uniform",
                 layer_times_s: tuple[float, float, float] | None = None,
                 max_grad_norm: float | None = None,
-                lr_schedule: Callable[[int], float] | None = None) -> ParallelModel:
+                lr_schedule: Callable[[int], float] | None = None,
+                overlap_dp: bool = False, buckets: int = 4) -> ParallelModel:
     """Parallelise ``model`` for ``config`` on the current torch.distributed world.
 
     Args:
@@ -129,6 +130,9 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
             (:mod:`merak_exec.optim`).
         max_grad_norm: clip gradients to this global norm over all ranks.
         lr_schedule: LR multiplier per optimizer step (:func:`merak_exec.optim.lr_lambda`).
+        overlap_dp: average data-parallel gradients in ``buckets`` buckets per chunk,
+            overlapped with the last backwards (:mod:`merak_exec.data_parallel`; the
+            simulator's ``overlap_dp``/``buckets``).
     """
     _check_supported(config)
     mesh = mesh or build_mesh(config)
@@ -179,6 +183,11 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     opt = _training_optimizer(opt, chunks, mesh, tied, config, max_grad_norm, lr_schedule)
     specs = _boundary_specs(chain, ranges, config.micro_batch_size, seq_len, dtype)
     rt = PipelineRuntime(chunks, sched, mesh, opt, specs, tied_params=tied, record=record)
+    if overlap_dp and mesh.dp_group is not None:
+        from merak_exec.data_parallel import BucketedReducer
+
+        rt.grad_reducer = BucketedReducer(chunks, rt.program, mesh, buckets)
+        rt.add_hooks(rt.grad_reducer)
     return ParallelModel(mesh=mesh, chain=chain, ranges=ranges, chunks=chunks, runtime=rt,
                          config=config)
 

@@ -85,19 +85,22 @@ class PipelineRuntime:
             ``(mbs, seq, hidden)``; captured models may add broadcast values).
         tied_params: this rank's copies of tied parameters (summed over the tied group).
         record: keep per-action events.
+        grad_reducer: averages the gradients over dp at AR instead of one flat
+            all-reduce (:class:`~merak_exec.data_parallel.BucketedReducer`).
     """
 
     def __init__(self, chunks: list[StageModule], schedule: Schedule, mesh: Mesh,
                  optimizer: torch.optim.Optimizer | None,
                  boundary_specs: dict[int, list[tuple[tuple[int, ...], torch.dtype]]],
                  tied_params: list[torch.nn.Parameter] | None = None,
-                 record: bool = True) -> None:
+                 record: bool = True, grad_reducer=None) -> None:
         self.chunks = chunks
         self.schedule = schedule
         self.mesh = mesh
         self.optimizer = optimizer
         self.boundary_specs = boundary_specs
         self.tied_params = tied_params or []
+        self.grad_reducer = grad_reducer
         self.program = schedule.programs[mesh.pp_rank]
         self.timeout = datetime.timedelta(seconds=mesh.timeout_s)
         self.recorder = Recorder(mesh, enabled=record)
@@ -378,14 +381,17 @@ class PipelineRuntime:
             self._capture.append((module, output))
 
     def _all_reduce_grads(self) -> None:
-        """Tied-parameter sum over the tied group, then mean over dp (one flat buffer)."""
+        """Tied-parameter sum over the tied group, then mean over dp (one flat buffer);
+        with a grad reducer, its (bucketed, mostly finished) dp mean comes first."""
         m = self.mesh
+        if self.grad_reducer is not None and m.dp_group is not None:
+            self.grad_reducer.finish(self._wait)
         if m.tied_group is not None and self.tied_params:
             for p in self.tied_params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 dist.all_reduce(p.grad, group=m.tied_group)
-        if m.dp_group is None:
+        if m.dp_group is None or self.grad_reducer is not None:
             return
         grads = []
         for p in self.params:

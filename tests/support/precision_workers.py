@@ -166,3 +166,31 @@ def hf_loss_run(config: dict) -> dict:
                      optimizer_fn=lambda ps: torch.optim.SGD(ps, lr=0.0))
     got = [pm.train_step(ids).loss, pm.train_step(ids, labels).loss]
     return {"got": got, "want": want}
+
+
+def case_overlap(rank: int, arg: dict) -> list[dict]:
+    """dp2: bucketed overlapped gradient averaging against the flat all-reduce, per
+    schedule: losses, the last step's gradients, and how many buckets overlapped."""
+    from merak_exec.parallel import parallelize
+    from merak_sim.config import ParallelConfig
+    from support.models import RecordingSGD, tiny_gpt_config
+
+    out = []
+    for sched, rec in arg["schedules"]:
+        pc = ParallelConfig(dp=2, micro_batch_size=1, global_batch_size=8, dtype="fp32",
+                            schedule=sched, recompute=rec)
+        mcfg = tiny_gpt_config()
+        batches = data(mcfg, pc.global_batch_size, mcfg.n_positions, 3)
+        runs = {}
+        for overlap in (False, True):
+            pm = parallelize(build_model("gpt"), pc, seq_len=mcfg.n_positions,
+                             optimizer_fn=lambda ps: RecordingSGD(ps, lr=0.1),
+                             overlap_dp=overlap, buckets=3)
+            losses = [pm.train_step(x, y).loss for x, y in batches]
+            runs[overlap] = (losses, pm.runtime.optimizer.last_grads, pm.runtime.grad_reducer)
+        (lf, gf, _), (lo, go, red) = runs[False], runs[True]
+        err = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-3))
+                  for a, b in zip(go, gf, strict=True))
+        out.append({"schedule": sched, "loss_flat": lf, "loss_overlap": lo, "grad": err,
+                    "buckets": len(red.buckets), "overlapped": red.overlapped})
+    return out
