@@ -88,6 +88,9 @@ def cli() -> None:
               help="ZeRO stage: 1 shards the optimizer state over dp")
 @click.option("--sequence-parallel", is_flag=True,
               help="split norms and dropout along the sequence over tp (needs --tp > 1)")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
+              show_default=True, help="bf16/fp16: autocast on fp32 master weights (fp16 "
+                                      "with a dynamic loss scaler)")
 @click.option("--mbs", default=1, show_default=True, help="micro-batch size")
 @click.option("--microbatches", default=4, show_default=True, help="per pipeline (M)")
 @click.option("--steps", default=10, show_default=True)
@@ -105,8 +108,9 @@ def cli() -> None:
               help="a merak-plan/1 file (from `merak-sim plan`/`dispatch`): its model and "
                    "parallel configuration replace the model, degree and batch options")
 def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_stages,
-          schedule, recompute, tp_overlap, zero, sequence_parallel, mbs, microbatches, steps, lr, save_dir, save_every,
-          resume, trace_path, split_points, meta, plan_path) -> None:
+          schedule, recompute, tp_overlap, zero, sequence_parallel, dtype, mbs, microbatches,
+          steps, lr, save_dir, save_every, resume, trace_path, split_points, meta,
+          plan_path) -> None:
     """Train a model on synthetic tokens with dp x tp x pp."""
     import torch
 
@@ -120,11 +124,11 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_
         virtual_stages, schedule = extra.pop("virtual_stages"), extra.pop("schedule")
         recompute, tp_overlap = extra.pop("recompute"), extra.pop("tp_overlap")
     merak_exec.init(dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages, schedule=schedule,
-                    recompute=recompute, tp_overlap=tp_overlap, **extra)
+                    recompute=recompute, tp_overlap=tp_overlap, dtype=dtype, **extra)
     g = torch.Generator().manual_seed(0)
     n = max(64, dp * mbs * microbatches * 4)
-    toks = torch.randint(0, vocab, (n, seq + 1), generator=g)
-    ds = [{"input_ids": t[:-1], "labels": t[1:]} for t in toks]
+    toks = torch.randint(0, vocab, (n, seq), generator=g)
+    ds = [{"input_ids": t} for t in toks]  # labels = input_ids (the loss shifts them)
     torch.manual_seed(0)
     model = _model(kind, layers, hidden, heads, vocab, seq, dropout, meta)
     args = merak_exec.TrainingArguments(

@@ -21,10 +21,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from merak_exec.mesh import ExecError
+from merak_exec.models.gpt import lm_loss
 from merak_exec.stages import LayerChain
 
 __all__ = ["to_chain", "CaptureError"]
@@ -32,11 +32,6 @@ __all__ = ["to_chain", "CaptureError"]
 
 class CaptureError(ExecError):
     """The model could not be turned into a chain of stages."""
-
-
-def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=-100)
 
 
 def to_chain(model, seq_len: int) -> tuple[LayerChain, str | None]:
@@ -49,7 +44,7 @@ def to_chain(model, seq_len: int) -> tuple[LayerChain, str | None]:
         L = model.config.n_layer
         tied = ([((0, "wte.weight"), (L + 1, "lm_head.weight"))]
                 if model.config.tie_embeddings else [])
-        return LayerChain(layers=model.layers(), loss_fn=_lm_loss, tied=tied,
+        return LayerChain(layers=model.layers(), loss_fn=lm_loss, tied=tied,
                           hidden_size=model.config.n_embd, heavy=list(range(1, L + 1)),
                           init_fn=model.init_weights), "gpt"
     name = type(model).__name__
@@ -217,7 +212,7 @@ def _chain_from_split(split, model, seq_len: int, device) -> LayerChain:
     hidden = next((s[-1] for spec in boundaries for s, dt in spec if dt.is_floating_point
                    and len(s) == 3 and s[0] == "batch"), 0)
     heavy = list(range(1, len(layers) - 1)) if len(layers) > 2 else list(range(len(layers)))
-    return LayerChain(layers=layers, loss_fn=_lm_loss, tied=tied, hidden_size=hidden,
+    return LayerChain(layers=layers, loss_fn=lm_loss, tied=tied, hidden_size=hidden,
                       heavy=heavy, boundaries=boundaries, materialize=_generic_init(model))
 
 

@@ -11,17 +11,12 @@ locally instead of being threaded through the shards).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from merak_exec.models.gpt import lm_loss
 from merak_exec.stages import LayerChain
 
 __all__ = ["gpt2_chain", "llama_chain"]
-
-
-def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=-100)
 
 
 def _causal_mask(config, h: torch.Tensor, pos: torch.Tensor):
@@ -92,7 +87,7 @@ def gpt2_chain(model) -> LayerChain:
     L = len(tr.h)
     tied = ([((0, "wte.weight"), (L + 1, "lm_head.weight"))]
             if model.lm_head.weight is tr.wte.weight else [])
-    return LayerChain(layers=layers, loss_fn=_lm_loss, tied=tied, hidden_size=cfg.n_embd,
+    return LayerChain(layers=layers, loss_fn=lm_loss, tied=tied, hidden_size=cfg.n_embd,
                       heavy=list(range(1, L + 1)), init_fn=_hf_init(model))
 
 
@@ -145,5 +140,5 @@ def llama_chain(model) -> LayerChain:
     L = len(m.layers)
     tied = ([((0, "embed_tokens.weight"), (L + 1, "lm_head.weight"))]
             if model.lm_head.weight is m.embed_tokens.weight else [])
-    return LayerChain(layers=layers, loss_fn=_lm_loss, tied=tied, hidden_size=cfg.hidden_size,
+    return LayerChain(layers=layers, loss_fn=lm_loss, tied=tied, hidden_size=cfg.hidden_size,
                       heavy=list(range(1, L + 1)), init_fn=_hf_init(model))

@@ -78,8 +78,18 @@ class ParallelModel:
         mine = t[self.mesh.dp_rank * n:(self.mesh.dp_rank + 1) * n]
         return list(mine.split(mbs, dim=0))
 
-    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor) -> StepOutput:
-        """One iteration on a global batch (every rank passes the same tensors)."""
+    def train_step(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None
+                   ) -> StepOutput:
+        """One iteration on a global batch (every rank passes the same tensors).
+
+        ``labels`` are aligned with ``input_ids`` as in HuggingFace (the loss shifts
+        them; -100 is ignored); None means ``input_ids``."""
+        if labels is None:
+            labels = input_ids
+        if labels.shape != input_ids.shape:
+            raise ExecError(f"labels have shape {tuple(labels.shape)} but input_ids "
+                            f"{tuple(input_ids.shape)}; pass labels aligned with the inputs "
+                            "(labels = input_ids; the loss shifts them)")
         out = self.runtime.step(self.split_batch(input_ids), self.split_batch(labels))
         self.history.append(out)
         return out
@@ -91,7 +101,10 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
                 tp_mapping: TPMapping | str | None = None, mesh: Mesh | None = None,
                 record: bool = True, dtype: torch.dtype | None = None,
                 partition: str = "uniform",
-                layer_times_s: tuple[float, float, float] | None = None) -> ParallelModel:
+                layer_times_s: tuple[float, float, float] | None = None,
+                max_grad_norm: float | None = None,
+                lr_schedule: Callable[[int], float] | None = None,
+                overlap_dp: bool = False, buckets: int = 4) -> ParallelModel:
     """Parallelise ``model`` for ``config`` on the current torch.distributed world.
 
     Args:
@@ -111,7 +124,15 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
             default from the model's family.
         mesh: reuse existing groups.
         record: record per-action events.
-        dtype: training dtype (default fp32 on CPU, the config's dtype on CUDA).
+        dtype: parameter dtype (default fp32). ``config.dtype`` "bf16" or "fp16" is
+            mixed precision: fp32 parameters (the master weights) and optimizer state,
+            stage forwards under ``torch.autocast``, and for fp16 a dynamic loss scaler
+            (:mod:`merak_exec.optim`).
+        max_grad_norm: clip gradients to this global norm over all ranks.
+        lr_schedule: LR multiplier per optimizer step (:func:`merak_exec.optim.lr_lambda`).
+        overlap_dp: average data-parallel gradients in ``buckets`` buckets per chunk,
+            overlapped with the last backwards (:mod:`merak_exec.data_parallel`; the
+            simulator's ``overlap_dp``/``buckets``).
     """
     check_executable(config)
     mesh = mesh or build_mesh(config)
@@ -126,9 +147,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     S = config.pp
     my = [c * S + mesh.pp_rank for c in range(config.virtual_stages)]
     chunks = [build_stage(chain, ranges, g, lambda x: x % S) for g in my]
-    if dtype is None:
-        dtype = ({"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-                 [config.dtype] if mesh.device.type == "cuda" else torch.float32)
+    dtype = dtype or torch.float32
     # Materialise the kept layers only (a meta-device model gets storage and its own
     # init here); then shard them for TP, so every tp rank slices the same full layer.
     for c in chunks:
@@ -163,12 +182,51 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     params = [p for c in chunks for p in c.parameters() if p.requires_grad]
     opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(params)
     opt, grad_sync = _apply_options(config, mesh, chunks, ranges, family, opt)
+    opt = _training_optimizer(opt, chunks, mesh, tied, config, max_grad_norm, lr_schedule)
     specs = _boundary_specs(chain, ranges, config.micro_batch_size,
                             seq_len // (config.tp if config.sequence_parallel else 1), dtype)
     rt = PipelineRuntime(chunks, sched, mesh, opt, specs, tied_params=tied, record=record,
                          grad_sync=grad_sync)
+    if overlap_dp and mesh.dp_group is not None:
+        if config.zero:
+            raise ExecError("overlap_dp buckets an all-reduce, but ZeRO-1 reduce-scatters "
+                            "the gradients at AR: use one of them")
+        from merak_exec.data_parallel import BucketedReducer
+
+        rt.grad_reducer = BucketedReducer(chunks, rt.program, mesh, buckets)
+        rt.add_hooks(rt.grad_reducer)
     return ParallelModel(mesh=mesh, chain=chain, ranges=ranges, chunks=chunks, runtime=rt,
                          config=config)
+
+
+def _training_optimizer(opt, chunks, mesh: Mesh, tied, config: ParallelConfig,
+                        max_grad_norm: float | None, lr_schedule):
+    """Mixed precision (autocast hooks on every stage, the fp16 loss scaler on the
+    loss), clipping and the LR schedule around ``opt``; ``opt`` itself when none
+    applies."""
+    from merak_exec.optim import (
+        AMP_DTYPES,
+        LossScaler,
+        TrainingOptimizer,
+        autocast_hooks,
+        replica_counts,
+        scaled_loss_fn,
+    )
+
+    if config.dtype not in (*AMP_DTYPES, "fp32"):
+        raise ExecError(f"dtype {config.dtype!r} is not supported; choose fp32, bf16 or fp16")
+    scaler = LossScaler() if config.dtype == "fp16" else None
+    if config.dtype in AMP_DTYPES:
+        hooks = autocast_hooks(mesh.device, config.dtype)
+        for c in chunks:
+            c.add_hooks(hooks)
+            if c.is_last and scaler is not None:
+                c.loss_fn = scaled_loss_fn(c.loss_fn, scaler)
+    if opt is None or (scaler is None and not max_grad_norm and lr_schedule is None):
+        return opt
+    return TrainingOptimizer(opt, counts=replica_counts(chunks, mesh, tied), device=mesh.device,
+                             max_grad_norm=max_grad_norm, schedule=lr_schedule, scaler=scaler,
+                             timeout_s=mesh.timeout_s)
 
 
 def _retie_and_vocab_loss(chain: LayerChain, ranges, chunks, mesh: Mesh) -> None:

@@ -89,13 +89,15 @@ class PipelineRuntime:
             sequence-parallel partial gradients, ZeRO's reduce-scatter); it returns
             True when it also did the data-parallel reduction, else the flat dp
             all-reduce follows.
+        grad_reducer: averages the gradients over dp at AR instead of one flat
+            all-reduce (:class:`~merak_exec.data_parallel.BucketedReducer`).
     """
 
     def __init__(self, chunks: list[StageModule], schedule: Schedule, mesh: Mesh,
                  optimizer: torch.optim.Optimizer | None,
                  boundary_specs: dict[int, list[tuple[tuple[int, ...], torch.dtype]]],
                  tied_params: list[torch.nn.Parameter] | None = None,
-                 record: bool = True, grad_sync=None) -> None:
+                 record: bool = True, grad_sync=None, grad_reducer=None) -> None:
         self.chunks = chunks
         self.schedule = schedule
         self.mesh = mesh
@@ -103,6 +105,7 @@ class PipelineRuntime:
         self.boundary_specs = boundary_specs
         self.tied_params = tied_params or []
         self.grad_sync = grad_sync
+        self.grad_reducer = grad_reducer
         self.program = schedule.programs[mesh.pp_rank]
         self.timeout = datetime.timedelta(seconds=mesh.timeout_s)
         self.recorder = Recorder(mesh, enabled=record)
@@ -383,8 +386,11 @@ class PipelineRuntime:
             self._capture.append((module, output))
 
     def _all_reduce_grads(self) -> None:
-        """Tied-parameter sum over the tied group, then mean over dp (one flat buffer)."""
+        """Tied-parameter sum over the tied group, then mean over dp (one flat buffer);
+        with a grad reducer, its (bucketed, mostly finished) dp mean comes first."""
         m = self.mesh
+        if self.grad_reducer is not None and m.dp_group is not None:
+            self.grad_reducer.finish(self._wait)
         if m.tied_group is not None and self.tied_params:
             for p in self.tied_params:
                 if p.grad is None:
@@ -392,7 +398,7 @@ class PipelineRuntime:
                 dist.all_reduce(p.grad, group=m.tied_group)
         if self.grad_sync is not None and self.grad_sync(self.params):
             return
-        if m.dp_group is None:
+        if m.dp_group is None or self.grad_reducer is not None:
             return
         grads = []
         for p in self.params:

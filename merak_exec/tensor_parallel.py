@@ -291,11 +291,14 @@ class _VocabParallelCE(torch.autograd.Function):
 
 
 def vocab_parallel_lm_loss(start: int, group, ignore_index: int = -100):
-    """A loss_fn(logits_shard [b, s, V/tp], labels [b, s]) for a vocab-parallel head."""
+    """A loss_fn(logits_shard [b, s, V/tp], labels [b, s]) for a vocab-parallel head
+    (labels aligned with the input ids, shifted here as :func:`~merak_exec.models.gpt.lm_loss`
+    does)."""
+    from merak_exec.models.gpt import shift_labels
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return _VocabParallelCE.apply(logits, labels, start, current_tp_group(group),
-                                      ignore_index)
+        return _VocabParallelCE.apply(logits, shift_labels(labels, ignore_index), start,
+                                      current_tp_group(group), ignore_index)
 
     return loss_fn
 

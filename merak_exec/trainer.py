@@ -10,23 +10,30 @@
 field) and starts torch.distributed; ``Trainer`` parallelises the unmodified model,
 feeds it global batches built deterministically from ``train_dataset`` (every rank
 builds the same global batch and keeps its data-parallel slice), logs the loss,
-saves DCP checkpoints every ``save_steps`` and resumes from one.
+saves DCP checkpoints every ``save_steps`` (keeping ``save_total_limit``) and resumes
+from one. Labels follow HuggingFace: aligned with the inputs (the loss shifts them),
+missing labels mean the input ids, -100 is ignored, right padding is masked.
 """
 
 from __future__ import annotations
 
+import math
+import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from merak_exec.checkpoint import load_checkpoint, save_checkpoint
 from merak_exec.mesh import ExecError, Mesh, build_mesh, init_distributed
+from merak_exec.optim import TrainingOptimizer, decay_groups, lr_lambda
 from merak_exec.parallel import ParallelModel, parallelize
 from merak_exec.result import RunResult
 from merak_sim.config import ParallelConfig
 
-__all__ = ["init", "TrainingArguments", "Trainer", "gather_events"]
+__all__ = ["init", "TrainingArguments", "Trainer", "gather_events", "pad_sample", "checkpoints",
+           "rotate_checkpoints"]
 
 _STATE: dict = {}
 
@@ -50,19 +57,37 @@ def _make_config(mbs: int, accum: int, **kw) -> ParallelConfig:
 
 @dataclass
 class TrainingArguments:
-    """What to train for and how (the subset of HF TrainingArguments that applies).
+    """What to train for and how: HuggingFace TrainingArguments' common fields with
+    their HuggingFace meaning (an unknown field is a TypeError naming it; a known one
+    this backend cannot honour is refused by name when the Trainer starts).
 
     Attributes:
-        output_dir: where checkpoints and the measured trace go.
+        output_dir: checkpoints go to ``<output_dir>/checkpoint-<step>``.
         per_device_train_batch_size: micro-batch size.
         gradient_accumulation_steps: micro-batches per iteration per pipeline (M).
-        max_steps: iterations to run.
-        learning_rate, weight_decay: AdamW settings.
+        max_steps: iterations to run; -1 means ``num_train_epochs`` epochs.
+        num_train_epochs: epochs when ``max_steps`` is -1 (an epoch is every full global
+            batch of the dataset; the last partial one is dropped, shapes are fixed).
+        learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon: AdamW
+            settings; no weight decay on biases and norm weights.
+        max_grad_norm: clip the global gradient norm over all ranks (0/None: off).
+        lr_scheduler_type: constant, constant_with_warmup, linear or cosine.
+        warmup_steps, warmup_ratio: linear warmup (steps, else a fraction of the run).
+        bf16, fp16: mixed precision (autocast; fp16 with a dynamic loss scaler).
+        gradient_checkpointing: recompute every block ("full") unless the config
+            already recomputes.
         seed: seeds the data order.
-        logging_steps: print the loss every this many steps (rank 0).
+        logging_steps: print the loss every this many steps (rank 0; 0: never).
         save_steps: checkpoint every this many steps (0: never).
-        resume_from_checkpoint: a checkpoint directory to resume from.
-        seq_len: sequence length (default: the dataset's).
+        save_total_limit: keep only this many newest checkpoints (None: all).
+        eval_steps, eval_strategy: evaluation is not run; eval_strategy must be "no".
+        report_to: "none" only (no integrations).
+        dataloader_num_workers: 0 only (batches are built in the training process).
+        resume_from_checkpoint: a checkpoint directory, or True for the newest one in
+            ``output_dir``.
+        seq_len: sequence length (default: the longest sample; shorter ones are
+            padded on the right with ``pad_token_id`` and labels -100).
+        pad_token_id: the id used for right padding.
         split_points: explicit pipeline split points (layer indices).
         trace_path: write the last step's Chrome trace here (rank 0).
     """
@@ -70,43 +95,114 @@ class TrainingArguments:
     output_dir: str = "merak_out"
     per_device_train_batch_size: int = 1
     gradient_accumulation_steps: int = 1
-    max_steps: int = 10
+    max_steps: int = -1
+    num_train_epochs: float = 3.0
     learning_rate: float = 1e-4
     weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    lr_scheduler_type: str = "linear"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    bf16: bool = False
+    fp16: bool = False
+    gradient_checkpointing: bool = False
     seed: int = 0
     logging_steps: int = 1
     save_steps: int = 0
-    resume_from_checkpoint: str | None = None
+    save_total_limit: int | None = None
+    eval_steps: int | None = None
+    eval_strategy: str = "no"
+    report_to: str | list[str] | None = "none"
+    dataloader_num_workers: int = 0
+    resume_from_checkpoint: str | bool | None = None
     seq_len: int | None = None
+    pad_token_id: int = 0
     split_points: list[int] | None = None
     trace_path: str | None = None
     extra: dict = field(default_factory=dict)
 
 
-def _to_pair(sample) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_args(a: TrainingArguments) -> None:
+    """Refuse, by name, the fields whose value this backend cannot honour."""
+    reports = [a.report_to] if isinstance(a.report_to, str) or a.report_to is None \
+        else list(a.report_to)
+    bad = [r for r in reports if r not in (None, "none")]
+    problems = []
+    if bad:
+        problems.append(f"report_to={bad} (no logging integrations; use 'none')")
+    if a.eval_strategy not in ("no", None):
+        problems.append(f"eval_strategy={a.eval_strategy!r} (evaluation is not run; use 'no')")
+    if a.dataloader_num_workers:
+        problems.append(f"dataloader_num_workers={a.dataloader_num_workers} (batches are "
+                        "built in the training process; use 0)")
+    if a.bf16 and a.fp16:
+        problems.append("bf16 and fp16 together (choose one)")
+    if problems:
+        raise ExecError("TrainingArguments not supported by merak_exec: " + "; ".join(problems))
+
+
+def _to_sample(sample) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(input_ids, labels, attention_mask) of one item; labels default to input_ids."""
     if isinstance(sample, dict):
         ids = torch.as_tensor(sample["input_ids"])
-        labels = torch.as_tensor(sample.get("labels", ids))
-        return ids, labels
+        labels = sample.get("labels")
+        labels = ids if labels is None else torch.as_tensor(labels)
+        mask = sample.get("attention_mask")
+        return ids, labels, None if mask is None else torch.as_tensor(mask)
     ids, labels = sample
-    return torch.as_tensor(ids), torch.as_tensor(labels)
+    return torch.as_tensor(ids), torch.as_tensor(labels), None
+
+
+def pad_sample(i: int, sample, seq: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample ``i`` as (ids, labels) of length ``seq``: right padding (from its
+    attention_mask, or for a shorter sample) gets ``pad_id`` and label -100. Causal
+    attention never lets a real token see a later pad, so this equals HuggingFace's
+    masked forward; left padding or a longer sample is refused in one line."""
+    ids, labels, mask = _to_sample(sample)
+    n = ids.shape[-1]
+    if labels.shape != ids.shape:
+        raise ExecError(f"sample {i}: labels have {labels.shape[-1]} tokens, input_ids {n}; "
+                        "labels must be aligned with input_ids (the loss shifts them)")
+    if n > seq:
+        raise ExecError(f"sample {i} has {n} tokens, more than seq_len={seq}; truncate it or "
+                        "raise TrainingArguments.seq_len")
+    labels = labels.clone()
+    if mask is not None:
+        m = mask.bool()
+        if bool((m[1:] & ~m[:-1]).any()):
+            raise ExecError(f"sample {i}: attention_mask has a 0 before a 1 (left padding or "
+                            "holes); merak_exec handles right padding only")
+        labels[~m] = -100
+    if n < seq:
+        ids = torch.cat([ids, ids.new_full((seq - n,), pad_id)])
+        labels = torch.cat([labels, labels.new_full((seq - n,), -100)])
+    return ids, labels
 
 
 class Trainer:
     """Trains ``model`` on ``train_dataset`` with the degrees given to :func:`init`.
 
-    ``train_dataset`` is indexable; each item is ``{"input_ids": [s], "labels": [s]}``
-    (labels already aligned with the positions whose next token they are) or an
-    ``(ids, labels)`` pair. Every rank must see the same dataset.
+    ``train_dataset`` is indexable; each item is ``{"input_ids": [s], "labels": [s],
+    "attention_mask": [s]}`` (labels and the mask optional; labels aligned with the
+    inputs as in HuggingFace, -100 ignored) or an ``(ids, labels)`` pair. Every rank
+    must see the same dataset.
     """
 
     def __init__(self, model, args: TrainingArguments, train_dataset, optimizer_fn=None,
-                 config: ParallelConfig | None = None) -> None:
+                 config: ParallelConfig | None = None, eval_dataset=None) -> None:
+        _check_args(args)
+        if eval_dataset is not None:
+            raise ExecError("eval_dataset is not supported by merak_exec (no evaluation "
+                            "loop); pass train_dataset only")
         if config is None:
             if "degrees" not in _STATE:
                 init()
             config = _make_config(args.per_device_train_batch_size,
-                                  args.gradient_accumulation_steps, **_STATE["degrees"])
+                                  args.gradient_accumulation_steps,
+                                  **_precision_degrees(args, _STATE["degrees"]))
             mesh = _STATE["mesh"]
         else:
             mesh = build_mesh(config)
@@ -114,12 +210,18 @@ class Trainer:
             raise ExecError(f"dataset has {len(train_dataset)} samples, fewer than one global "
                             f"batch ({config.global_batch_size})")
         self.args, self.config, self.dataset = args, config, train_dataset
-        seq = args.seq_len or int(_to_pair(train_dataset[0])[0].shape[-1])
+        self.seq = args.seq_len or max(int(_to_sample(train_dataset[i])[0].shape[-1])
+                                       for i in range(len(train_dataset)))
+        self.max_steps = args.max_steps if args.max_steps > 0 else math.ceil(
+            args.num_train_epochs * (len(train_dataset) // config.global_batch_size))
+        warmup = args.warmup_steps or math.ceil(args.warmup_ratio * self.max_steps)
         opt_fn = optimizer_fn or (lambda ps: torch.optim.AdamW(
-            ps, lr=args.learning_rate, weight_decay=args.weight_decay))
-        self.model: ParallelModel = parallelize(model, config, optimizer_fn=opt_fn,
-                                                seq_len=seq, split_points=args.split_points,
-                                                mesh=mesh)
+            decay_groups(ps, args.weight_decay), lr=args.learning_rate,
+            betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon))
+        self.model: ParallelModel = parallelize(
+            model, config, optimizer_fn=opt_fn, seq_len=self.seq,
+            split_points=args.split_points, mesh=mesh, max_grad_norm=args.max_grad_norm,
+            lr_schedule=lr_lambda(args.lr_scheduler_type, warmup, self.max_steps))
         self.step = 0
 
     def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,17 +231,29 @@ class Trainer:
         epoch, k = divmod(step, per_epoch)
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.args.seed + epoch))
         idx = perm[k * B:(k + 1) * B].tolist()
-        pairs = [_to_pair(self.dataset[i]) for i in idx]
+        pairs = [pad_sample(i, self.dataset[i], self.seq, self.args.pad_token_id) for i in idx]
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
-    def train(self) -> RunResult:
-        """Run ``max_steps`` iterations (continuing after a resumed step)."""
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> RunResult:
+        """Run to ``max_steps`` iterations, first resuming from a checkpoint when one is
+        given here or in the arguments (True: the newest in ``output_dir``)."""
         a, pm = self.args, self.model
-        if a.resume_from_checkpoint:
-            self.step = load_checkpoint(pm, a.resume_from_checkpoint)
+        resume = resume_from_checkpoint if resume_from_checkpoint is not None \
+            else a.resume_from_checkpoint
+        if resume is True:
+            found = checkpoints(a.output_dir)
+            if not found:
+                raise ExecError(f"resume_from_checkpoint=True but {a.output_dir} has no "
+                                "checkpoint-<step> directory")
+            resume = str(found[-1])
+        if resume:
+            self.step = load_checkpoint(pm, resume)
+            opt = pm.runtime.optimizer
+            if isinstance(opt, TrainingOptimizer):
+                opt.iteration = self.step  # the LR schedule continues where it stopped
         losses, times = [], []
         rank0 = pm.mesh.rank == 0
-        while self.step < a.max_steps:
+        while self.step < self.max_steps:
             ids, labels = self._batch(self.step)
             t = time.perf_counter()
             out = pm.train_step(ids, labels)
@@ -147,16 +261,52 @@ class Trainer:
             losses.append(out.loss)
             self.step += 1
             if rank0 and a.logging_steps and self.step % a.logging_steps == 0:
-                print(f"step {self.step} loss {out.loss:.6f} time {times[-1] * 1e3:.1f} ms",
-                      flush=True)
+                print(f"step {self.step} loss {out.loss:.6f} time {times[-1] * 1e3:.1f} ms"
+                      + _opt_log(pm.runtime.optimizer), flush=True)
             if a.save_steps and self.step % a.save_steps == 0:
-                save_checkpoint(pm, f"{a.output_dir}/checkpoint", self.step)
+                save_checkpoint(pm, f"{a.output_dir}/checkpoint-{self.step}", self.step)
+                if rank0 and a.save_total_limit:
+                    rotate_checkpoints(a.output_dir, a.save_total_limit)
         events = gather_events(pm)
         res = RunResult(events=events, step_times_s=times, losses=losses,
                         meta={"config": self.config.to_dict()})
         if a.trace_path and rank0:
             res.save_chrome_trace(a.trace_path)
         return res
+
+
+def _precision_degrees(args: TrainingArguments, degrees: dict) -> dict:
+    """The init() keywords with the arguments' bf16/fp16 and gradient_checkpointing."""
+    out = dict(degrees)
+    want = "bf16" if args.bf16 else "fp16" if args.fp16 else None
+    if want:
+        if out.get("dtype", want) != want:
+            raise ExecError(f"TrainingArguments asks for {want} but init() was given "
+                            f"dtype={out['dtype']!r}; set one of them")
+        out["dtype"] = want
+    if args.gradient_checkpointing and out.get("recompute", "none") == "none":
+        out["recompute"] = "full"
+    return out
+
+
+def _opt_log(opt) -> str:
+    if not isinstance(opt, TrainingOptimizer):
+        return ""
+    lr = opt.param_groups[0]["lr"]
+    return f" grad_norm {opt.last_grad_norm:.4g} lr {lr:.3g}"
+
+
+def checkpoints(output_dir: str) -> list[Path]:
+    """``checkpoint-<step>`` directories of ``output_dir``, oldest step first."""
+    root = Path(output_dir)
+    found = [p for p in root.glob("checkpoint-*") if p.is_dir() and p.name[11:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[11:]))
+
+
+def rotate_checkpoints(output_dir: str, limit: int) -> None:
+    """Delete all but the ``limit`` newest checkpoints (HuggingFace's save_total_limit)."""
+    for old in checkpoints(output_dir)[:-limit]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def gather_events(pm: ParallelModel) -> list[dict]:

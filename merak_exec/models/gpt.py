@@ -173,8 +173,8 @@ class Head(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2 style language model; ``forward(ids)`` returns logits, ``loss(...)`` the
-    mean next-token cross-entropy."""
+    """GPT-2 style language model; ``forward(ids)`` returns logits (the loss is
+    :func:`lm_loss`, the mean next-token cross-entropy)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -211,11 +211,21 @@ class GPT(nn.Module):
         return self.head(x)
 
 
+def shift_labels(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Next-token targets of ``labels [b, s]`` aligned with the input ids: position i
+    gets label i+1, the last position ``ignore_index`` (HuggingFace's causal-LM loss
+    pads then shifts the labels the same way, so the logits are never sliced)."""
+    pad = torch.full_like(labels[..., :1], ignore_index)
+    return torch.cat([labels[..., 1:], pad], dim=-1)
+
+
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of ``logits [b, s, V]`` against ``labels [b, s]`` (already
-    shifted by the data pipeline; -100 entries are ignored)."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+    """Mean next-token cross-entropy of ``logits [b, s, V]`` against ``labels [b, s]``
+    aligned with the input ids (HuggingFace's convention: ``labels = input_ids`` works,
+    the shift happens here; -100 entries are ignored)."""
+    target = shift_labels(labels)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
                            ignore_index=-100)
 
 
-__all__.append("lm_loss")
+__all__ += ["lm_loss", "shift_labels"]

@@ -37,11 +37,14 @@ class Case:
 
 def token_batches(model_cfg: dict, global_batch: int, steps: int, seed: int = 0
                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``steps`` random (ids, next-token labels) batches for a :func:`small_gpt` model."""
+    """``steps`` random (ids, labels) batches for a :func:`small_gpt` model; labels
+    equal the ids (the loss shifts them). The draws, shapes and so the timings are
+    those of the earlier next-token labels."""
     g = torch.Generator().manual_seed(seed)
     seq, vocab = model_cfg["n_positions"], model_cfg["vocab_size"]
     out = []
     for _ in range(steps):
         ids = torch.randint(0, vocab, (global_batch, seq + 1), generator=g)
-        out.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
+        ids = ids[:, :-1].contiguous()
+        out.append((ids, ids.clone()))
     return out

@@ -17,12 +17,14 @@ def tiny_gpt_config(n_layer: int = 4):
 
 
 def data(cfg_model, global_batch: int, seq: int, steps: int, seed: int = 1):
-    """Deterministic token batches ``[(ids, labels)] * steps``."""
+    """Deterministic token batches ``[(ids, labels)] * steps`` (labels = ids: the loss
+    shifts them)."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(steps):
         ids = torch.randint(0, cfg_model.vocab_size, (global_batch, seq + 1), generator=g)
-        out.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
+        ids = ids[:, :-1].contiguous()
+        out.append((ids, ids.clone()))
     return out
 
 
