@@ -27,8 +27,30 @@ from merak_sim.progress import WORK_LIMIT
 __all__ = ["AliasOption", "Recompute", "parse_recompute", "check_writable",
            "check_work", "emit_json", "json_options", "POSITIVE", "NON_NEGATIVE"]
 
-POSITIVE = click.IntRange(min=1)
-NON_NEGATIVE = click.IntRange(min=0)
+class _BoundedInt(click.ParamType):
+    """An integer of at least ``low``; the error names the value's field."""
+
+    def __init__(self, low: int, what: str) -> None:
+        self.low, self.what = low, what
+        self.name = f"integer >= {low}"
+
+    def convert(self, value, param, ctx):
+        """The integer, or a usage error naming the field and the bound."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            v = value
+        else:
+            try:
+                v = int(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not an integer", param, ctx)
+        if v < self.low:
+            field = param.name if param is not None else "value"
+            self.fail(f"{field} must be a {self.what} integer, got {v}", param, ctx)
+        return v
+
+
+POSITIVE = _BoundedInt(1, "positive")
+NON_NEGATIVE = _BoundedInt(0, "non-negative")
 
 
 class AliasOption(click.Option):
@@ -43,6 +65,10 @@ class AliasOption(click.Option):
             return super().get_help_record(ctx)
         finally:
             self.opts = saved
+
+    def get_error_hint(self, ctx: click.Context) -> str:
+        """Errors name the first spelling only."""
+        return f"'{self.opts[0]}'"
 
 
 @dataclass(frozen=True)
