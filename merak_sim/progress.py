@@ -40,7 +40,8 @@ class Progress:
     """Counts done items out of a total and reports them (mode "bar", "lines" or
     "off"); the counts are exact whatever the mode."""
 
-    def __init__(self, mode: str, label: str, stream: Any = None) -> None:
+    def __init__(self, mode: str, label: str, stream: Any = None, *,
+                 after_s: float = LINE_AFTER_S, every_s: float = LINE_EVERY_S) -> None:
         if mode not in ("bar", "lines", "off"):
             raise ValueError(f"progress mode is bar, lines or off, got {mode!r}")
         self.mode, self.label = mode, label
@@ -48,7 +49,8 @@ class Progress:
         self.total = 0
         self.done = 0
         self._t0 = time.monotonic()
-        self._next_line = self._t0 + LINE_AFTER_S
+        self.after_s, self.every_s = after_s, every_s
+        self._next_line = self._t0 + after_s
         self._bar = None
         self._task = None
 
@@ -71,7 +73,7 @@ class Progress:
         elif self.mode == "lines":
             now = time.monotonic()
             if now >= self._next_line:
-                self._next_line = now + LINE_EVERY_S
+                self._next_line = now + self.every_s
                 self._line(f"{self.done:,}/{self.total:,} ({self.fraction:.0%})")
 
     @property
@@ -81,7 +83,7 @@ class Progress:
 
     def phase(self, text: str) -> None:
         """Announce a later phase of the work (in lines mode once past the delay)."""
-        if self.mode == "lines" and time.monotonic() >= self._t0 + LINE_AFTER_S:
+        if self.mode == "lines" and time.monotonic() >= self._t0 + self.after_s:
             self._line(text)
 
     def _line(self, text: str) -> None:
@@ -96,9 +98,13 @@ class Progress:
 
 
 @contextmanager
-def progress_reporter(mode: str | bool, label: str, stream: Any = None
+def progress_reporter(mode: str | bool | Progress, label: str, stream: Any = None
                       ) -> Iterator[Progress]:
-    """A :class:`Progress` closed on exit; ``True`` means "bar", ``False`` "off"."""
+    """A :class:`Progress` closed on exit; ``True`` means "bar", ``False`` "off"; a
+    Progress given is used as it is (and left to its owner to close)."""
+    if isinstance(mode, Progress):
+        yield mode
+        return
     if mode is True:
         mode = "bar"
     elif mode is False or mode is None:

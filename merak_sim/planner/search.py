@@ -280,7 +280,7 @@ def _default_cost_model():
 
 def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | None = None,
            space: SearchSpace | None = None, cost_model: Any = None, top_k: int = 3,
-           confirm: bool = True, progress: bool | str = False, memory_margin: float = 0.0,
+           confirm: bool = True, progress: bool | str | Progress = False, memory_margin: float = 0.0,
            exhaustive: bool = False) -> PlanResult:
     """Search the space for the fastest configuration that fits (module docstring).
 
@@ -294,7 +294,8 @@ def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | Non
         confirm: run SimPy on the top K (False: rank by the evaluator alone).
         progress: True or "bar": a rich progress bar on stderr counting every
             candidate (pruned, bounded, evaluated) to 100 %; "lines": one line on
-            stderr every few seconds once the search passes 5 s; False: silent.
+            stderr every few seconds once the search passes 5 s; False: silent; a
+            :class:`~merak_sim.progress.Progress` to count into.
         memory_margin: fraction of GPU memory kept free (allocator fragmentation,
             workspaces); 0 plans against the full capacity as the simulator does.
         exhaustive: evaluate every candidate that fits (no branch and bound); for
