@@ -14,8 +14,7 @@ Importing this package never imports torch. The names below are loaded on first 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from merak_sim.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -33,16 +32,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    """Load a public name from its module on first use."""
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'merak_sim' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """The module's globals and every public name (loaded or not)."""
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -9,7 +9,6 @@ exit status 2; a configuration that does not fit in memory is a result
 
 from __future__ import annotations
 
-import json
 
 import click
 
