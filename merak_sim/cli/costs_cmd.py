@@ -15,12 +15,22 @@ from dataclasses import asdict
 
 import click
 
-from merak_sim.config import DTYPES, RECOMPUTE_POLICIES, TP_OVERLAPS, ParallelConfig
+from merak_sim.config import DTYPES, TP_OVERLAPS, ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.hardware import get_cluster
 from merak_sim.memory import peak_memory
 from merak_sim.model import ModelSpec, get_model
 from merak_sim.schedule import SCHEDULES
+
+from .options import (
+    POSITIVE,
+    AliasOption,
+    check_work,
+    check_writable,
+    emit_json,
+    json_options,
+    parse_recompute,
+)
 
 MiB = 2**20
 GiB = 2**30
@@ -49,34 +59,59 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:9.3f}"
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    line = "  ".join(h.rjust(w[i]) for i, h in enumerate(headers))
-    out = [line, "-" * len(line)]
-    out += ["  ".join(c.rjust(w[i]) for i, c in enumerate(r)) for r in rows]
+def _table(headers: list[str], rows: list[list[str]], width: int = 10**6) -> str:
+    """Right-aligned columns; when the line would pass ``width``, the columns are
+    split into blocks that fit, each repeating the first (key) column."""
+    w = [max(len(h), *(len(r[i].strip()) for r in rows)) for i, h in enumerate(headers)]
+    blocks, cur, used = [], [], w[0]
+    for i in range(1, len(headers)):
+        if cur and used + 2 + w[i] > width:
+            blocks.append(cur)
+            cur, used = [], w[0]
+        cur.append(i)
+        used += 2 + w[i]
+    blocks.append(cur)
+    out = []
+    for cols in blocks:
+        idx = [0, *cols]
+        line = "  ".join(headers[i].rjust(w[i]) for i in idx)
+        if out:
+            out.append("")
+        out += [line, "-" * len(line)]
+        out += ["  ".join(r[i].strip().rjust(w[i]) for i in idx) for r in rows]
     return "\n".join(out)
 
 
+def _wrapped(text: str, width: int) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=width, subsequent_indent="#   " if
+                         text.startswith("#") else "  ", break_on_hyphens=False)
+
+
 @click.command("costs")
-@click.option("--model", "model_name", required=True,
+@click.option("--model", "--model-json", "model_name", cls=AliasOption, required=True,
               help="Model preset name or JSON file (a trace file names its model too).")
-@click.option("--cluster", "cluster_name", required=True, help="Cluster preset or JSON file.")
-@click.option("--nodes", type=int, default=None, help="Nodes (default: the preset's).")
-@click.option("--dp", type=int, default=1, show_default=True)
-@click.option("--tp", type=int, default=1, show_default=True)
-@click.option("--pp", type=int, default=1, show_default=True)
-@click.option("--virtual-stages", type=int, default=1, show_default=True)
-@click.option("--micro-batch-size", type=int, default=1, show_default=True)
-@click.option("--global-batch-size", type=int, default=None,
+@click.option("--cluster", "--cluster-json", "cluster_name", cls=AliasOption,
+              required=True, help="Cluster preset or JSON file.")
+@click.option("--nodes", type=POSITIVE, default=None, help="Nodes (default: the preset's).")
+@click.option("--dp", type=POSITIVE, default=1, show_default=True)
+@click.option("--tp", type=POSITIVE, default=1, show_default=True)
+@click.option("--pp", type=POSITIVE, default=1, show_default=True)
+@click.option("--virtual-stages", type=POSITIVE, default=1, show_default=True)
+@click.option("--micro-batch-size", "--mbs", "micro_batch_size", cls=AliasOption,
+              type=POSITIVE, default=1, show_default=True)
+@click.option("--global-batch-size", type=POSITIVE, default=None,
               help="Default: dp * micro-batch size * 2 * pp (2 * pp micro-batches).")
 @click.option("--schedule", type=click.Choice(list(SCHEDULES)), default="1f1b",
               show_default=True)
-@click.option("--recompute", type=click.Choice(list(RECOMPUTE_POLICIES)), default="none",
-              show_default=True)
+@click.option("--recompute", default="none", show_default=True,
+              help="none | full | selective | stage-aware | stage-aware:C0 | "
+                   "stage-aware:c0,c1,...")
 @click.option("--sequence-parallel", is_flag=True)
 @click.option("--tp-overlap", type=click.Choice(list(TP_OVERLAPS)), default="none",
               show_default=True)
-@click.option("--tp-overlap-parts", type=int, default=2, show_default=True)
+@click.option("--tp-overlap-parts", type=POSITIVE, default=2, show_default=True)
 @click.option("--zero", type=int, default=0, show_default=True)
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
 @click.option("--partition", "partition_method",
@@ -84,21 +119,26 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
               show_default=True, help="Layers -> stages.")
 @click.option("--trace", "traces", multiple=True, type=click.Path(dir_okay=False),
               help="merak-trace/1 file(s): trace-driven costs (analytic where absent).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@json_options
 def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
                   micro_batch_size, global_batch_size, schedule, recompute, sequence_parallel,
                   tp_overlap, tp_overlap_parts, zero, dtype, partition_method, traces,
-                  as_json):
+                  as_json, json_out):
     """Print the per-layer time and memory breakdown (and per-stage totals with peak
     memory from the schedule) that the cost model charges for one configuration."""
+    check_writable(("--json-out", json_out))
+    rc = parse_recompute(recompute)
     model = _model_arg(model_name)
     cluster = get_cluster(cluster_name, nodes=nodes)
     gbs = global_batch_size or dp * micro_batch_size * 2 * pp
     config = ParallelConfig(
         dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages,
         micro_batch_size=micro_batch_size, global_batch_size=gbs, schedule=schedule,
-        recompute=recompute, sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
+        recompute=rc.policy, recompute_c0=rc.c0, recompute_fractions=rc.fractions,
+        sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
         tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype)
+    check_work(pp * virtual_stages * config.num_microbatches,
+               "pp x virtual stages x micro-batches", "use a smaller global batch size")
     analytic = AnalyticCostModel(partition_method=partition_method)
     if traces:
         from merak_sim.costs.trace_model import TraceCostModel
@@ -109,8 +149,8 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
     layers = cm.layer_breakdown(model, cluster, config)
     sched = config.build_schedule()
     peaks = peak_memory(table, config, sched)
-    if as_json:
-        click.echo(json.dumps({
+    if as_json or json_out:
+        emit_json({
             "model": model.to_dict(), "cluster": cluster.to_dict(),
             "config": config.to_dict(), "layers": layers,
             "stages": [{**asdict(s), "peak_memory_bytes": p.total_bytes,
@@ -122,22 +162,32 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
             "peak_flops": table.peak_flops, "notes": list(table.notes),
             "meta": {k: (list(v) if isinstance(v, tuple) else v)
                      for k, v in table.meta.items()},
-        }, indent=1, default=str))
+        }, as_json, json_out, indent=1, default=str)
+    if as_json:
         return
+    from rich.console import Console
+
+    # The terminal's width; off a terminal $COLUMNS or 80.
+    width = Console().width
+
+    def echo(text: str = "") -> None:
+        click.echo("\n".join(_wrapped(line, width) if len(line) > width else line
+                              for line in text.split("\n")))
+
     g = cluster.gpu
-    click.echo(f"# model {model.name}: {model.family} L={model.layers} h={model.hidden} "
+    echo(f"# model {model.name}: {model.family} L={model.layers} h={model.hidden} "
                f"heads={model.heads} kv={model.kv_heads} ffn={model.ffn_hidden} "
                f"s={model.seq_len} V={model.vocab}, {model.total_params() / 1e9:.3f}B params")
-    click.echo(f"# cluster {cluster.name}: {cluster.nodes} x {cluster.gpus_per_node} {g.name} "
+    echo(f"# cluster {cluster.name}: {cluster.nodes} x {cluster.gpus_per_node} {g.name} "
                f"({g.memory_bytes / 1e9:.0f} GB, {g.peak(dtype) / 1e12:.3g} TFLOP/s {dtype}); "
                f"intra {cluster.intra.bandwidth_Bps / 1e9:.1f} GB/s, inter "
                f"{cluster.inter.bandwidth_Bps / 1e9:.1f} GB/s per node")
-    click.echo(f"# config dp={dp} tp={tp} pp={pp} v={virtual_stages} mbs={micro_batch_size} "
+    echo(f"# config dp={dp} tp={tp} pp={pp} v={virtual_stages} mbs={micro_batch_size} "
                f"micro-batches={config.num_microbatches} schedule={schedule} "
                f"recompute={recompute} sp={sequence_parallel} tp_overlap={tp_overlap} "
                f"zero={zero} dtype={dtype}; cost model: {table.meta.get('source')}")
-    click.echo("")
-    click.echo("Per layer, one micro-batch, one GPU (ms; MiB; tp-fwd/tp-bwd = exposed TP "
+    echo("")
+    echo("Per layer, one micro-batch, one GPU (ms; MiB; tp-fwd/tp-bwd = exposed TP "
                "communication; TFLOP/s = achieved by the compute):")
     hdr = ["kind", "fwd", "bwd-in", "bwd-w", "recomp", "tp-fwd", "tp-bwd", "TFLOP/s",
            "act MiB", "ckpt MiB", "params M", "source"]
@@ -150,9 +200,9 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
                      f"{r['activation_bytes'] / MiB:.1f}",
                      f"{r['checkpoint_bytes'] / MiB:.1f}", f"{r['params'] / 1e6:.1f}",
                      _short(str(r["source"]))])
-    click.echo(_table(hdr, rows))
-    click.echo("")
-    click.echo("Per model stage, one micro-batch (ms), memory per GPU (GiB):")
+    echo(_table(hdr, rows, width))
+    echo("")
+    echo("Per model stage, one micro-batch (ms), memory per GPU (GiB):")
     hdr = ["stage", "layers", "F", "B", "R", "send", "grad-AR", "opt", "act/mb", "ckpt/mb",
            "state", "peak", "in-flight"]
     rows = []
@@ -164,14 +214,14 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
                      f"{s.checkpoint_bytes / GiB:.2f}", f"{s.state_bytes / GiB:.2f}",
                      f"{p.total_bytes / GiB:.2f}" if i < pp else "(rank)",
                      str(p.peak_in_flight)])
-    click.echo(_table(hdr, rows))
+    echo(_table(hdr, rows, width))
     cap = table.memory_capacity_bytes
     worst = max(p.total_bytes for p in peaks)
-    click.echo(f"\npeak memory (state + activations in flight per the {schedule} schedule): "
+    echo(f"\npeak memory (state + activations in flight per the {schedule} schedule): "
                f"{worst / GiB:.2f} GiB of {cap / GiB:.2f} GiB"
                + ("  ** exceeds GPU memory **" if worst > cap else ""))
     for n in table.notes:
-        click.echo(f"note: {n}")
+        echo(f"note: {n}")
 
 
 command = costs_command

@@ -9,6 +9,8 @@ import click
 from merak_sim.io import atomic_write_text
 from merak_sim.schedule import generate, replay, stage_aware_fractions
 
+from .options import POSITIVE, check_work, check_writable
+
 
 def schedule_comparison(pp: int = 4, microbatches: int = 8) -> list[dict]:
     """Unit-cost makespans of the Merak schedule family against 1F1B (f=1, b=2, r=1).
@@ -40,10 +42,12 @@ def schedule_comparison(pp: int = 4, microbatches: int = 8) -> list[dict]:
 
 @click.command("demo")
 @click.option("--out", type=click.Path(file_okay=False), default="out/demo", show_default=True)
-@click.option("--pp", type=int, default=4, show_default=True)
-@click.option("--microbatches", type=int, default=8, show_default=True)
+@click.option("--pp", type=POSITIVE, default=4, show_default=True)
+@click.option("--microbatches", type=POSITIVE, default=8, show_default=True)
 def demo_command(out, pp, microbatches):
     """Compare pipeline schedules on unit costs; print a table and write a plot."""
+    check_writable(("--out", out), folder=True)
+    check_work(pp * microbatches, "pp x micro-batches", "use fewer stages or micro-batches")
     from rich.console import Console
     from rich.table import Table
 

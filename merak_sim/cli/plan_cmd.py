@@ -10,12 +10,13 @@ error naming the smallest memory shortfall and the closest candidate (exit 2).
 
 from __future__ import annotations
 
-import json
 import math
 
 import click
 
 from merak_sim.schedule import SCHEDULES
+
+from .options import POSITIVE, AliasOption, check_writable, emit_json, json_options
 
 _SYSTEM_CHOICES = ["full", "megatron", "deepspeed", "merak"]
 
@@ -44,37 +45,42 @@ def _clean(v):
 
 
 @click.command("plan")
-@click.option("--model", "model", required=True, help="Model preset name or JSON file.")
-@click.option("--cluster", "cluster", required=True, help="Cluster preset name or JSON file.")
-@click.option("--nodes", type=int, default=None, help="Nodes of the cluster.")
-@click.option("--global-batch-size", type=int, required=True, help="Samples per iteration.")
-@click.option("--top", "top_k", type=int, default=3, show_default=True,
+@click.option("--model", "--model-json", "model", cls=AliasOption, required=True,
+              help="Model preset name or JSON file.")
+@click.option("--cluster", "--cluster-json", "cluster", cls=AliasOption, required=True,
+              help="Cluster preset name or JSON file.")
+@click.option("--nodes", type=POSITIVE, default=None, help="Nodes of the cluster.")
+@click.option("--global-batch-size", type=POSITIVE, required=True,
+              help="Samples per iteration.")
+@click.option("--top", "top_k", type=POSITIVE, default=3, show_default=True,
               help="Candidates confirmed with the SimPy engine (and rows shown x3).")
 @click.option("--space", "system", type=click.Choice(_SYSTEM_CHOICES), default="full",
               show_default=True,
               help="Search everything, or restrict to a system of the paper reproduction.")
 @click.option("--tp", "tp", default=None, help="Allowed tp degrees, e.g. 1,2,4.")
 @click.option("--pp", "pp", default=None, help="Allowed pp degrees, e.g. 4,8.")
-@click.option("--micro-batch-sizes", default=None, help="Allowed micro-batch sizes.")
+@click.option("--micro-batch-sizes", "--mbs", "micro_batch_sizes", cls=AliasOption,
+              default=None, help="Allowed micro-batch sizes.")
 @click.option("--schedules", default=None,
               help=f"Comma-separated schedules ({', '.join(SCHEDULES)}).")
-@click.option("--memory-margin", type=float, default=0.0, show_default=True,
-              help="Fraction of GPU memory kept free.")
+@click.option("--memory-margin", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
+              show_default=True, help="Fraction of GPU memory kept free, in [0, 1).")
 @click.option("--no-confirm", is_flag=True, help="Rank by the fast evaluator only.")
 @click.option("--out", type=click.Path(dir_okay=False), default="plan.json",
               show_default=True, help="Where to write the best plan (merak-plan/1).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
               help="Also write every candidate (with why it lost) as CSV.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_options
 def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp,
                  micro_batch_sizes, schedules, memory_margin, no_confirm, out, csv_path,
-                 as_json):
+                 as_json, json_out):
     """Search parallel configurations; print the ranking and write the best plan."""
     import sys
 
     from merak_sim.io import atomic_write_text
     from merak_sim.planner import SYSTEMS, SearchSpace, search
 
+    check_writable(("--out", out), ("--csv", csv_path), ("--json-out", json_out))
     space = SearchSpace() if system == "full" else SYSTEMS[system]
     changes = {}
     if tp is not None:
@@ -89,22 +95,24 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
     if changes:
         space = space.with_(**changes)
     res = search(model, cluster, global_batch_size, nodes=nodes, space=space, top_k=top_k,
-                 confirm=not no_confirm, progress=not as_json and sys.stderr.isatty())
+                 confirm=not no_confirm, memory_margin=memory_margin,
+                 progress="bar" if sys.stderr.isatty() else "lines")
     res.save(out)
     if csv_path:
         atomic_write_text(csv_path, res.table.to_csv(index=False))
-    if as_json:
+    if as_json or json_out:
         top = [{k: _clean(v) for k, v in row.items()}
                for row in res.top(max(top_k, 10)).to_dict(orient="records")]
-        click.echo(json.dumps({"plan": res.best.to_dict(), "plan_file": str(out),
-                               "counts": res.counts, "seconds": res.seconds, "top": top,
-                               "notes": list(res.notes)}))
+        emit_json({"plan": res.best.to_dict(), "plan_file": str(out),
+                   "counts": res.counts, "seconds": res.seconds, "top": top,
+                   "notes": list(res.notes)}, as_json, json_out)
+    if as_json:
         return
     from rich.console import Console
 
-    # Wide enough for the table when stdout is a file or a pipe.
-    con = Console(width=None if sys.stdout.isatty() else 160)
-    con.print(res.rich_table(max(top_k, 10)))
+    # The terminal's width; off a terminal $COLUMNS or 80 (the table folds to fit).
+    con = Console()
+    con.print(res.rich_table(max(top_k, 10), width=con.width))
     con.print(res.counts_line())
     b = res.best_result
     cfg = res.best_config
@@ -121,6 +129,8 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
     con.print(f"wrote plan: {out}", markup=False)
     if csv_path:
         con.print(f"wrote candidates: {csv_path}", markup=False)
+    if json_out:
+        con.print(f"wrote JSON: {json_out}", markup=False)
 
 
 command = plan_command

@@ -9,12 +9,21 @@ exit status 2; a configuration that does not fit in memory is a result
 
 from __future__ import annotations
 
-import json
 
 import click
 
 from merak_sim.config import DTYPES, TP_OVERLAPS
 from merak_sim.schedule import SCHEDULES
+
+from .options import (
+    POSITIVE,
+    AliasOption,
+    check_work,
+    check_writable,
+    emit_json,
+    json_options,
+    parse_recompute,
+)
 
 
 def _pairs(values: tuple[str, ...], what: str, key_type=int) -> dict:
@@ -30,30 +39,69 @@ def _pairs(values: tuple[str, ...], what: str, key_type=int) -> dict:
     return out
 
 
+_PLAN_FIELDS = ("dp", "tp", "pp", "virtual_stages", "micro_batch_size",
+                "global_batch_size", "schedule", "recompute")
+
+
+def _from_plan(plan_file: str, given: dict):
+    """(model, cluster, ParallelConfig) of a plan file; the options a plan fixes must
+    not be given as well."""
+    from merak_sim.plan import Plan
+
+    clash = [f"--{k.replace('_', '-')}" for k in _PLAN_FIELDS if given.get(k) is not None]
+    if clash:
+        raise click.UsageError(f"--plan fixes {', '.join(clash)}: give the plan or the "
+                               "options, not both")
+    plan = Plan.load(plan_file)
+    return plan.model, plan.cluster, plan.parallel
+
+
+def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, dtype):
+    from merak_sim.config import ParallelConfig
+
+    missing = [f"--{k.replace('_', '-')}" for k in _PLAN_FIELDS
+               if k != "virtual_stages" and given.get(k) is None]
+    if missing:
+        raise click.UsageError(f"missing option(s) {', '.join(missing)} (or give --plan "
+                               "FILE)")
+    rc = parse_recompute(given["recompute"])
+    return ParallelConfig(
+        dp=given["dp"], tp=given["tp"], pp=given["pp"],
+        virtual_stages=given["virtual_stages"] or 1,
+        micro_batch_size=given["micro_batch_size"],
+        global_batch_size=given["global_batch_size"], schedule=given["schedule"],
+        recompute=rc.policy, recompute_c0=rc.c0, recompute_fractions=rc.fractions,
+        sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
+        tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype)
+
+
 @click.command("simulate")
-@click.option("--model", "model", default=None, help="Model preset name.")
-@click.option("--model-json", type=click.Path(dir_okay=False), default=None,
-              help="Model from a JSON file instead of a preset.")
-@click.option("--cluster", "cluster", default=None, help="Cluster preset name.")
-@click.option("--cluster-json", type=click.Path(dir_okay=False), default=None,
-              help="Cluster from a JSON file instead of a preset.")
-@click.option("--nodes", type=int, default=None, help="Nodes of the cluster.")
-@click.option("--dp", type=int, required=True, help="Data-parallel degree.")
-@click.option("--tp", type=int, required=True, help="Tensor-parallel degree.")
-@click.option("--pp", type=int, required=True, help="Pipeline-parallel degree.")
-@click.option("--virtual-stages", type=int, default=1, show_default=True,
-              help="Model chunks per pipeline rank (interleaved-1f1b).")
-@click.option("--micro-batch-size", type=int, required=True, help="Samples per micro-batch.")
-@click.option("--global-batch-size", type=int, required=True, help="Samples per iteration.")
-@click.option("--schedule", type=click.Choice(list(SCHEDULES)), required=True,
+@click.option("--model", "--model-json", "model", cls=AliasOption, default=None,
+              help="Model preset name or JSON file.")
+@click.option("--cluster", "--cluster-json", "cluster", cls=AliasOption, default=None,
+              help="Cluster preset name or JSON file.")
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None,
+              help="Re-simulate a merak-plan/1 file (its model, cluster and "
+                   "configuration).")
+@click.option("--nodes", type=POSITIVE, default=None, help="Nodes of the cluster.")
+@click.option("--dp", type=POSITIVE, default=None, help="Data-parallel degree.")
+@click.option("--tp", type=POSITIVE, default=None, help="Tensor-parallel degree.")
+@click.option("--pp", type=POSITIVE, default=None, help="Pipeline-parallel degree.")
+@click.option("--virtual-stages", type=POSITIVE, default=None,
+              help="Model chunks per pipeline rank (interleaved-1f1b; default 1).")
+@click.option("--micro-batch-size", "--mbs", "micro_batch_size", cls=AliasOption,
+              type=POSITIVE, default=None, help="Samples per micro-batch.")
+@click.option("--global-batch-size", type=POSITIVE, default=None,
+              help="Samples per iteration.")
+@click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None,
               help="Pipeline schedule.")
-@click.option("--recompute", required=True,
+@click.option("--recompute", default=None,
               help="none | full | selective | stage-aware | stage-aware:C0 | "
                    "stage-aware:c0,c1,... (explicit per-stage fractions).")
 @click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism.")
 @click.option("--tp-overlap", type=click.Choice(list(TP_OVERLAPS)), default="none",
               show_default=True, help="Merak's sub-pipelined TP overlap.")
-@click.option("--tp-overlap-parts", type=int, default=2, show_default=True,
+@click.option("--tp-overlap-parts", type=POSITIVE, default=2, show_default=True,
               help="Parts a micro-batch is split into for sub-pipelined TP.")
 @click.option("--zero", type=click.IntRange(0, 1), default=0, show_default=True,
               help="ZeRO stage.")
@@ -76,45 +124,43 @@ def _pairs(values: tuple[str, ...], what: str, key_type=int) -> dict:
               help="Full mode: GPU RANK computes FACTOR times slower (repeatable).")
 @click.option("--degrade-link", multiple=True, metavar="LINK:FACTOR",
               help="Full mode: scale a link's capacity, e.g. node0.nic.out:0.5.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_options
 @click.option("--chrome-trace", type=click.Path(dir_okay=False), default=None,
               help="Write a Chrome trace (open in Perfetto).")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+@click.option("--gantt", "--plot", "plot", cls=AliasOption, type=click.Path(dir_okay=False),
+              default=None,
               help="Write a Gantt chart (and FILE-memory.png with memory over time).")
-def simulate_command(model, model_json, cluster, cluster_json, nodes, dp, tp, pp,
-                     virtual_stages, micro_batch_size, global_batch_size, schedule,
-                     recompute, sequence_parallel, tp_overlap, tp_overlap_parts, zero,
-                     dtype, trace_file, mode, engine, contention, overlap_dp, sub_cluster,
-                     slow_gpu, degrade_link, as_json, chrome_trace, plot):
+def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_overlap,
+                     tp_overlap_parts, zero, dtype, trace_file, mode, engine, contention,
+                     overlap_dp, sub_cluster, slow_gpu, degrade_link, as_json, json_out,
+                     chrome_trace, plot, **given):
     """Simulate one training iteration: time, breakdown, FLOP/s and memory."""
     from pathlib import Path
 
-    from merak_sim.config import ParallelConfig
     from merak_sim.sim import simulate
 
-    if (model is None) == (model_json is None):
-        raise click.UsageError("give exactly one of --model NAME or --model-json FILE")
-    if (cluster is None) == (cluster_json is None):
-        raise click.UsageError("give exactly one of --cluster NAME or --cluster-json FILE")
-    policy, _, arg = recompute.partition(":")
-    c0, fractions = 0.75, None
-    if arg:
-        if policy != "stage-aware":
-            raise click.UsageError(f"only stage-aware takes a value, got {recompute!r}")
-        try:
-            vals = tuple(float(x) for x in arg.split(","))
-        except ValueError:
-            raise click.UsageError(f"bad recompute fractions in {recompute!r}") from None
-        if len(vals) == 1:
-            c0 = vals[0]
-        else:
-            fractions = vals
-    cfg = ParallelConfig(
-        dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages,
-        micro_batch_size=micro_batch_size, global_batch_size=global_batch_size,
-        schedule=schedule, recompute=policy, recompute_c0=c0,
-        recompute_fractions=fractions, sequence_parallel=sequence_parallel,
-        tp_overlap=tp_overlap, tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype)
+    memory_png = None
+    if plot:
+        p = Path(plot)
+        memory_png = p.with_name(f"{p.stem}-memory{p.suffix or '.png'}")
+    check_writable(("--chrome-trace", chrome_trace), ("--gantt", plot),
+                   ("--gantt", memory_png and str(memory_png)), ("--json-out", json_out))
+    if plan_file:
+        if model is not None or cluster is not None:
+            raise click.UsageError("--plan names its model and cluster: drop --model / "
+                                   "--cluster")
+        model, cluster, cfg = _from_plan(plan_file, given)
+    else:
+        if model is None or cluster is None:
+            raise click.UsageError("give --model and --cluster (preset names or JSON "
+                                   "files), or --plan FILE")
+        cfg = _config(given, sequence_parallel, tp_overlap, tp_overlap_parts, zero, dtype)
+    pipelines = cfg.dp * cfg.tp if mode == "full" else 1
+    check_work(cfg.pp * cfg.virtual_stages * cfg.num_microbatches * pipelines,
+               "pp x virtual stages x micro-batches"
+               + (" x dp x tp (full mode)" if mode == "full" else ""),
+               "use a smaller global batch size (the iteration time scales linearly "
+               "with the micro-batches once the pipeline is full)")
     cost_model = None
     if trace_file:
         try:
@@ -125,9 +171,7 @@ def simulate_command(model, model_json, cluster, cluster_json, nodes, dp, tp, pp
                                    "build") from None
         cost_model = TraceCostModel(trace_file)
     res = simulate(
-        model_json if model_json else model,
-        cluster_json if cluster_json else cluster,
-        cfg, nodes=nodes, cost_model=cost_model, mode=mode, engine=engine,
+        model, cluster, cfg, nodes=nodes, cost_model=cost_model, mode=mode, engine=engine,
         contention=contention, overlap_dp=overlap_dp, sub_cluster=sub_cluster,
         slowdown=_pairs(slow_gpu, "--slow-gpu") or None,
         degraded_links=_pairs(degrade_link, "--degrade-link", str) or None,
@@ -136,13 +180,12 @@ def simulate_command(model, model_json, cluster, cluster_json, nodes, dp, tp, pp
         res.write_chrome_trace(chrome_trace)
     if plot:
         res.plot_gantt(plot)
-        p = Path(plot)
-        res.plot_memory(p.with_name(f"{p.stem}-memory{p.suffix or '.png'}"))
-    if as_json:
-        click.echo(json.dumps(res.to_dict()))
-    else:
+        res.plot_memory(memory_png)
+    emit_json(res.to_dict(), as_json, json_out)
+    if not as_json:
         click.echo(res.summary())
-        for what, path in (("Chrome trace", chrome_trace), ("Gantt chart", plot)):
+        for what, path in (("Chrome trace", chrome_trace), ("Gantt chart", plot),
+                           ("JSON", json_out)):
             if path:
                 click.echo(f"wrote {what}: {path}")
 

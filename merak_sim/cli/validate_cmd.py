@@ -37,6 +37,10 @@ def command(run_dir: str, profile: str | None, gantt: str | None, report_path: s
     from merak_sim.io import atomic_write_text
     from merak_sim.validation.compare import compare_run
 
+    from .options import check_writable
+
+    check_writable(("--gantt", gantt), ("--report", report_path))
+
     rep = compare_run(run_dir, profile, statistic=statistic)
     if gantt:
         rep.plot(gantt)

@@ -19,7 +19,7 @@ from merak_sim.plan import Plan
 from .space import Candidate, SearchSpace
 
 __all__ = ["GiB", "PlannerError", "NoFeasiblePlanError", "PlanResult", "row",
-           "ranked_table", "no_fit", "new_counts"]
+           "ranked_table", "no_fit", "new_counts", "WIDE_TABLE"]
 
 GiB = float(2**30)
 _STATUS_ORDER = {"best": 0, "confirmed": 1, "evaluated": 2, "bounded": 3, "pruned": 4}
@@ -123,17 +123,36 @@ def _losers(df) -> list:
     return extra
 
 
-def _table_row(i: int, r) -> list[str]:
+def _recompute_text(r) -> str:
     rc = r.recompute
     if rc == "stage-aware" and r.recompute_fractions is not None:
         rc += " [" + ",".join(f"{x:.2g}" for x in r.recompute_fractions) + "]"
+    return rc
+
+
+def _table_row(i: int, r) -> list[str]:
     return [str(i + 1), r.status,
             f"{r.dp}.{r.tp}.{r.pp} v{r.virtual_stages} {r.micro_batch_size}",
-            f"{r.schedule} / {rc}",
+            f"{r.schedule} / {_recompute_text(r)}",
             f"{'y' if r.sequence_parallel else 'n'} "
             f"{'sub' if r.tp_overlap != 'none' else '-'} {r.zero}",
             _fmt(r.time_s, ".3f"), _fmt(r.samples_per_s, ".1f"), _fmt(r.mfu, ".1%"),
             _fmt(r.peak_memory_gib, ".1f"), str(r.reason)]
+
+
+def _compact_row(i: int, r) -> list[str]:
+    extras = ((" sp" if r.sequence_parallel else "")
+              + (" ovl" if r.tp_overlap != "none" else "")
+              + (f" z{r.zero}" if r.zero else ""))
+    return [str(i + 1), r.status,
+            f"{r.dp}.{r.tp}.{r.pp} v{r.virtual_stages} m{r.micro_batch_size}{extras}",
+            f"{r.schedule} {_recompute_text(r)}",
+            _fmt(r.time_s, ".3f"), _fmt(r.mfu, ".1%"), _fmt(r.peak_memory_gib, ".1f")]
+
+
+#: Below this many columns the table drops samples/s, folds sp / overlap / ZeRO into
+#: the configuration and lists the reasons under the table.
+WIDE_TABLE = 120
 
 
 @dataclass(frozen=True)
@@ -177,20 +196,40 @@ class PlanResult:
         df = self.table
         return df[df.status.isin(["best", "confirmed", "evaluated"])].head(k)
 
-    def rich_table(self, k: int = 10):
-        """A rich Table of the k best candidates plus one example of each way to lose."""
+    def rich_table(self, k: int = 10, width: int | None = None):
+        """The k best candidates plus one example of each way to lose, as a rich
+        renderable: one table when ``width`` is None or at least :data:`WIDE_TABLE`;
+        narrower, a compact table (nothing broken inside a word or number at 80
+        columns) with the reasons listed beneath it."""
+        from rich import box
+        from rich.console import Group
         from rich.table import Table
+        from rich.text import Text
 
-        t = Table(title=f"{self.model.name} on {self.cluster.name} "
-                        f"({self.cluster.world_size} GPUs), global batch "
-                        f"{self.global_batch_size}: {self.space.name} search")
-        for col in ("#", "status", "dp.tp.pp v mbs", "schedule / recompute", "sp ovl zero",
-                    "time s", "samples/s", "MFU", "peak GiB", "why it lost"):
-            t.add_column(col, overflow="fold")
+        title = (f"{self.model.name} on {self.cluster.name} ({self.cluster.world_size} "
+                 f"GPUs), global batch {self.global_batch_size}: {self.space.name} search")
         rows = [r for _, r in self.top(k).iterrows()] + _losers(self.table)
+        if width is None or width >= WIDE_TABLE:
+            t = Table(title=title)
+            for col in ("#", "status", "dp.tp.pp v mbs", "schedule / recompute",
+                        "sp ovl zero", "time s", "samples/s", "MFU", "peak GiB",
+                        "why it lost"):
+                t.add_column(col, overflow="fold")
+            for i, r in enumerate(rows):
+                t.add_row(*_table_row(i, r))
+            return t
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+        for col in ("#", "status", "dp.tp.pp v mbs"):
+            t.add_column(col, no_wrap=True)
+        # Wide enough for every schedule name; the recompute part wraps under it.
+        t.add_column("schedule recompute", min_width=max(len(r.schedule) for r in rows))
+        for col in ("time s", "MFU", "peak GiB"):
+            t.add_column(col, justify="right", no_wrap=True)
         for i, r in enumerate(rows):
-            t.add_row(*_table_row(i, r))
-        return t
+            t.add_row(*_compact_row(i, r))
+        why = Text("\n".join(f"{i + 1:>2}. {r.reason}" for i, r in enumerate(rows)
+                             if str(r.reason)))
+        return Group(t, Text("why each lost:"), why)
 
     def counts_line(self) -> str:
         """One line: candidates considered, pruned, bounded, evaluated, simulated."""
@@ -204,3 +243,12 @@ class PlanResult:
     def save(self, path) -> None:
         """Write the best plan (``merak-plan/1``) atomically."""
         self.best.save(path)
+
+    def __repr__(self) -> str:
+        c, p = self.counts, self.best.parallel
+        b = self.best_result
+        return (f"PlanResult({self.model.name} on {self.cluster.name}, best dp={p.dp} "
+                f"tp={p.tp} pp={p.pp} mbs={p.micro_batch_size} {p.schedule} "
+                f"recompute={p.recompute}: {b.iteration_time_s:.3f} s/iteration, MFU "
+                f"{b.mfu:.1%}; {c['considered']} candidates, {c['evaluated']} evaluated, "
+                f"{self.seconds:.1f} s)")

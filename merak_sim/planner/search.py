@@ -27,9 +27,7 @@ from __future__ import annotations
 import bisect
 import datetime as _dt
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -37,6 +35,7 @@ import numpy as np
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.calibrated import calibrated_cost_model
 from merak_sim.plan import Plan
+from merak_sim.progress import WORK_LIMIT, Progress, progress_reporter
 from merak_sim.resolve import cluster_record, resolve_cluster, resolve_model
 from merak_sim.schedule import SCHEDULES, ScheduleError
 
@@ -89,24 +88,33 @@ def _check_inputs(global_batch_size: int, top_k: int, memory_margin: float) -> N
         raise PlannerError(f"memory margin must lie in [0, 1), got {memory_margin}")
 
 
-def _screen(job: _Job, rows: list[dict], counts: dict) -> list[tuple]:
+def _screen(job: _Job, rows: list[dict], counts: dict, prog: Progress) -> list[tuple]:
     """Stages 1-3: enumerate, price, quick memory screen, bound; the survivors as
-    (bound, order, candidate, table, arrays) in visiting order."""
+    (bound, order, candidate, table, arrays) in visiting order. Every candidate
+    dropped here advances ``prog``."""
     pricer = Pricer(job.model, job.cluster, job.cost_model, job.global_batch_size,
                     job.space.dtype)
     live = []
-    for c in enumerate_candidates(job.model, job.cluster.world_size,
-                                  job.cluster.gpus_per_node, job.global_batch_size,
-                                  job.space):
+    candidates = list(enumerate_candidates(job.model, job.cluster.world_size,
+                                           job.cluster.gpus_per_node,
+                                           job.global_batch_size, job.space))
+    prog.start(len(candidates))
+    for c in candidates:
         counts["considered"] += 1
+        passes = c.pp * c.virtual_stages * c.microbatches
+        if not c.pruned and passes > WORK_LIMIT:
+            c = replace(c, pruned=f"{passes:,} micro-batch passes (pp x v x micro-batches) "
+                                  f"exceed the work limit of {WORK_LIMIT:,}")
         if c.pruned:
             counts["pruned_rule"] += 1
             rows.append(row(c, "pruned", f"pruned: {c.pruned}"))
+            prog.advance()
             continue
         entry = pricer.price(c)
         if isinstance(entry, Exception):
             counts["pruned_rule"] += 1
             rows.append(row(c, "pruned", f"pruned: {entry}"))
+            prog.advance()
             continue
         tab, arr = entry
         cap = job.capacity(tab)
@@ -116,6 +124,7 @@ def _screen(job: _Job, rows: list[dict], counts: dict) -> list[tuple]:
             rows.append(row(c, "pruned", f"memory: stage {r} needs {(excess + cap) / GiB:.1f} "
                                          f"GiB for one micro-batch > {cap / GiB:.1f} GiB",
                             shortfall_gib=excess / GiB))
+            prog.advance()
             continue
         live.append((lower_bound(c, arr), len(live), c, tab, arr))
     counts["cost_tables"] = pricer.built
@@ -182,42 +191,25 @@ def _bound_out(job: _Job, rest: list[tuple], kth: float, rows: list[dict],
                         f"({kth:.3f} s); not simulated", bound_s=b))
 
 
-@contextmanager
-def _progress(enabled: bool, total: int, label: str) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar (when enabled) as a tick(position) function."""
-    if not (enabled and total):
-        yield lambda pos: None
-        return
-    from rich.progress import Progress
-
-    bar = Progress(transient=True)
-    bar.start()
-    task = bar.add_task(label, total=total)
-    try:
-        yield lambda pos: bar.update(task, completed=pos) if pos % 16 == 0 else None
-    finally:
-        bar.stop()
-
-
 def _evaluate(job: _Job, live: list[tuple], rows: list[dict], counts: dict,
-              progress: bool) -> list[tuple[float, int]]:
+              prog: Progress) -> list[tuple[float, int]]:
     """Stages 3-4: visit in bound order until the bound passes the top K; the
-    (time, row index) of every evaluated candidate."""
+    (time, row index) of every evaluated candidate. Every candidate visited or
+    bounded out advances ``prog``."""
     best_times: list[float] = []
     evaluated: list[tuple[float, int]] = []
     seen: set = set()
-    label = f"planning {job.model.name} on {job.cluster.world_size} GPUs"
-    with _progress(progress, len(live), label) as tick:
-        for pos, (bound, _i, c, tab, arr) in enumerate(live):
-            tick(pos)
-            k = job.top_k
-            if not job.exhaustive and len(best_times) >= k and bound > best_times[k - 1]:
-                _bound_out(job, live[pos:], best_times[k - 1], rows, counts)
-                break
-            t = _evaluate_one(job, bound, c, tab, arr, rows, counts, seen)
-            if t is not None:
-                evaluated.append((t, len(rows) - 1))
-                bisect.insort(best_times, t)
+    for pos, (bound, _i, c, tab, arr) in enumerate(live):
+        k = job.top_k
+        if not job.exhaustive and len(best_times) >= k and bound > best_times[k - 1]:
+            _bound_out(job, live[pos:], best_times[k - 1], rows, counts)
+            prog.advance(len(live) - pos)
+            break
+        t = _evaluate_one(job, bound, c, tab, arr, rows, counts, seen)
+        prog.advance()
+        if t is not None:
+            evaluated.append((t, len(rows) - 1))
+            bisect.insort(best_times, t)
     return evaluated
 
 
@@ -288,7 +280,7 @@ def _default_cost_model():
 
 def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | None = None,
            space: SearchSpace | None = None, cost_model: Any = None, top_k: int = 3,
-           confirm: bool = True, progress: bool = False, memory_margin: float = 0.0,
+           confirm: bool = True, progress: bool | str | Progress = False, memory_margin: float = 0.0,
            exhaustive: bool = False) -> PlanResult:
     """Search the space for the fastest configuration that fits (module docstring).
 
@@ -300,7 +292,10 @@ def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | Non
         cost_model: default the calibrated analytic model (as ``simulate``).
         top_k: candidates confirmed with the SimPy engine.
         confirm: run SimPy on the top K (False: rank by the evaluator alone).
-        progress: show a rich progress bar.
+        progress: True or "bar": a rich progress bar on stderr counting every
+            candidate (pruned, bounded, evaluated) to 100 %; "lines": one line on
+            stderr every few seconds once the search passes 5 s; False: silent; a
+            :class:`~merak_sim.progress.Progress` to count into.
         memory_margin: fraction of GPU memory kept free (allocator fragmentation,
             workspaces); 0 plans against the full capacity as the simulator does.
         exhaustive: evaluate every candidate that fits (no branch and bound); for
@@ -319,11 +314,17 @@ def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | Non
                top_k, exhaustive)
     rows: list[dict] = []
     counts = new_counts()
-    evaluated = sorted(_evaluate(job, _screen(job, rows, counts), rows, counts, progress))
-    if not evaluated:
-        raise no_fit(job.model, job.cluster, global_batch_size, rows, job.space)
-    top = evaluated[:top_k]
-    best_idx, best_res = _confirm(job, top, rows, counts) if confirm else (top[0][1], None)
+    label = f"planning {job.model.name} on {job.cluster.world_size} GPUs"
+    with progress_reporter(progress, label) as prog:
+        evaluated = sorted(_evaluate(job, _screen(job, rows, counts, prog), rows, counts,
+                                     prog))
+        if not evaluated:
+            raise no_fit(job.model, job.cluster, global_batch_size, rows, job.space)
+        top = evaluated[:top_k]
+        if confirm:
+            prog.phase(f"confirming the top {len(top)} with SimPy")
+        best_idx, best_res = (_confirm(job, top, rows, counts) if confirm
+                              else (top[0][1], None))
     _crown(rows, best_idx, best_res is not None)
     best_cfg = job.config(rows[best_idx])
     if best_res is None:

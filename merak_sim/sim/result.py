@@ -126,6 +126,13 @@ class SimResult:
     meta: dict = field(default_factory=dict)
     trace: EventLog | None = field(default=None, repr=False, compare=False)
 
+    def __repr__(self) -> str:
+        fits = "fits" if self.fits_in_memory else "does not fit"
+        return (f"SimResult({self.iteration_time_s * 1e3:.3f} ms/iteration, MFU "
+                f"{self.mfu:.1%}, {fits} in memory (peak "
+                f"{max(self.peak_memory_bytes, default=0) / 2**30:.1f} of "
+                f"{self.memory_capacity_bytes / 2**30:.1f} GiB), {self.mode}/{self.engine})")
+
     # -- numbers -------------------------------------------------------------------
     @property
     def tflops_per_gpu(self) -> float:
@@ -252,12 +259,20 @@ class SimResult:
         timeline.write_chrome_trace(self._event_rows(), path, self._trace_info())
 
     def memory_timeline(self, rank: int | None = None):
-        """Memory over time as a DataFrame (rank, time_s, bytes); one GPU if given."""
+        """Memory over time as a DataFrame (rank, time_s, bytes); one GPU if given
+        (ValueError for a rank this result did not simulate)."""
         import pandas as pd
 
         tr = self.trace
         if tr is None:
             raise ValueError("this result carries no trace")
+        if rank is not None and rank not in tr.ranks:
+            shown = sorted(set(tr.ranks))
+            listed = (", ".join(map(str, shown)) if len(shown) <= 16
+                      else f"{shown[0]}..{shown[-1]} ({len(shown)} GPUs)")
+            raise ValueError(f"rank {rank} was not simulated; simulated ranks: {listed}"
+                             + (" (representative mode simulates one GPU per stage)"
+                                if self.mode == "representative" else ""))
         rows = []
         for e, hbm in enumerate(tr.memory):
             if rank is not None and tr.ranks[e] != rank:
