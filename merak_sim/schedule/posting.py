@@ -158,23 +158,30 @@ def _match(sched: Schedule, postings) -> dict:
                 else:
                     recvs[(c, peer, r)].append((r, j, k))
     partner = {}
-    for chan in sends.keys() | recvs.keys():
+    chans = sorted(sends.keys() | recvs.keys(), key=repr)  # deterministic reports
+    for chan in chans:  # an operation without a partner first: the likelier cause
         s, r = sends.get(chan, []), recvs.get(chan, [])
-        for i in range(max(len(s), len(r))):
-            if i >= len(s) or i >= len(r):
-                rank, j, k = (s if i < len(s) else r)[i]
-                p = postings[rank][j]
-                other = "receive" if p.ops[k].kind.is_send else "send"
-                key, marks = comm_key(sched, p.ops[k]), {rank: {p.step}}
-                for q in postings[peer_of(sched, p.ops[k])]:  # the other end, if posted
-                    if any(o.kind.is_send != p.ops[k].kind.is_send and comm_key(sched, o) == key
-                           for o in q.ops):
-                        marks.setdefault(q.rank, set()).add(q.step)
-                raise PostingError(
-                    f"schedule {sched.name!r}: {p.ops[k]} on rank {rank} finds no {other} "
-                    f"on the same communicator ({'batched' if p.batched else 'lone'} here; "
-                    "NCCL ignores tags, so a lone and a batched end never meet)\n"
-                    + _grid(sched, postings, marks))
+        keys = [{comm_key(sched, postings[x][j].ops[k]) for x, j, k in side}
+                for side in (s, r)]
+        alone = [e for side, other in ((s, keys[1]), (r, keys[0])) for e in side
+                 if comm_key(sched, postings[e[0]][e[1]].ops[e[2]]) not in other]
+        if alone:
+            rank, j, k = min(alone, key=lambda e: postings[e[0]][e[1]].step)
+            p = postings[rank][j]
+            other = "receive" if p.ops[k].kind.is_send else "send"
+            key, marks = comm_key(sched, p.ops[k]), {rank: {p.step}}
+            for q in postings[peer_of(sched, p.ops[k])]:  # the other end, if posted
+                if any(o.kind.is_send != p.ops[k].kind.is_send and comm_key(sched, o) == key
+                       for o in q.ops):
+                    marks.setdefault(q.rank, set()).add(q.step)
+            raise PostingError(
+                f"schedule {sched.name!r}: {p.ops[k]} on rank {rank} finds no {other} "
+                f"on the same communicator ({'batched' if p.batched else 'lone'} here; "
+                "NCCL ignores tags, so a lone and a batched end never meet)\n"
+                + _grid(sched, postings, marks))
+    for chan in chans:
+        s, r = sends.get(chan, []), recvs.get(chan, [])
+        for i in range(len(s)):
             (rs, js, ks), (rr, jr, kr) = s[i], r[i]
             ps, pr = postings[rs][js], postings[rr][jr]
             if comm_key(sched, ps.ops[ks]) != comm_key(sched, pr.ops[kr]):
