@@ -63,7 +63,7 @@ def test_planted_mixed_posting_is_caught_with_a_grid():
     assert "never meet" in msg
     lines = msg.splitlines()
     assert lines[1].startswith("  S0") and lines[2].startswith("  S1")
-    assert ">><sG0>[rA1]<<" in lines[2] and ">>[rG0]<<" in lines[1]  # both ends marked
+    assert ">><sG0>[rA1]<<" in lines[2] and ">>[sA1][rG0]<<" in lines[1]  # both ends
     assert "lone isend/irecv" in lines[-1]
 
 
