@@ -113,17 +113,22 @@ def peers_text(group) -> str:
 def timed_collective(fn: Callable, tensor, *, group, what: str,
                      timeout_s: float | None = None, **kwargs) -> None:
     """Run the collective ``fn(tensor, group=group, async_op=True, **kwargs)`` (e.g.
-    ``dist.all_reduce``, ``dist.broadcast``) and wait for it within ``timeout_s``; a
-    failure is one :class:`RankTimeoutError` line naming this rank, ``what`` and the
-    group's other ranks."""
-    what = f"{what} with {peers_text(group)}"
+    ``dist.all_reduce``, ``dist.broadcast``) and wait for it within ``timeout_s``
+    (default MERAK_TIMEOUT_S); a failure is one :class:`RankTimeoutError` line naming
+    this rank, ``what`` and the group's other ranks."""
+    t = default_timeout_s() if timeout_s is None else timeout_s
     try:
-        work = fn(tensor, group=group, async_op=True, **kwargs)
+        ok = fn(tensor, group=group, async_op=True, **kwargs).wait(
+            datetime.timedelta(seconds=t))
     except RuntimeError as e:
-        raise RankTimeoutError(f"merak_exec: rank {dist.get_rank()} failed in {what}: "
-                               f"{_first_line(e)}; a peer rank probably died or stalled"
-                               ) from None
-    wait_for(work, what, timeout_s)
+        raise RankTimeoutError(
+            f"merak_exec: rank {dist.get_rank()} failed in {what} with {peers_text(group)} "
+            f"(timeout {t:g} s): {_first_line(e)}; a peer rank probably died or stalled"
+        ) from None
+    if ok is False:
+        raise RankTimeoutError(
+            f"merak_exec: rank {dist.get_rank()} timed out after {t:g} s in {what} with "
+            f"{peers_text(group)}; a peer rank probably died or stalled")
 
 
 def init_distributed(timeout_s: float | None = None, backend: str | None = None) -> None:
