@@ -19,7 +19,6 @@ def test_lost_rank_ends_the_others_with_one_line(tmp_path, layout, mode):
     res = cli_fault(world, MODEL + degrees, victim=world - 1, mode=mode,
                     timeout_s=TIMEOUT_S, cwd=str(tmp_path))
     for r, got in res.items():
-        print(layout, mode, r, got)
         assert got["after_s"] < TIMEOUT_S + 10, (r, got)
         assert got["code"] == 1, (r, got)
         assert len(got["stderr"]) == 1, (r, got["stderr"])

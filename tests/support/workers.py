@@ -479,3 +479,19 @@ def cli_fault(world: int, train_args: list[str], victim: int, mode: str, timeout
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def scenario_tp_replicas(rank: int, arg: dict) -> dict:
+    """tp=2, each rank builds the model from its own seed: right after parallelize the
+    replicated parameters must agree across tp ranks; returns their checksums."""
+    from merak_exec.models import GPT
+    from merak_exec.parallel import parallelize
+    from merak_exec.replicas import sharded_parameters
+    from merak_sim.config import ParallelConfig
+
+    torch.manual_seed(10 + rank)
+    pm = parallelize(GPT(tiny_gpt_config(2)), ParallelConfig(
+        tp=2, micro_batch_size=2, global_batch_size=4, dtype="fp32"), seq_len=8)
+    sharded = sharded_parameters(pm.chunks)
+    return {n: p.detach().double().sum().item() for n, p in pm.named_parameters()
+            if id(p) not in sharded}
