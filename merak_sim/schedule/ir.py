@@ -20,8 +20,8 @@ them, and :func:`merak_sim.schedule.validate.validate` proves schedules safe und
    the input F* kept). This is what lets "R3 rG3 B3" overlap the re-forward with the
    gradient in flight. A :class:`Fused` group is posted at one point (the runtime
    posts one batch per operation, :mod:`merak_sim.schedule.posting`); its consumer
-   still waits only for its own receive, and a
-   send's completion is awaited only before its buffer is freed at the end.
+   still waits only for its own receive, and a send's completion is awaited only
+   before its buffer is freed at the end.
 5. Matching is by tag: the activation of micro-batch m leaving global virtual stage
    g is received by g+1; its gradient goes back from g+1 to g. Between any ordered
    pair of ranks, sends must be posted in the same order as the peer posts the
