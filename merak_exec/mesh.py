@@ -110,15 +110,16 @@ def peers_text(group) -> str:
     return ("rank " if len(others) == 1 else "ranks ") + ", ".join(map(str, others))
 
 
-def timed_collective(fn: Callable, tensor, *, group, what: str,
+def timed_collective(fn: Callable, *args, group, what: str,
                      timeout_s: float | None = None, **kwargs) -> None:
-    """Run the collective ``fn(tensor, group=group, async_op=True, **kwargs)`` (e.g.
-    ``dist.all_reduce``, ``dist.broadcast``) and wait for it within ``timeout_s``
+    """Run the collective ``fn(*args, group=group, async_op=True, **kwargs)`` (e.g.
+    ``dist.all_reduce``, ``dist.broadcast``, ``dist.all_gather``,
+    ``dist.reduce_scatter``) and wait for it within ``timeout_s``
     (default MERAK_TIMEOUT_S); a failure is one :class:`RankTimeoutError` line naming
     this rank, ``what`` and the group's other ranks."""
     t = default_timeout_s() if timeout_s is None else timeout_s
     try:
-        ok = fn(tensor, group=group, async_op=True, **kwargs).wait(
+        ok = fn(*args, group=group, async_op=True, **kwargs).wait(
             datetime.timedelta(seconds=t))
     except RuntimeError as e:
         raise RankTimeoutError(
