@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
                    "pip install 'merak[exec]'", err=True)
         sys.exit(2)
     from merak_exec.mesh import ExecError
-    from merak_exec.runtime import RankTimeoutError
+    from merak_exec.mesh import RankTimeoutError
 
     code = 0
     try:

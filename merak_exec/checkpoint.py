@@ -10,7 +10,9 @@ counter and the config travel with them.
 A checkpoint is written to ``<dir>.tmp-<step>`` and renamed to ``<dir>`` by rank 0
 after every rank finished, so an interrupted save never leaves a half-written
 checkpoint under the final name. Loading a missing or corrupt checkpoint raises
-:class:`CheckpointError` (a one-line message) on every rank.
+:class:`CheckpointError` (a one-line message) on every rank. Every rendezvous here is
+a one-element all-reduce on the rank's device (NCCL groups take device tensors only),
+bounded by the mesh's timeout.
 """
 
 from __future__ import annotations
@@ -23,13 +25,21 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from merak_exec.mesh import ExecError
+from merak_exec.mesh import ExecError, bounded, timed_collective
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint"]
 
 
 class CheckpointError(ExecError):
     """A checkpoint is missing, corrupt or does not match the job."""
+
+
+def _agree(pm, value: int, what: str) -> int:
+    """The minimum of ``value`` over all ranks (a bounded rendezvous on the device)."""
+    t = torch.tensor([value], dtype=torch.int64, device=pm.mesh.device)
+    timed_collective(dist.all_reduce, t, group=dist.group.WORLD, op=dist.ReduceOp.MIN,
+                     what=what, timeout_s=pm.mesh.timeout_s)
+    return int(t.item())
 
 
 def _keys(pm) -> list[tuple[str, torch.nn.Parameter]]:
@@ -60,11 +70,12 @@ def save_checkpoint(pm, path: str | os.PathLike, step: int) -> None:
     tmp = path.with_name(f"{path.name}.tmp-{step}")
     if pm.mesh.rank == 0 and tmp.exists():
         shutil.rmtree(tmp)
-    dist.barrier()
+    _agree(pm, 1, "the checkpoint rendezvous before saving")
     state = _state(pm, step)
     state["optim"] = dict(state["optim"])
-    dcp.save(state, checkpoint_id=str(tmp))
-    dist.barrier()
+    with bounded("saving the checkpoint"):
+        dcp.save(state, checkpoint_id=str(tmp))
+    _agree(pm, 1, "the checkpoint rendezvous after saving")
     if pm.mesh.rank == 0:
         if path.exists():
             old = path.with_name(f"{path.name}.old")
@@ -75,7 +86,7 @@ def save_checkpoint(pm, path: str | os.PathLike, step: int) -> None:
             shutil.rmtree(old)
         else:
             tmp.rename(path)
-    dist.barrier()
+    _agree(pm, 1, "the checkpoint rendezvous after renaming")
 
 
 def load_checkpoint(pm, path: str | os.PathLike) -> int:
@@ -83,9 +94,8 @@ def load_checkpoint(pm, path: str | os.PathLike) -> int:
     import torch.distributed.checkpoint as dcp
 
     path = Path(path)
-    ok = torch.tensor(1 if (path / ".metadata").is_file() else 0)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    if not ok.item():
+    if not _agree(pm, 1 if (path / ".metadata").is_file() else 0,
+                  "the checkpoint rendezvous before loading"):
         raise CheckpointError(f"no checkpoint at {path} (missing .metadata); check the path "
                               "or start without resuming")
     opt = pm.runtime.optimizer

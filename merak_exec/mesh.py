@@ -5,27 +5,46 @@ fastest, then dp, then pp), the placement the simulator prices.
 
 Every process must create every group in the same order (``new_group`` is a
 collective over the world), so :func:`build_mesh` creates all of the layout's groups,
-in the layout's order, on every rank and keeps the ones it belongs to.
+in the layout's order, on every rank and keeps the ones it belongs to. Point-to-point
+traffic gets one two-rank group per directed channel of
+:func:`merak_sim.schedule.posting.channels` (activations forward, gradients back), each
+initialised by a one-element all-reduce of both its ranks before any transfer: NCCL
+creates a communicator collectively on its first use, and the posting proof
+(:mod:`merak_sim.schedule.posting`) counts on one communicator (one stream) per channel.
+
+Every collective and wait of the backend is bounded by ``MERAK_TIMEOUT_S``
+(:func:`wait_for`, :func:`timed_collective`): a lost or stalled peer becomes one
+:class:`RankTimeoutError` line naming this rank, the operation and the peer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from merak_sim.config import ParallelConfig
 from merak_sim.layout import RankLayout
+from merak_sim.schedule.posting import channels
 
-__all__ = ["ExecError", "Mesh", "init_distributed", "build_mesh", "default_timeout_s"]
+__all__ = ["ExecError", "RankTimeoutError", "Mesh", "init_distributed", "build_mesh",
+           "default_timeout_s", "wait_for", "timed_collective", "peers_text", "bounded"]
 
 
 class ExecError(ValueError):
     """Bad input to the real backend (degrees, model, checkpoint): the message names the
     problem and the fix."""
+
+
+class RankTimeoutError(RuntimeError):
+    """A wait for a peer exceeded the timeout or the peer went away: it is probably
+    dead or stuck (the message is one line naming this rank, the operation and the
+    peer)."""
 
 
 def default_timeout_s() -> float:
@@ -45,6 +64,72 @@ def loopback_env(rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+
+
+def wait_for(work, what: str, timeout_s: float | None = None, rank: int | None = None) -> None:
+    """Wait for torch.distributed ``work`` at most ``timeout_s`` (default
+    MERAK_TIMEOUT_S); raise a one-line :class:`RankTimeoutError` saying that ``rank``
+    (default this process's) gave up waiting for ``what`` (name the peer in it)."""
+    t = default_timeout_s() if timeout_s is None else timeout_s
+    r = dist.get_rank() if rank is None else rank
+    try:
+        ok = work.wait(datetime.timedelta(seconds=t))
+    except RuntimeError as e:
+        raise RankTimeoutError(
+            f"merak_exec: rank {r} failed waiting for {what} (timeout {t:g} s): "
+            f"{_first_line(e)}; a peer rank probably died or stalled") from None
+    if ok is False:
+        raise RankTimeoutError(f"merak_exec: rank {r} timed out after {t:g} s waiting for "
+                               f"{what}; a peer rank probably died or stalled")
+
+
+@contextlib.contextmanager
+def bounded(what: str):
+    """Turn a torch.distributed failure inside the block (a store or group timeout, a
+    closed connection) into one :class:`RankTimeoutError` line naming ``what``."""
+    try:
+        yield
+    except RankTimeoutError:
+        raise
+    except RuntimeError as e:
+        if not isinstance(e, dist.DistError):
+            raise
+        rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
+        raise RankTimeoutError(f"merak_exec: rank {rank} failed in {what}: {_first_line(e)}; "
+                               "a peer rank probably died or stalled") from None
+
+
+def peers_text(group) -> str:
+    """"rank 3" or "ranks 1, 3": the other members of ``group`` (global ranks)."""
+    me = dist.get_rank()
+    others = [r for r in dist.get_process_group_ranks(group) if r != me]
+    return ("rank " if len(others) == 1 else "ranks ") + ", ".join(map(str, others))
+
+
+def timed_collective(fn: Callable, *args, group, what: str,
+                     timeout_s: float | None = None, **kwargs) -> None:
+    """Run the collective ``fn(*args, group=group, async_op=True, **kwargs)`` (e.g.
+    ``dist.all_reduce``, ``dist.broadcast``, ``dist.all_gather``,
+    ``dist.reduce_scatter``) and wait for it within ``timeout_s``
+    (default MERAK_TIMEOUT_S); a failure is one :class:`RankTimeoutError` line naming
+    this rank, ``what`` and the group's other ranks."""
+    t = default_timeout_s() if timeout_s is None else timeout_s
+    try:
+        ok = fn(*args, group=group, async_op=True, **kwargs).wait(
+            datetime.timedelta(seconds=t))
+    except RuntimeError as e:
+        raise RankTimeoutError(
+            f"merak_exec: rank {dist.get_rank()} failed in {what} with {peers_text(group)} "
+            f"(timeout {t:g} s): {_first_line(e)}; a peer rank probably died or stalled"
+        ) from None
+    if ok is False:
+        raise RankTimeoutError(
+            f"merak_exec: rank {dist.get_rank()} timed out after {t:g} s in {what} with "
+            f"{peers_text(group)}; a peer rank probably died or stalled")
 
 
 def init_distributed(timeout_s: float | None = None, backend: str | None = None) -> None:
@@ -78,7 +163,8 @@ def init_distributed(timeout_s: float | None = None, backend: str | None = None)
     if backend == "nccl":
         torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))
     t = datetime.timedelta(seconds=timeout_s if timeout_s is not None else default_timeout_s())
-    dist.init_process_group(backend=backend, timeout=t)
+    with bounded(f"the rendezvous at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"):
+        dist.init_process_group(backend=backend, timeout=t)
 
 
 @dataclass
@@ -95,6 +181,9 @@ class Mesh:
             tied embedding gradients (None unless pp > 1).
         device: torch device this rank computes on.
         timeout_s: bound on every wait.
+        p2p_groups: the two-rank group of every channel (kind, sending pp rank,
+            receiving pp rank) of :func:`merak_sim.schedule.posting.channels` this rank
+            is on; the runtime posts each transfer on its channel's group.
     """
 
     config: ParallelConfig
@@ -110,6 +199,7 @@ class Mesh:
     tied_group: object
     device: torch.device
     timeout_s: float
+    p2p_groups: dict = field(default_factory=dict)
 
     @property
     def dp(self) -> int:
@@ -153,21 +243,41 @@ def build_mesh(config: ParallelConfig, timeout_s: float | None = None) -> Mesh:
     here = layout.coords(rank)
     t = datetime.timedelta(seconds=timeout_s if timeout_s is not None else default_timeout_s())
     mine = {}
-    # Same creation order on every rank (new_group is collective over the world).
-    for kind in ("tp", "dp", "pp", "tied"):
-        for ranks in layout.groups(kind):
-            if len(ranks) == 1:
-                continue
-            grp = dist.new_group(list(ranks), timeout=t)
-            if rank in ranks:
-                mine[kind] = grp
+    with bounded("creating the process groups (every rank must reach it)"):
+        # Same creation order on every rank (new_group is collective over the world).
+        for kind in ("tp", "dp", "pp", "tied"):
+            for ranks in layout.groups(kind):
+                if len(ranks) == 1:
+                    continue
+                grp = dist.new_group(list(ranks), timeout=t)
+                if rank in ranks:
+                    mine[kind] = grp
+        p2p = _channel_groups(config, layout, rank, t)
     if dist.get_backend() == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
+    for chan, grp in p2p.items():  # initialise each communicator before its first transfer
+        timed_collective(dist.all_reduce, torch.zeros(1, device=device), group=grp,
+                         what=f"the start-up all-reduce of pipeline channel {chan}",
+                         timeout_s=t.total_seconds())
     return Mesh(
         config=config, layout=layout, rank=rank, world_size=world, dp_rank=here.dp,
         tp_rank=here.tp, pp_rank=here.pp, dp_group=mine.get("dp"), tp_group=mine.get("tp"),
         pp_group=mine.get("pp"), tied_group=mine.get("tied"), device=device,
-        timeout_s=t.total_seconds(),
+        timeout_s=t.total_seconds(), p2p_groups=p2p,
     )
+
+
+def _channel_groups(config: ParallelConfig, layout: RankLayout, rank: int,
+                    timeout: datetime.timedelta) -> dict:
+    """One group per (pipeline, channel), created in the same order on every rank;
+    returns this rank's, keyed by channel."""
+    mine = {}
+    for ranks in layout.groups("pp"):
+        for chan in channels(config.pp, config.virtual_stages):
+            pair = sorted({ranks[chan[1]], ranks[chan[2]]})
+            grp = dist.new_group(pair, timeout=timeout)
+            if rank in pair:
+                mine[chan] = grp
+    return mine

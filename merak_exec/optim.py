@@ -21,7 +21,6 @@ runtime's OPT action steps.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from merak_exec.hooks import RuntimeHooks
-from merak_exec.mesh import ExecError
+from merak_exec.mesh import ExecError, wait_for
 
 __all__ = ["SCHEDULES", "lr_lambda", "LossScaler", "scaled_loss_fn", "autocast_hooks",
            "replica_counts", "global_grad_norm", "decay_groups", "TrainingOptimizer",
@@ -154,15 +153,6 @@ def replica_counts(chunks, mesh, tied_params=()) -> dict[int, int]:
     return out
 
 
-def _bounded(work, timeout_s: float, what: str) -> None:
-    from merak_exec.runtime import RankTimeoutError
-
-    ok = work.wait(datetime.timedelta(seconds=timeout_s))
-    if ok is False:
-        raise RankTimeoutError(f"merak_exec: timed out after {timeout_s:g} s waiting for "
-                               f"{what}; a peer rank probably died or stalled")
-
-
 def global_grad_norm(params, counts: dict[int, int], device: torch.device,
                      timeout_s: float = 300.0) -> torch.Tensor:
     """L2 norm of the job's whole gradient (one all-reduce over every rank), each
@@ -176,7 +166,7 @@ def global_grad_norm(params, counts: dict[int, int], device: torch.device,
         seen.add(id(p))
         sq += p.grad.detach().float().pow(2).sum() / counts.get(id(p), 1)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        _bounded(dist.all_reduce(sq, async_op=True), timeout_s, "the gradient-norm all-reduce")
+        wait_for(dist.all_reduce(sq, async_op=True), "the gradient-norm all-reduce", timeout_s)
     return sq.sqrt()
 
 

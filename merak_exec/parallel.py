@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from merak_exec.capture import to_chain
-from merak_exec.mesh import ExecError, Mesh, build_mesh
+from merak_exec.mesh import ExecError, Mesh, build_mesh, timed_collective
 from merak_exec.runtime import PipelineRuntime, StepOutput
 from merak_exec.stages import LayerChain, build_stage, partition_split, split_from_points
 from merak_exec.tensor_parallel import (
@@ -320,12 +320,14 @@ def _sync_initial_weights(mesh: Mesh, chunks, tied) -> None:
         with torch.no_grad():
             for c in chunks:
                 for t in [*c.parameters(), *c.buffers()]:
-                    dist.broadcast(t.data, src=src, group=mesh.dp_group)
+                    timed_collective(dist.broadcast, t.data, src=src, group=mesh.dp_group,
+                                     what="the initial weight broadcast over dp")
     if mesh.tied_group is not None and tied:
         src = mesh.global_rank(0)
         with torch.no_grad():
             for p in tied:
-                dist.broadcast(p.data, src=src, group=mesh.tied_group)
+                timed_collective(dist.broadcast, p.data, src=src, group=mesh.tied_group,
+                                 what="the tied-embedding weight broadcast")
 
 
 def _check_no_dropout(chunks) -> None:
@@ -354,12 +356,15 @@ def _sync_tp_rng(mesh: Mesh) -> None:
     if mesh.tp_group is None:
         return
     src = mesh.global_rank(mesh.pp_rank, tp_rank=0)
-    state = torch.get_rng_state()
-    dist.broadcast(state, src=src, group=mesh.tp_group)
-    torch.set_rng_state(state)
+    # NCCL takes device tensors only: the CPU generator's state travels on the device
+    state = torch.get_rng_state().to(mesh.device)
+    timed_collective(dist.broadcast, state, src=src, group=mesh.tp_group,
+                     what="the tp random-state broadcast")
+    torch.set_rng_state(state.cpu())
     if mesh.device.type == "cuda":
         cstate = torch.cuda.get_rng_state(mesh.device).to(mesh.device)
-        dist.broadcast(cstate, src=src, group=mesh.tp_group)
+        timed_collective(dist.broadcast, cstate, src=src, group=mesh.tp_group,
+                         what="the tp CUDA random-state broadcast")
         torch.cuda.set_rng_state(cstate.cpu(), mesh.device)
 
 

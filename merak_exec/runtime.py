@@ -4,9 +4,11 @@ There is no second copy of any schedule here: each rank walks its program from t
 schedule object and performs each action, obeying the semantics written down in
 :mod:`merak_sim.schedule.ir`:
 
-- sends and receives are *posted* (``isend``/``irecv``, or one ``batch_isend_irecv``
-  for a :class:`~merak_sim.schedule.ir.Fused` group) when the program reaches them,
-  and never block;
+- sends and receives are *posted* when the program reaches them, and never block:
+  every operation is one ``batch_isend_irecv`` on its channel's two-rank group, the
+  rule :func:`merak_sim.schedule.posting.runtime_postings` states and
+  :func:`merak_sim.schedule.validate.validate` proves safe on NCCL (both ends of every
+  transfer post alike; one communicator, hence one stream, per channel);
 - a compute action waits (with a timeout) only for the receive it consumes;
 - sends are awaited at the end of the iteration, before their buffers are dropped.
 
@@ -17,6 +19,14 @@ input gradient, then weight gradient), AR (sum tied-embedding gradients across t
 first and last pipeline ranks, then average every gradient over data parallel), OPT
 (optimizer step). Matching tags come from :func:`merak_sim.schedule.lowering.comm_key`,
 so both ends derive the same tag from the same schedule.
+
+Every wait and collective is bounded by the mesh's timeout (MERAK_TIMEOUT_S): a lost
+peer ends the rank with one :class:`~merak_exec.mesh.RankTimeoutError` line naming the
+rank, the operation and the peer, also when a tensor-parallel collective inside a
+compute action fails. At construction the parameters that tensor-parallel ranks hold
+replicated (norms, biases added after a row-parallel sum, position tables) are made
+equal (tp rank 0's), since the ranks compute those parts redundantly; a program with
+an action kind this runtime does not execute is refused.
 
 Every action's start and end is recorded by a :class:`~merak_exec.result.Recorder`
 (perf_counter on CPU, CUDA events on GPU) into the simulator's events schema.
@@ -30,26 +40,29 @@ runs.
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from merak_exec.hooks import HookHandle, RuntimeHooks, register
-from merak_exec.mesh import Mesh
+from merak_exec.mesh import (
+    ExecError,
+    Mesh,
+    RankTimeoutError,
+    peers_text,
+    timed_collective,
+    wait_for,
+)
+from merak_exec.replicas import sync_tp_replicas
 from merak_exec.result import Recorder
 from merak_exec.stages import StageModule
 from merak_exec.step_state import MicroBatchState, StepState
 from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, iter_actions
 from merak_sim.schedule.lowering import comm_key, peer_of
+from merak_sim.schedule.posting import runtime_postings
 
-__all__ = ["PipelineRuntime", "StepOutput", "RankTimeoutError"]
-
-
-class RankTimeoutError(RuntimeError):
-    """A wait for a peer exceeded the timeout: the peer is probably dead or stuck."""
-
+__all__ = ["PipelineRuntime", "StepOutput"]
 
 @dataclass
 class StepOutput:
@@ -107,7 +120,6 @@ class PipelineRuntime:
         self.grad_sync = grad_sync
         self.grad_reducer = grad_reducer
         self.program = schedule.programs[mesh.pp_rank]
-        self.timeout = datetime.timedelta(seconds=mesh.timeout_s)
         self.recorder = Recorder(mesh, enabled=record)
         self.params = [p for c in chunks for p in c.parameters() if p.requires_grad]
         self.cuda = mesh.device.type == "cuda"
@@ -119,6 +131,17 @@ class PipelineRuntime:
             Kind.BACKWARD_WEIGHT: self._backward_weight, Kind.ALL_REDUCE: self._all_reduce,
             Kind.OPTIMIZER: self._optimizer_step,
         }
+        for a in iter_actions(self.program):
+            if not a.kind.is_comm and a.kind not in self._handlers:
+                raise ExecError(f"rank {mesh.rank}: action {a} ({a.kind.name}) is not executed "
+                                "by merak_exec; use a schedule of F, F*, R, B, I, W, AR, OPT")
+        # Which group each posted operation travels on (the proven posting rule).
+        self._postings: dict[int, list] = {}
+        if schedule.lowered:
+            for p in runtime_postings(schedule)[mesh.pp_rank]:
+                self._postings.setdefault(p.step, []).append(p)
+        self._tp_peers = peers_text(mesh.tp_group) if mesh.tp_group is not None else ""
+        sync_tp_replicas(mesh, chunks)
         # Zero-bubble split (I then W): record the outputs of every module that owns
         # parameters during forwards, so I can return their gradients along with the
         # input gradient in one backward pass and W only runs each module's local
@@ -161,19 +184,7 @@ class PipelineRuntime:
         return self.mesh.global_rank(peer_of(self.schedule, a))
 
     def _wait(self, work, what: str) -> None:
-        try:
-            ok = work.wait(self.timeout)
-        except RuntimeError as e:
-            raise RankTimeoutError(
-                f"merak_exec: rank {self.mesh.rank} failed waiting for {what} (timeout "
-                f"{self.mesh.timeout_s:g} s): {str(e).splitlines()[0][:160]}; "
-                "a peer rank probably died or stalled"
-            ) from None
-        if ok is False:
-            raise RankTimeoutError(
-                f"merak_exec: rank {self.mesh.rank} timed out after {self.mesh.timeout_s:g} s "
-                f"waiting for {what}; a peer rank probably died or stalled"
-            )
+        wait_for(work, what, self.mesh.timeout_s, self.mesh.rank)
 
     def _spec(self, a: Action) -> list[tuple[tuple[int, ...], torch.dtype]]:
         """(shape, dtype) of every tensor a receive gets: the activation tuple leaving
@@ -183,12 +194,17 @@ class PipelineRuntime:
             return self.boundary_specs[g - 1]
         return [sd for sd in self.boundary_specs[g] if sd[1].is_floating_point]
 
-    def _post(self, parts: tuple[Action, ...], state: StepState) -> None:
-        """Post sends/receives (one batch for a fused group). A boundary may carry
-        several tensors (the residual stream and broadcast values): one operation each,
-        tagged ``tag * 8 + index``."""
-        ops, recs = [], []
+    def _post(self, index: int, state: StepState) -> None:
+        """Post the sends/receives of program step ``index``: each operation one batch
+        on its channel's group (see the module docstring). A boundary may carry several
+        tensors (the residual stream and broadcast values): one P2P op each, tagged
+        ``tag * 8 + i``, in the same batch."""
         G = self.schedule.num_model_stages
+        for posting in self._postings[index]:
+            self._post_batch(posting.ops, self.mesh.p2p_groups[posting.group], state, G)
+
+    def _post_batch(self, parts: tuple[Action, ...], group, state: StepState, G: int) -> None:
+        ops, recs = [], []
         for a in parts:
             key = comm_key(self.schedule, a)
             peer = self._peer_global(a)
@@ -204,15 +220,11 @@ class PipelineRuntime:
                            for shape, dt in self._spec(a))
                 fn = dist.irecv
             for i, t in enumerate(ts):
-                ops.append(dist.P2POp(fn, t, peer, tag=_tag(key, G) * 8 + i))
+                ops.append(dist.P2POp(fn, t, peer, group=group, tag=_tag(key, G) * 8 + i))
             recs.append((a, ts, len(ts)))
-        if len(ops) == 1:
-            op = ops[0]
-            works = [op.op(op.tensor, self._peer_global(recs[0][0]), tag=op.tag)]
-        else:
-            works = dist.batch_isend_irecv(ops)
-            if len(works) != len(ops):  # backends that coalesce return one handle
-                works = [works[-1]] * len(ops)
+        works = dist.batch_isend_irecv(ops)
+        if len(works) != len(ops):  # backends that coalesce return one handle
+            works = [works[-1]] * len(ops)
         i = 0
         for a, ts, n in recs:
             ws = works[i:i + n]
@@ -395,7 +407,9 @@ class PipelineRuntime:
             for p in self.tied_params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, group=m.tied_group)
+                timed_collective(dist.all_reduce, p.grad, group=m.tied_group,
+                                 what="the tied-embedding gradient all-reduce",
+                                 timeout_s=m.timeout_s)
         if self.grad_sync is not None and self.grad_sync(self.params):
             return
         if m.dp_group is None or self.grad_reducer is not None:
@@ -406,8 +420,8 @@ class PipelineRuntime:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
         flat = torch.cat([g.reshape(-1) for g in grads])
-        work = dist.all_reduce(flat, group=m.dp_group, async_op=True)
-        self._wait(work, "the data-parallel gradient all-reduce")
+        timed_collective(dist.all_reduce, flat, group=m.dp_group,
+                         what="the data-parallel gradient all-reduce", timeout_s=m.timeout_s)
         flat.div_(m.dp)
         off = 0
         for g in grads:
@@ -426,18 +440,21 @@ class PipelineRuntime:
         state = StepState()
         rec, hooks = self.recorder, self.hooks
         rec.start_step()
-        for step in self.program:
+        for index, step in enumerate(self.program):
             if isinstance(step, Fused) or step.kind.is_comm:
                 for h in hooks:
                     h.on_post_start(step.parts)
-                self._post(step.parts, state)
+                self._post(index, state)
                 for h in hooks:
                     h.on_post_end(step.parts)
                 continue
             for h in hooks:
                 h.on_action_start(step)
             ev = rec.begin(step)
-            self._handlers[step.kind](step, state, inputs, labels)
+            try:
+                self._handlers[step.kind](step, state, inputs, labels)
+            except dist.DistError as e:  # a tensor-parallel collective inside the action
+                raise self._lost(step, e) from None
             rec.end(ev)
             for h in hooks:
                 h.on_action_end(step)
@@ -447,6 +464,15 @@ class PipelineRuntime:
         return StepOutput(loss=loss, losses=[losses[m].item() for m in sorted(losses)],
                           events=rec.finish_step())
 
+    def _lost(self, a: Action, e: BaseException) -> RankTimeoutError:
+        """The one-line error of a collective that failed inside compute action ``a``."""
+        peers = f" with tensor-parallel {self._tp_peers}" if self._tp_peers else ""
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        return RankTimeoutError(
+            f"merak_exec: rank {self.mesh.rank} failed in a collective of {a}{peers} "
+            f"(timeout {self.mesh.timeout_s:g} s): {first}; a peer rank probably died or "
+            "stalled")
+
     def _reduce_loss(self, state: StepState) -> float:
         """Mean loss of the iteration, made known to every rank (one small all-reduce)."""
         M = self.schedule.num_microbatches
@@ -455,8 +481,11 @@ class PipelineRuntime:
             total += sum(v.double() for v in state.losses.values()) / M
         m = self.mesh
         if m.pp_group is not None:
-            dist.all_reduce(total, group=m.pp_group)
+            timed_collective(dist.all_reduce, total, group=m.pp_group,
+                             what="the loss all-reduce over the pipeline", timeout_s=m.timeout_s)
         if m.dp_group is not None:
-            dist.all_reduce(total, group=m.dp_group)
+            timed_collective(dist.all_reduce, total, group=m.dp_group,
+                             what="the loss all-reduce over data parallel",
+                             timeout_s=m.timeout_s)
             total /= m.dp
         return float(total.item())

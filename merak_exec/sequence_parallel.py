@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from merak_exec.mesh import ExecError, Mesh
+from merak_exec.mesh import ExecError, Mesh, timed_collective
 from merak_exec.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -119,7 +119,8 @@ class GradientSync:
                     p.grad = torch.zeros_like(p)
                 grads.append(p.grad)
             flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.tp_group)
+            timed_collective(dist.all_reduce, flat, group=self.tp_group,
+                             what="the sequence-parallel gradient sum over tp")
             off = 0
             for g in grads:
                 g.copy_(flat[off:off + g.numel()].view_as(g))

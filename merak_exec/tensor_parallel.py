@@ -47,7 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from merak_exec.mesh import ExecError
+from merak_exec.mesh import ExecError, timed_collective
 
 __all__ = ["TPMapping", "FAMILY_MAPPINGS", "ColumnParallelLinear", "RowParallelLinear",
            "VocabParallelEmbedding", "vocab_parallel_lm_loss", "apply_tensor_parallel",
@@ -73,7 +73,8 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         g = g.contiguous()
-        dist.all_reduce(g, group=ctx.group)
+        timed_collective(dist.all_reduce, g, group=ctx.group,
+                         what="the tensor-parallel all-reduce of an input gradient (backward)")
         return g, None
 
 
@@ -83,7 +84,8 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         x = x.contiguous()
-        dist.all_reduce(x, group=group)
+        timed_collective(dist.all_reduce, x, group=group,
+                         what="the tensor-parallel all-reduce of a partial sum (forward)")
         return x
 
     @staticmethod
@@ -104,7 +106,8 @@ def _seq_gather(x: torch.Tensor, group) -> torch.Tensor:
     """All-gather along the sequence (dim 1) over ``group``."""
     t = dist.get_world_size(group)
     parts = [torch.empty_like(x) for _ in range(t)]
-    dist.all_gather(parts, x.contiguous(), group=group)
+    timed_collective(dist.all_gather, parts, x.contiguous(), group=group,
+                     what="the sequence-parallel all-gather over tp")
     return torch.cat(parts, dim=1)
 
 
@@ -116,7 +119,8 @@ def _seq_reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
                         f"{x.shape[1]} is not divisible")
     parts = [c.contiguous() for c in x.chunk(t, dim=1)]
     out = torch.empty_like(parts[0])
-    dist.reduce_scatter(out, parts, group=group)
+    timed_collective(dist.reduce_scatter, out, parts, group=group,
+                     what="the sequence-parallel reduce-scatter over tp")
     return out
 
 
@@ -264,7 +268,8 @@ class _VocabParallelCE(torch.autograd.Function):
     def forward(ctx, logits, target, start, group, ignore_index):
         logits = logits.float()
         m = logits.max(dim=-1).values
-        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        what = "the vocab-parallel cross-entropy all-reduce"
+        timed_collective(dist.all_reduce, m, op=dist.ReduceOp.MAX, group=group, what=what)
         z = logits - m.unsqueeze(-1)
         n = z.shape[-1]
         inside = (target >= start) & (target < start + n)
@@ -272,8 +277,8 @@ class _VocabParallelCE(torch.autograd.Function):
         tgt = z.gather(-1, idx.unsqueeze(-1)).squeeze(-1) * inside
         e = z.exp()
         se = e.sum(-1)
-        dist.all_reduce(tgt, group=group)
-        dist.all_reduce(se, group=group)
+        timed_collective(dist.all_reduce, tgt, group=group, what=what)
+        timed_collective(dist.all_reduce, se, group=group, what=what)
         valid = target != ignore_index
         loss = (se.log() - tgt) * valid
         count = valid.sum().clamp_min(1)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from merak_exec.checkpoint import load_checkpoint, save_checkpoint
-from merak_exec.mesh import ExecError, Mesh, build_mesh, init_distributed
+from merak_exec.mesh import ExecError, Mesh, bounded, build_mesh, init_distributed
 from merak_exec.optim import TrainingOptimizer, decay_groups, lr_lambda
 from merak_exec.parallel import ParallelModel, parallelize
 from merak_exec.result import RunResult
@@ -315,6 +315,7 @@ def gather_events(pm: ParallelModel) -> list[dict]:
 
     mine = pm.history[-1].events if pm.history else []
     allv: list = [None] * pm.mesh.world_size
-    dist.all_gather_object(allv, mine)
+    with bounded("gathering every rank's events"):
+        dist.all_gather_object(allv, mine)
     return [e for r in allv for e in r]
 

@@ -24,13 +24,12 @@ optimizer state divided by dp.
 
 from __future__ import annotations
 
-import datetime
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from merak_exec.mesh import ExecError
+from merak_exec.mesh import ExecError, timed_collective
 
 __all__ = ["ZeroOptimizer", "optimizer_state_bytes"]
 
@@ -40,23 +39,6 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
     rank's shard of the state)."""
     return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
                if isinstance(v, torch.Tensor))
-
-
-def _collective(fn, *args, group, timeout_s: float, what: str) -> None:
-    """Run an asynchronous collective and wait for it with a bounded, one-line error."""
-    from merak_exec.runtime import RankTimeoutError
-
-    work = fn(*args, group=group, async_op=True)
-    try:
-        ok = work.wait(datetime.timedelta(seconds=timeout_s))
-    except RuntimeError as e:
-        raise RankTimeoutError(f"merak_exec: rank {dist.get_rank()} failed in {what}: "
-                               f"{str(e).splitlines()[0][:160]}; a peer rank probably died "
-                               "or stalled") from None
-    if ok is False:
-        raise RankTimeoutError(f"merak_exec: rank {dist.get_rank()} timed out after "
-                               f"{timeout_s:g} s in {what}; a peer rank probably died or "
-                               "stalled")
 
 
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -132,7 +114,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self.group is None:
             mine.copy_(flat)
         else:
-            _collective(_reduce_scatter, mine, flat, group=self.group,
+            timed_collective(_reduce_scatter, mine, flat, group=self.group,
                         timeout_s=self.timeout_s,
                         what="the ZeRO-1 gradient reduce-scatter over data parallel")
             mine.div_(self.dp)
@@ -157,7 +139,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             full = mine
         else:
             full = torch.empty(self.shard_numel * self.dp, dtype=ref.dtype, device=ref.device)
-            _collective(_all_gather, full, mine, group=self.group, timeout_s=self.timeout_s,
+            timed_collective(_all_gather, full, mine, group=self.group, timeout_s=self.timeout_s,
                         what="the ZeRO-1 parameter all-gather over data parallel")
         off = 0
         for p in self.params:

@@ -2,7 +2,8 @@
 
 A :class:`Schedule` is one program per pipeline rank: a tuple of *steps*. A step is
 either a single :class:`Action` or a :class:`Fused` group of communication actions
-posted together (one ``batch_isend_irecv`` call).
+posted together at one point (how the runtime posts each operation on NCCL is
+:mod:`merak_sim.schedule.posting`).
 
 Communication semantics (the one place they are written down; both back ends obey
 them, and :func:`merak_sim.schedule.validate.validate` proves schedules safe under them)
@@ -17,9 +18,10 @@ them, and :func:`merak_sim.schedule.validate.validate` proves schedules safe und
 4. A compute action waits only for the receive it consumes: F/F* wait for their
    ``rA``, B/I for their ``rG``; R and W consume nothing remote (R re-forwards from
    the input F* kept). This is what lets "R3 rG3 B3" overlap the re-forward with the
-   gradient in flight. A :class:`Fused` group is one posting (one
-   ``batch_isend_irecv``); its consumer still waits only for its own receive, and a
-   send's completion is awaited only before its buffer is freed at the end.
+   gradient in flight. A :class:`Fused` group is posted at one point (the runtime
+   posts one batch per operation, :mod:`merak_sim.schedule.posting`); its consumer
+   still waits only for its own receive, and a send's completion is awaited only
+   before its buffer is freed at the end.
 5. Matching is by tag: the activation of micro-batch m leaving global virtual stage
    g is received by g+1; its gradient goes back from g+1 to g. Between any ordered
    pair of ranks, sends must be posted in the same order as the peer posts the

@@ -14,6 +14,10 @@ grid with the point where each rank stopped):
 4. Deadlock-freedom and matching: symbolic execution with unit durations finishes,
    every compute action's receive was posted before it, every send has a receive.
 5. AR and OPT, if present, come once each, after every backward, AR before OPT.
+6. NCCL posting: the runtime's postings (:func:`~merak_sim.schedule.posting.runtime_postings`)
+   meet on one communicator at both ends and finish without buffering NCCL does not
+   promise (:func:`~merak_sim.schedule.posting.check_postings`; a failure raises
+   :class:`~merak_sim.schedule.posting.PostingError` with the rank x step grid).
 
 It returns a :class:`ScheduleCheck` with the peak number of micro-batches whose
 activations are held on each rank (forward done, backward not yet complete), counted
@@ -29,6 +33,7 @@ from .execute import execute
 from .ir import Kind, Schedule, ScheduleError, iter_actions
 from .liveness import FULL, liveness
 from .lowering import comm_key, peer_of
+from .posting import check_postings
 
 __all__ = ["ScheduleCheck", "validate"]
 
@@ -140,6 +145,7 @@ def validate(sched: Schedule) -> ScheduleCheck:
         _check_order(sched)
         ex = execute(sched, lambda a: 1.0 if a.kind.per_microbatch else 0.0)
         makespan = ex.makespan
+        check_postings(sched)
     else:
         makespan = float("nan")
     lives = [liveness(sched, rank) for rank in range(sched.num_stages)]

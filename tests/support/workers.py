@@ -6,7 +6,8 @@ parameters with a single-process run of the same model and data.
 :func:`launch_scenario` runs one ``scenario_*`` function on every rank (resume, a lost
 rank, bad input, events, hooks, ...). Each rank writes its result to a JSON file in
 ``out_dir`` *before* tearing down, so the caller judges reported results, not exit
-signals.
+signals. :func:`cli_fault` runs ``merak-exec train`` as one process per rank and
+stops (SIGSTOP) or kills (SIGKILL) one of them mid-training.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from merak_exec.mesh import init_distributed, loopback_env
 from merak_sim.io import atomic_write_text
 from support.models import RecordingSGD, build_model, data, reference_run, tiny_gpt_config
 
-__all__ = ["launch", "run_cases", "run_case", "launch_scenario"]
+__all__ = ["launch", "run_cases", "run_case", "launch_scenario", "cli_fault"]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -429,3 +430,70 @@ def scenario_hooks(rank: int, arg: dict) -> dict:
     return {"got": {k: v for k, v in count.n.items() if v},
             "want": {k: v for k, v in want.items() if v}, "peak": peak,
             "hooks_left": len(pm.runtime.hooks) + sum(len(c.hooks) for c in pm.chunks)}
+
+
+# -- fault injection on the real CLI ----------------------------------------------
+def cli_fault(world: int, train_args: list[str], victim: int, mode: str, timeout_s: float,
+              cwd: str, wait_s: float = 300) -> dict:
+    """Launch ``python -m merak_exec train *train_args`` as ``world`` processes (the
+    environment torchrun would give them; no torchrun, whose agent would end the
+    others itself), wait for rank 0 to log step 3, then ``mode`` ("stall": SIGSTOP,
+    "kill": SIGKILL) rank ``victim``. Returns, for every other rank, its exit code,
+    its stderr lines and the seconds from the fault to its exit."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    port = free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                   WORLD_SIZE=str(world), LOCAL_RANK=str(r), GLOO_SOCKET_IFNAME="lo",
+                   OMP_NUM_THREADS="1", MERAK_TIMEOUT_S=str(timeout_s))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "merak_exec", "train", *train_args], cwd=cwd, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        deadline = time.monotonic() + wait_s
+        for line in procs[0].stdout:  # rank 0 logs every step
+            if line.startswith("step 3 ") or time.monotonic() > deadline:
+                break
+        else:
+            raise RuntimeError("rank 0 ended before step 3: "
+                               + procs[0].stderr.read()[-2000:])
+        t0 = time.monotonic()
+        procs[victim].send_signal(signal.SIGSTOP if mode == "stall" else signal.SIGKILL)
+        out = {}
+        for r, p in enumerate(procs):
+            if r == victim:
+                continue
+            try:
+                _, err = p.communicate(timeout=max(1.0, t0 + timeout_s + 60 - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _, err = p.communicate()
+            out[r] = {"code": p.returncode, "after_s": time.monotonic() - t0,
+                      "stderr": [ln for ln in err.splitlines() if ln.strip()]}
+        return out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def scenario_tp_replicas(rank: int, arg: dict) -> dict:
+    """tp=2, each rank builds the model from its own seed: right after parallelize the
+    replicated parameters must agree across tp ranks; returns their checksums."""
+    from merak_exec.models import GPT
+    from merak_exec.parallel import parallelize
+    from merak_exec.replicas import sharded_parameters
+    from merak_sim.config import ParallelConfig
+
+    torch.manual_seed(10 + rank)
+    pm = parallelize(GPT(tiny_gpt_config(2)), ParallelConfig(
+        tp=2, micro_batch_size=2, global_batch_size=4, dtype="fp32"), seq_len=8)
+    sharded = sharded_parameters(pm.chunks)
+    return {n: p.detach().double().sum().item() for n, p in pm.named_parameters()
+            if id(p) not in sharded}
