@@ -13,7 +13,7 @@ import json
 
 import click
 
-from merak_sim.config import DTYPES, TP_OVERLAPS
+from merak_sim.config import ATTENTIONS, DTYPES, TP_OVERLAPS
 from merak_sim.schedule import SCHEDULES
 
 
@@ -55,8 +55,19 @@ def _pairs(values: tuple[str, ...], what: str, key_type=int) -> dict:
               show_default=True, help="Merak's sub-pipelined TP overlap.")
 @click.option("--tp-overlap-parts", type=int, default=2, show_default=True,
               help="Parts a micro-batch is split into for sub-pipelined TP.")
-@click.option("--zero", type=click.IntRange(0, 1), default=0, show_default=True,
-              help="ZeRO stage.")
+@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
+              help="ZeRO stage (3 = FSDP).")
+@click.option("--zero-group", "--hsdp", "zero_group", type=int, default=0, show_default=True,
+              help="HSDP: shard inside groups of N data-parallel ranks, replicate across "
+                   "(0: shard over all).")
+@click.option("--cp", type=int, default=1, show_default=True,
+              help="Context-parallel degree (ring attention).")
+@click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
+              show_default=True, help="Attention kernel (auto: unfused on GPU presets, the "
+                                      "measured profile on CPU).")
+@click.option("--overlap-dp-sync", "overlap_dp_sync", is_flag=True,
+              help="Overlap the DP gradient reduction and the ZeRO 1/2 parameter "
+                   "all-gather with compute (stored in the configuration).")
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None,
               help="Profiled trace (merak-trace/1) for trace-driven costs.")
@@ -84,7 +95,7 @@ def _pairs(values: tuple[str, ...], what: str, key_type=int) -> dict:
 def simulate_command(model, model_json, cluster, cluster_json, nodes, dp, tp, pp,
                      virtual_stages, micro_batch_size, global_batch_size, schedule,
                      recompute, sequence_parallel, tp_overlap, tp_overlap_parts, zero,
-                     dtype, trace_file, mode, engine, contention, overlap_dp, sub_cluster,
+                     zero_group, cp, attention, overlap_dp_sync, dtype, trace_file, mode, engine, contention, overlap_dp, sub_cluster,
                      slow_gpu, degrade_link, as_json, chrome_trace, plot):
     """Simulate one training iteration: time, breakdown, FLOP/s and memory."""
     from pathlib import Path
@@ -114,7 +125,9 @@ def simulate_command(model, model_json, cluster, cluster_json, nodes, dp, tp, pp
         micro_batch_size=micro_batch_size, global_batch_size=global_batch_size,
         schedule=schedule, recompute=policy, recompute_c0=c0,
         recompute_fractions=fractions, sequence_parallel=sequence_parallel,
-        tp_overlap=tp_overlap, tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype)
+        tp_overlap=tp_overlap, tp_overlap_parts=tp_overlap_parts, zero=zero,
+        zero_group=zero_group, cp=cp, attention=attention, overlap_dp=overlap_dp_sync,
+        dtype=dtype)
     cost_model = None
     if trace_file:
         try:
