@@ -49,9 +49,10 @@ class ParallelConfig:
             many data-parallel ranks, replicate across them); 0 = all of dp x cp.
         cp: context-parallel degree (ring attention over the sequence).
         attention: one of :data:`ATTENTIONS`.
-        overlap_dp: overlap the data-parallel gradient reduction with the last
-            backwards and, under ZeRO 1/2, the parameter all-gather with compute
-            (Megatron's --overlap-grad-reduce --overlap-param-gather).
+        overlap_param_gather: overlap the data-parallel gradient reduction with the
+            last backwards and, under ZeRO 1/2, the distributed optimizer's parameter
+            all-gather with compute (Megatron's --overlap-grad-reduce
+            --overlap-param-gather; the engine runs the all-gather in the buckets).
         dtype: training precision: bf16 / fp16 / fp32, or fp8 (GEMMs in FP8 with
             16-bit activations and mixed-precision master weights and optimizer).
     """
@@ -73,7 +74,7 @@ class ParallelConfig:
     zero_group: int = 0
     cp: int = 1
     attention: str = "auto"
-    overlap_dp: bool = False
+    overlap_param_gather: bool = False
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -95,7 +96,7 @@ class ParallelConfig:
         """How the engine splits the gradient sync when it overlaps it: 1 = the
         reduce-scatter overlaps the backwards and the all-gather follows the optimizer
         step (ZeRO 1/2 without parameter-gather overlap); 0 = all of it overlaps."""
-        return 1 if self.zero in (1, 2) and not self.overlap_dp else 0
+        return 1 if self.zero in (1, 2) and not self.overlap_param_gather else 0
 
     @property
     def num_microbatches(self) -> int:

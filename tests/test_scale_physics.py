@@ -225,7 +225,7 @@ def test_config_bad_values(kw, msg):
 
 
 def test_config_round_trip_with_new_fields():
-    c = cfg(dp=4, cp=2, zero=3, zero_group=2, attention="flash", overlap_dp=True,
+    c = cfg(dp=4, cp=2, zero=3, zero_group=2, attention="flash", overlap_param_gather=True,
             dtype="fp8")
     assert ParallelConfig.from_dict(c.to_dict()) == c
     assert c.shard_group == 2 and c.engine_zero == 0

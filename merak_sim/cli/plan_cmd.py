@@ -62,8 +62,9 @@ def _clean(v):
               help="Allowed HSDP shard-group sizes (0: shard over all), e.g. 0,8.")
 @click.option("--attention", "attention", default=None,
               help="Allowed attention kernels, e.g. flash or flash,unfused.")
-@click.option("--overlap-dp-sync", "overlap_dp", type=click.Choice(["off", "on", "both"]),
-              default=None, help="Overlap of the DP synchronisation with compute.")
+@click.option("--overlap-param-gather", type=click.Choice(["off", "on", "both"]),
+              default=None, help="Overlap of the DP gradient reduction and the ZeRO 1/2 "
+                                 "parameter all-gather with compute.")
 @click.option("--dtype", "dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]),
               default=None, help="Training precision (default bf16).")
 @click.option("--micro-batch-sizes", default=None, help="Allowed micro-batch sizes.")
@@ -78,7 +79,8 @@ def _clean(v):
               help="Also write every candidate (with why it lost) as CSV.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp,
-                 cp, zero, zero_groups, attention, overlap_dp, dtype, micro_batch_sizes, schedules, memory_margin, no_confirm, out, csv_path,
+                 cp, zero, zero_groups, attention, overlap_param_gather, dtype,
+                 micro_batch_sizes, schedules, memory_margin, no_confirm, out, csv_path,
                  as_json):
     """Search parallel configurations; print the ranking and write the best plan."""
     import sys
@@ -100,9 +102,9 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
         changes["zero_groups"] = _csv_ints(zero_groups, "--zero-groups", zero_ok=True)
     if attention is not None:
         changes["attention"] = tuple(a.strip() for a in attention.split(",") if a.strip())
-    if overlap_dp is not None:
-        changes["overlap_dp"] = {"off": (False,), "on": (True,), "both": (False, True)}[
-            overlap_dp]
+    if overlap_param_gather is not None:
+        changes["overlap_param_gather"] = {"off": (False,), "on": (True,),
+                                           "both": (False, True)}[overlap_param_gather]
     if dtype is not None:
         changes["dtype"] = dtype
     if micro_batch_sizes is not None:
@@ -139,7 +141,7 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
               + f" sp={cfg.sequence_parallel} tp-overlap={cfg.tp_overlap} zero={cfg.zero}"
               + (f" hsdp={cfg.zero_group}" if cfg.zero_group else "")
               + (f" cp={cfg.cp}" if cfg.cp > 1 else "")
-              + f" attention={cfg.attention} overlap-dp={cfg.overlap_dp} dtype={cfg.dtype}: "
+              + f" attention={cfg.attention} overlap-param-gather={cfg.overlap_param_gather} dtype={cfg.dtype}: "
               f"{b.iteration_time_s:.3f} s/iteration, "
               f"{b.throughput_samples_per_s:.2f} samples/s, MFU {b.mfu:.1%}, peak "
               f"{max(b.peak_memory_bytes) / 2**30:.1f} GiB ({b.engine})")

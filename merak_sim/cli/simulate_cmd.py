@@ -65,9 +65,9 @@ def _pairs(values: tuple[str, ...], what: str, key_type=int) -> dict:
 @click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
               show_default=True, help="Attention kernel (auto: unfused on GPU presets, the "
                                       "measured profile on CPU).")
-@click.option("--overlap-dp-sync", "overlap_dp_sync", is_flag=True,
+@click.option("--overlap-param-gather", is_flag=True,
               help="Overlap the DP gradient reduction and the ZeRO 1/2 parameter "
-                   "all-gather with compute (stored in the configuration).")
+                   "all-gather with compute (implies --overlap-dp).")
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None,
               help="Profiled trace (merak-trace/1) for trace-driven costs.")
@@ -95,7 +95,8 @@ def _pairs(values: tuple[str, ...], what: str, key_type=int) -> dict:
 def simulate_command(model, model_json, cluster, cluster_json, nodes, dp, tp, pp,
                      virtual_stages, micro_batch_size, global_batch_size, schedule,
                      recompute, sequence_parallel, tp_overlap, tp_overlap_parts, zero,
-                     zero_group, cp, attention, overlap_dp_sync, dtype, trace_file, mode, engine, contention, overlap_dp, sub_cluster,
+                     zero_group, cp, attention, overlap_param_gather, dtype, trace_file, mode,
+                     engine, contention, overlap_dp, sub_cluster,
                      slow_gpu, degrade_link, as_json, chrome_trace, plot):
     """Simulate one training iteration: time, breakdown, FLOP/s and memory."""
     from pathlib import Path
@@ -126,7 +127,7 @@ def simulate_command(model, model_json, cluster, cluster_json, nodes, dp, tp, pp
         schedule=schedule, recompute=policy, recompute_c0=c0,
         recompute_fractions=fractions, sequence_parallel=sequence_parallel,
         tp_overlap=tp_overlap, tp_overlap_parts=tp_overlap_parts, zero=zero,
-        zero_group=zero_group, cp=cp, attention=attention, overlap_dp=overlap_dp_sync,
+        zero_group=zero_group, cp=cp, attention=attention, overlap_param_gather=overlap_param_gather,
         dtype=dtype)
     cost_model = None
     if trace_file:

@@ -58,7 +58,8 @@ class SearchSpace:
         cp: allowed context-parallel degrees.
         zero_groups: allowed HSDP shard-group sizes (0: shard over all of dp x cp).
         attention: allowed attention kernels (:data:`merak_sim.config.ATTENTIONS`).
-        overlap_dp: allowed values of ``ParallelConfig.overlap_dp``.
+        overlap_param_gather: allowed values of
+            ``ParallelConfig.overlap_param_gather``.
         dtype: training precision.
         name: a label for reports.
     """
@@ -76,7 +77,7 @@ class SearchSpace:
     cp: tuple[int, ...] = (1,)
     zero_groups: tuple[int, ...] = (0,)
     attention: tuple[str, ...] = ("auto",)
-    overlap_dp: tuple[bool, ...] = (False,)
+    overlap_param_gather: tuple[bool, ...] = (False,)
     dtype: str = "bf16"
     name: str = "full"
 
@@ -103,7 +104,7 @@ class SearchSpace:
             if not isinstance(c, int) or c < 1:
                 raise ValueError(f"search space: cp must be a positive integer, got {c!r}")
         for what in ("schedules", "recompute", "sequence_parallel", "tp_overlap", "zero",
-                     "cp", "zero_groups", "attention", "overlap_dp"):
+                     "cp", "zero_groups", "attention", "overlap_param_gather"):
             if not getattr(self, what):
                 raise ValueError(f"search space: {what} must not be empty")
         if self.max_micro_batch_size < 1:
@@ -160,7 +161,7 @@ class Candidate:
     cp: int = 1
     zero_group: int = 0
     attention: str = "auto"
-    overlap_dp: bool = False
+    overlap_param_gather: bool = False
 
     def table_key(self) -> tuple:
         """What the cost table depends on (not the schedule or the checkpointed
@@ -264,7 +265,8 @@ def _variants(model, dp, tp, pp, v, mbs, M, sched, space, cp=1) -> Iterator[Cand
                         if g == 0 or (g < dp * cp and (dp * cp) % g == 0)))
                     for zg in groups or (0,):
                         for att in space.attention:
-                            for odp in _collapse(space.overlap_dp, dp * cp > 1, False):
+                            for odp in _collapse(space.overlap_param_gather, dp * cp > 1,
+                                                 False):
                                 yield Candidate(dp, tp, pp, v, mbs, M, sched, rc, sp, ov, z,
                                                 pruned=rule, cp=cp, zero_group=zg,
-                                                attention=att, overlap_dp=odp)
+                                                attention=att, overlap_param_gather=odp)

@@ -205,7 +205,7 @@ def simulate(
         contention: share link bandwidth between concurrent transfers; default on when
             the engine is simpy and the cluster's links are known.
         overlap_dp: bucketed data-parallel gradient reduction overlapped with the last
-            backwards (also on when ``config.overlap_dp`` is) (default off: AR after the backward, as Megatron without
+            backwards (also on when ``config.overlap_param_gather`` is) (default off: AR after the backward, as Megatron without
             ``--overlap-grad-reduce``).
         buckets: gradient buckets per model chunk when overlapping.
         sub_cluster: allow dp * tp * pp below the cluster's GPU count.
@@ -216,7 +216,7 @@ def simulate(
         keep_trace: keep the timeline (events, Chrome trace, plots) in the result.
     """
     cfg = resolve_config(config, **config_kwargs)
-    overlap_dp = overlap_dp or cfg.overlap_dp
+    overlap_dp = overlap_dp or cfg.overlap_param_gather
     if mode == "full" and cfg.cp > 1:
         raise SimulationError(f"mode='full' does not place context-parallel ranks (cp="
                               f"{cfg.cp}); use mode='representative'")
