@@ -119,3 +119,15 @@ def test_405b_example_fits_without_full_recompute():
                                  zero=1, attention="unfused", engine="evaluator",
                                  keep_trace=False)
     assert not unfused.fits_in_memory
+
+
+def test_cp_mfu_counts_every_gpu():
+    """Model FLOP/s per GPU times every GPU (dp * cp * tp * pp) and the iteration time
+    give back the model's training FLOPs."""
+    from merak_sim.model import get_model
+
+    r = merak_sim.simulate("llama2-7b", "dgx-h100", dp=1, cp=2, tp=2, pp=2,
+                           micro_batch_size=1, global_batch_size=8, schedule="1f1b",
+                           attention="flash", engine="evaluator", keep_trace=False)
+    want = get_model("llama2-7b").training_flops(8)
+    assert r.model_flops_per_gpu * 8 * r.iteration_time_s == pytest.approx(want)
