@@ -4,8 +4,9 @@ Conventions
 -----------
 - ``GPU.peak_flops[dtype]``: dense vendor peak (bf16/fp16 on tensor cores with fp32
   accumulate; fp32 without tensor cores; fp8 only where the GPU has FP8 tensor cores:
-  Hopper's datasheets quote 3,958 TFLOP/s "with sparsity", i.e. 1,979 dense). Real kernels reach a shape-dependent
-  fraction; that lives in :mod:`merak_sim.costs.efficiency`, not here.
+  Hopper's datasheets quote 3,958 TFLOP/s "with sparsity", i.e. 1,979 dense). Real
+  kernels reach a shape-dependent fraction; that lives in
+  :mod:`merak_sim.costs.efficiency`, not here.
 - ``Link.bandwidth_Bps``: *achievable* bandwidth per direction (what a cost model
   divides bytes by, comparable with NCCL's bus bandwidth); ``Link.raw_bandwidth_Bps``
   is the spec-sheet figure it was derived from, ``Link.efficiency`` the ratio (an

@@ -141,7 +141,8 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
               + f" sp={cfg.sequence_parallel} tp-overlap={cfg.tp_overlap} zero={cfg.zero}"
               + (f" hsdp={cfg.zero_group}" if cfg.zero_group else "")
               + (f" cp={cfg.cp}" if cfg.cp > 1 else "")
-              + f" attention={cfg.attention} overlap-param-gather={cfg.overlap_param_gather} dtype={cfg.dtype}: "
+              + f" attention={cfg.attention} overlap-param-gather={cfg.overlap_param_gather}"
+              f" dtype={cfg.dtype}: "
               f"{b.iteration_time_s:.3f} s/iteration, "
               f"{b.throughput_samples_per_s:.2f} samples/s, MFU {b.mfu:.1%}, peak "
               f"{max(b.peak_memory_bytes) / 2**30:.1f} GiB ({b.engine})")

@@ -127,7 +127,8 @@ def simulate_command(model, model_json, cluster, cluster_json, nodes, dp, tp, pp
         schedule=schedule, recompute=policy, recompute_c0=c0,
         recompute_fractions=fractions, sequence_parallel=sequence_parallel,
         tp_overlap=tp_overlap, tp_overlap_parts=tp_overlap_parts, zero=zero,
-        zero_group=zero_group, cp=cp, attention=attention, overlap_param_gather=overlap_param_gather,
+        zero_group=zero_group, cp=cp, attention=attention,
+        overlap_param_gather=overlap_param_gather,
         dtype=dtype)
     cost_model = None
     if trace_file:

@@ -54,7 +54,8 @@ def row(c: Candidate, status: str, reason: str, **values: Any) -> dict:
              microbatches=c.microbatches, schedule=c.schedule, recompute=c.recompute,
              recompute_fractions=None, sequence_parallel=c.sequence_parallel,
              tp_overlap=c.tp_overlap, zero=c.zero, cp=c.cp, zero_group=c.zero_group,
-             attention=c.attention, overlap_param_gather=c.overlap_param_gather, bound_s=np.nan, engine="",
+             attention=c.attention, overlap_param_gather=c.overlap_param_gather,
+             bound_s=np.nan, engine="",
              reason=reason, shortfall_gib=np.nan)
     d.update(values)
     return d

@@ -205,8 +205,9 @@ def simulate(
         contention: share link bandwidth between concurrent transfers; default on when
             the engine is simpy and the cluster's links are known.
         overlap_dp: bucketed data-parallel gradient reduction overlapped with the last
-            backwards (also on when ``config.overlap_param_gather`` is) (default off: AR after the backward, as Megatron without
-            ``--overlap-grad-reduce``).
+            backwards (default off: AR after the backward, as Megatron without
+            ``--overlap-grad-reduce``; also on when ``config.overlap_param_gather``
+            is).
         buckets: gradient buckets per model chunk when overlapping.
         sub_cluster: allow dp * tp * pp below the cluster's GPU count.
         slowdown / degraded_links / gpu_types: full-mode what-ifs: compute-time
