@@ -205,8 +205,11 @@ def _boundary_specs(chain: LayerChain, ranges: list[range], mbs: int, seq: int,
 def _check_supported(config: ParallelConfig) -> None:
     """Config features the simulator models but this runtime does not execute yet."""
     if config.zero:
-        raise ExecError("zero=1 (optimizer sharding) is simulated but not executed by "
-                        "merak_exec yet; use zero=0")
+        raise ExecError(f"zero={config.zero} (ZeRO sharding) is simulated but not executed "
+                        "by merak_exec yet; use zero=0")
+    if config.cp > 1 or config.dtype == "fp8":
+        raise ExecError("context parallelism and fp8 are simulated but not executed by "
+                        "merak_exec yet; use cp=1 and a 16-bit dtype")
     if config.sequence_parallel:
         raise ExecError("sequence parallelism is simulated but not executed by merak_exec "
                         "yet; set sequence_parallel=False")
