@@ -273,10 +273,12 @@ def check_executable(config: ParallelConfig) -> None:
         raise ExecError(f"zero={config.zero} (gradient/parameter sharding) is simulated but "
                         "not executed: FSDP2 does not compose with this pipeline runtime; "
                         "use zero=0 or zero=1")
-    cp = getattr(config, "cp", 1)  # context-parallel degree, where the config has one
-    if cp > 1:
-        raise ExecError(f"cp={cp} (context parallelism) is simulated but not executed: torch "
-                        "has no ring attention for this runtime; use cp=1")
+    if config.cp > 1:
+        raise ExecError(f"cp={config.cp} (context parallelism) is simulated but not executed: "
+                        "torch has no ring attention for this runtime; use cp=1")
+    if config.dtype == "fp8":
+        raise ExecError("dtype fp8 is simulated but not executed (no FP8 GEMMs in this "
+                        "runtime); use bf16")
 
 
 def _apply_options(config: ParallelConfig, mesh: Mesh, chunks, ranges, family, opt):

@@ -11,11 +11,16 @@ from dataclasses import asdict, dataclass, field
 from merak_sim.schedule import SCHEDULES, generate
 from merak_sim.schedule.ir import Schedule
 
-__all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES"]
+__all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES", "ATTENTIONS",
+           "ZERO_STAGES"]
 
 RECOMPUTE_POLICIES = ("none", "full", "selective", "stage-aware")
 TP_OVERLAPS = ("none", "sub-pipelined")
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = ("bf16", "fp16", "fp32", "fp8")
+#: "auto": the cost model's activation profile decides (unfused on GPU presets, the
+#: measured PyTorch profile on the CPU cluster); "flash" / "unfused" force one kernel.
+ATTENTIONS = ("auto", "flash", "unfused")
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,8 +40,21 @@ class ParallelConfig:
             ``recompute_fractions``, one per pipeline rank).
         sequence_parallel: Megatron sequence parallelism with tp.
         tp_overlap: "none" or "sub-pipelined" (Merak T3, ``tp_overlap_parts`` parts).
-        zero: ZeRO stage, 0 or 1 (optimizer states sharded over dp).
-        dtype: training precision of weights and activations.
+        zero: ZeRO stage over the data-parallel ranks: 0 (replicated), 1 (optimizer
+            states sharded; gradients reduce-scattered and weights all-gathered after
+            the step, Megatron's distributed optimizer), 2 (gradients sharded too), 3
+            (parameters sharded too: FSDP, a per-layer all-gather in forward and again
+            in backward and a per-layer gradient reduce-scatter).
+        zero_group: ranks one shard group spans (HSDP: shard inside groups of this
+            many data-parallel ranks, replicate across them); 0 = all of dp x cp.
+        cp: context-parallel degree (ring attention over the sequence).
+        attention: one of :data:`ATTENTIONS`.
+        overlap_param_gather: overlap the data-parallel gradient reduction with the
+            last backwards and, under ZeRO 1/2, the distributed optimizer's parameter
+            all-gather with compute (Megatron's --overlap-grad-reduce
+            --overlap-param-gather; the engine runs the all-gather in the buckets).
+        dtype: training precision: bf16 / fp16 / fp32, or fp8 (GEMMs in FP8 with
+            16-bit activations and mixed-precision master weights and optimizer).
     """
 
     dp: int = 1
@@ -53,6 +71,10 @@ class ParallelConfig:
     tp_overlap: str = "none"
     tp_overlap_parts: int = 2
     zero: int = 0
+    zero_group: int = 0
+    cp: int = 1
+    attention: str = "auto"
+    overlap_param_gather: bool = False
     dtype: str = "bf16"
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -61,8 +83,20 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        """dp * tp * pp GPUs."""
-        return self.dp * self.tp * self.pp
+        """dp * cp * tp * pp GPUs."""
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks a ZeRO shard group spans (dp * cp unless ``zero_group`` is set)."""
+        return self.zero_group or self.dp * self.cp
+
+    @property
+    def engine_zero(self) -> int:
+        """How the engine splits the gradient sync when it overlaps it: 1 = the
+        reduce-scatter overlaps the backwards and the all-gather follows the optimizer
+        step (ZeRO 1/2 without parameter-gather overlap); 0 = all of it overlaps."""
+        return 1 if self.zero in (1, 2) and not self.overlap_param_gather else 0
 
     @property
     def num_microbatches(self) -> int:
@@ -72,7 +106,7 @@ class ParallelConfig:
     def validate(self) -> None:
         """Raise ValueError naming the offending numbers; never assert."""
         for name in ("dp", "tp", "pp", "virtual_stages", "micro_batch_size",
-                     "global_batch_size", "tp_overlap_parts"):
+                     "global_batch_size", "tp_overlap_parts", "cp"):
             val = getattr(self, name)
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{name} must be a positive integer, got {val!r}")
@@ -112,8 +146,19 @@ class ParallelConfig:
             )
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence parallelism needs tp > 1")
-        if self.zero not in (0, 1):
-            raise ValueError(f"zero must be 0 or 1, got {self.zero}")
+        if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
+            raise ValueError(f"zero stage {self.zero!r} unknown; choose 0, 1, 2 or 3")
+        if (not isinstance(self.zero_group, int) or isinstance(self.zero_group, bool)
+                or self.zero_group < 0 or (self.zero_group
+                                           and (self.dp * self.cp) % self.zero_group)):
+            raise ValueError(
+                f"zero group {self.zero_group!r} must divide dp * cp = {self.dp * self.cp} "
+                "(0: shard over all of them)")
+        if self.zero_group and not self.zero:
+            raise ValueError(f"zero group {self.zero_group} needs a ZeRO stage (zero >= 1)")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {self.attention!r}; choose one of: "
+                             f"{', '.join(ATTENTIONS)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         if self.virtual_stages > 1 and not SCHEDULES[self.schedule].interleaved:

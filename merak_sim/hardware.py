@@ -3,8 +3,10 @@
 Conventions
 -----------
 - ``GPU.peak_flops[dtype]``: dense vendor peak (bf16/fp16 on tensor cores with fp32
-  accumulate; fp32 without tensor cores). Real kernels reach a shape-dependent
-  fraction; that lives in :mod:`merak_sim.costs.efficiency`, not here.
+  accumulate; fp32 without tensor cores; fp8 only where the GPU has FP8 tensor cores:
+  Hopper's datasheets quote 3,958 TFLOP/s "with sparsity", i.e. 1,979 dense). Real
+  kernels reach a shape-dependent fraction; that lives in
+  :mod:`merak_sim.costs.efficiency`, not here.
 - ``Link.bandwidth_Bps``: *achievable* bandwidth per direction (what a cost model
   divides bytes by, comparable with NCCL's bus bandwidth); ``Link.raw_bandwidth_Bps``
   is the spec-sheet figure it was derived from, ``Link.efficiency`` the ratio (an
@@ -52,7 +54,7 @@ class GPU:
         name: e.g. "A100-80GB".
         memory_bytes: device memory.
         mem_bandwidth_Bps: device memory bandwidth (bytes/s, spec sheet).
-        peak_flops: dense peak FLOP/s per dtype ("bf16", "fp16", "fp32").
+        peak_flops: dense peak FLOP/s per dtype ("bf16", "fp16", "fp32", "fp8").
         source: spec sheet the numbers come from.
     """
 
@@ -75,6 +77,9 @@ class GPU:
         alt = {"fp16": "bf16", "bf16": "fp16"}.get(dtype)
         if alt in self.peak_flops:
             return self.peak_flops[alt]
+        if dtype == "fp8":
+            raise HardwareError(f"gpu {self.name} has no FP8 tensor cores (dtype 'fp8'); "
+                                "use --dtype bf16, or a GPU with FP8 such as H100 / H200")
         raise HardwareError(f"gpu {self.name} has no peak for dtype {dtype!r}; known: "
                             f"{', '.join(self.peak_flops)}")
 
@@ -258,11 +263,13 @@ GPU_PRESETS: dict[str, GPU] = {g.name: g for g in [
                                           "fp32": 19.5 * TFLOPS},
         "NVIDIA A100 datasheet via " + _HW),
     GPU("H100-80GB", 80 * GB, 3350 * GB, {"bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS,
-                                          "fp32": 67 * TFLOPS},
-        "NVIDIA H100 SXM5 datasheet via " + _HW),
+                                          "fp32": 67 * TFLOPS, "fp8": 1979 * TFLOPS},
+        "NVIDIA H100 SXM5 datasheet via " + _HW + "; FP8 3,958 TFLOP/s with sparsity "
+        "= 1,979 dense"),
     GPU("H200-141GB", 141 * GB, 4800 * GB, {"bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS,
-                                            "fp32": 67 * TFLOPS},
-        "NVIDIA H200 SXM datasheet via " + _HW),
+                                            "fp32": 67 * TFLOPS, "fp8": 1979 * TFLOPS},
+        "NVIDIA H200 SXM datasheet via " + _HW + "; FP8 3,958 TFLOP/s with sparsity "
+        "= 1,979 dense"),
     # Measured on this project's CPU machine (2 cores, torch 2.13, fp32 2048^3 and
     # 512^3 matmuls: 84-124 GFLOP/s, noisy; copies ~3-10 GB/s). bf16 on CPU is
     # emulated and not used for training here.

@@ -86,8 +86,8 @@ class RankLayout:
     @classmethod
     def of(cls, config: Any) -> RankLayout:
         """The layout of a :class:`merak_sim.config.ParallelConfig` (or any object with
-        ``dp``, ``tp`` and ``pp``)."""
-        return cls(config.dp, config.tp, config.pp)
+        ``dp``, ``tp`` and ``pp``, and optionally ``cp``)."""
+        return cls(config.dp, config.tp, config.pp, getattr(config, "cp", 1))
 
     @property
     def world_size(self) -> int:

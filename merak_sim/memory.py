@@ -6,7 +6,13 @@ Model state (per GPU, after tensor-parallel sharding)
   gradients) + 12 (fp32 master weights, Adam m and v) (Rajbhandari et al., ZeRO, SC'20,
   Sec. 3.1: "2 + 2 + K" with K = 12).
 - fp32 Adam: also 16 bytes/param but split 4 (weights) + 4 (gradients) + 8 (m, v).
-- ZeRO-1 shards the optimizer part over dp.
+- ZeRO over a shard group of g ranks (dp x cp, or the HSDP group): stage 1 divides
+  the optimizer part by g, stage 2 the gradients too, stage 3 (FSDP) the weights too
+  (the gathered layers FSDP holds while computing are the cost model's: see
+  :mod:`merak_sim.costs.sharded_dp`).
+- fp8 training keeps the mixed-precision state (2 + 2 + 12) plus the FP8 copy of the
+  weights cached between micro-batches (1 byte/param, sharded like the weights);
+  activations stay 16-bit.
 
 Activations per transformer layer (bytes one micro-batch keeps for backward)
 ---------------------------------------------------------------------------
@@ -44,6 +50,10 @@ taking the flash path (q, k, v, output, log-sum-exp) without dropout and the mat
 HuggingFace GPT-2's ``gelu_new`` written in Python saving five f-sized tensors instead
 of two.
 
+Context parallelism (cp) keeps s/cp tokens of each sequence per GPU: every per-token
+term above is divided by cp, the s x s term keeps its full key length (local queries
+against all keys).
+
 Stage extras: the first stage keeps the embedding-dropout mask and the token (and
 position) ids, the last stage the
 final-norm input, the LM-head input and the fp32 logits (4V/t bytes per token) that the
@@ -68,7 +78,9 @@ __all__ = [
     "peak_memory", "StageMemory", "DTYPE_BYTES",
 ]
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: Bytes per activation element (and per element of a TP collective) by training dtype:
+#: fp8 training keeps 16-bit activations, only GEMM inputs are cast to 8 bits.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 
 
 class MemoryModelError(ValueError):
@@ -120,8 +132,9 @@ def _e(model: ModelSpec, profile: ActivationProfile, dtype: str | None) -> int:
 
 def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
                                sp: bool = False, profile: ActivationProfile = KORTHIKANTI,
-                               dtype: str | None = None) -> dict[str, float]:
-    """Bytes one layer keeps per micro-batch, by component (module docstring).
+                               dtype: str | None = None, cp: int = 1) -> dict[str, float]:
+    """Bytes one layer keeps per micro-batch, by component (module docstring; ``cp``
+    divides the tokens).
 
     Keys: "residual" (norm inputs/outputs, replicated unless sp), "masks" (residual
     dropout masks), "norm_stats", "qkv", "proj_in", "mlp", "scores" (the s x s part
@@ -132,7 +145,7 @@ def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
     model.check_tp(tp)
     h, f, kv, a, s = model.hidden, model.ffn_hidden, model.kv_dim, model.heads, model.seq_len
     e, m = _e(model, profile, dtype), profile.mask_bytes
-    tok = micro_batch * s
+    tok = micro_batch * s / cp if cp > 1 else micro_batch * s
     rep = tp if sp else 1  # divisor of the residual-stream part
     p = model.dropout > 0
     mlp_f = profile.mlp_saved_f or (3 if model.gated_mlp else 2)
@@ -152,7 +165,8 @@ def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
         "residual": tok * 4 * e * h / rep,
         "masks": tok * (2 * m * h if p else 0) / rep,
         "norm_stats": tok * 2 * profile.norm_stats_bytes / rep,
-        "qkv": tok * e * qkv / tp,
+        "qkv": tok * e * (qkv / tp if model.kv_heads % tp == 0 else
+                          (qkv - 2 * kv) / tp + 2 * model.kv_dim_per_rank(tp)),
         "proj_in": tok * e * h / tp,
         "mlp": tok * mlp_f * e * f / tp,
         "scores": tok * scores / tp,
@@ -162,13 +176,13 @@ def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
 def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
                            recompute: str = "none",
                            profile: ActivationProfile = KORTHIKANTI,
-                           dtype: str | None = None) -> float:
+                           dtype: str | None = None, cp: int = 1) -> float:
     """Bytes one layer keeps per micro-batch under ``recompute`` ("none",
     "selective": the attention core is recomputed so its s x s part is not kept,
     "full": only the layer input)."""
     if recompute == "full":
-        return layer_checkpoint_bytes(model, micro_batch, tp, sp, profile, dtype)
-    d = layer_activation_breakdown(model, micro_batch, tp, sp, profile, dtype)
+        return layer_checkpoint_bytes(model, micro_batch, tp, sp, profile, dtype, cp)
+    d = layer_activation_breakdown(model, micro_batch, tp, sp, profile, dtype, cp)
     if recompute == "selective":
         d = dict(d, scores=0.0)
     elif recompute != "none":
@@ -179,17 +193,17 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: 
 
 def layer_checkpoint_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
                            profile: ActivationProfile = KORTHIKANTI,
-                           dtype: str | None = None) -> float:
-    """Bytes a fully checkpointed layer keeps: its input, e*s*b*h (/t with sp)."""
-    return stage_input_bytes(model, micro_batch, tp, sp, profile, dtype)
+                           dtype: str | None = None, cp: int = 1) -> float:
+    """Bytes a fully checkpointed layer keeps: its input, e*s*b*h (/t with sp, /cp)."""
+    return stage_input_bytes(model, micro_batch, tp, sp, profile, dtype, cp)
 
 
 def stage_input_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
                       profile: ActivationProfile = KORTHIKANTI,
-                      dtype: str | None = None) -> float:
+                      dtype: str | None = None, cp: int = 1) -> float:
     """The residual-stream tensor crossing a stage boundary (what F* keeps)."""
     e = _e(model, profile, dtype)
-    return float(micro_batch * model.seq_len * model.hidden * e / (tp if sp else 1))
+    return float(micro_batch * model.seq_len * model.hidden * e / (tp if sp else 1) / cp)
 
 
 def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1,
@@ -213,11 +227,11 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1,
 
 def first_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
                             profile: ActivationProfile = KORTHIKANTI,
-                            dtype: str | None = None) -> float:
+                            dtype: str | None = None, cp: int = 1) -> float:
     """Embedding activations on the first stage: the dropout mask (if dropout), the
     token ids (8 bytes each) and, with a learned position table, the position ids of
     one sequence (8 bytes per position)."""
-    tok = micro_batch * model.seq_len
+    tok = micro_batch * model.seq_len / cp if cp > 1 else micro_batch * model.seq_len
     mask = profile.mask_bytes * model.hidden / (tp if sp else 1) if model.dropout > 0 else 0
     pos = 8 * model.seq_len if model.max_positions else 0
     return float(tok * (mask + 8) + pos)
@@ -225,11 +239,11 @@ def first_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp:
 
 def last_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
                            profile: ActivationProfile = KORTHIKANTI,
-                           dtype: str | None = None) -> float:
+                           dtype: str | None = None, cp: int = 1) -> float:
     """LM head activations on the last stage: final-norm input and output (2eh, /t
     with sp) and fp32 logits kept by the cross entropy (4V/t), per token."""
     e = _e(model, profile, dtype)
-    tok = micro_batch * model.seq_len
+    tok = micro_batch * model.seq_len / cp if cp > 1 else micro_batch * model.seq_len
     return float(tok * (2 * e * model.hidden / (tp if sp else 1) + 4 * model.vocab / tp))
 
 
@@ -274,18 +288,23 @@ def stage_params(model: ModelSpec, n_layers: int, first: bool, last: bool, tp: i
 def model_state_bytes(params: float, dtype: str = "bf16", dp: int = 1,
                       zero: int = 0) -> ModelState:
     """Weights/grads/optimizer bytes for ``params`` parameters on one GPU (module
-    docstring: 2+2+12 mixed precision, 4+4+8 fp32; ZeRO-1 divides the optimizer part
-    by dp)."""
+    docstring: 2+2+12 mixed precision, 4+4+8 fp32, 3+2+12 fp8; ZeRO over a shard group
+    of ``dp`` ranks: stage 1 divides the optimizer part, 2 the gradients too, 3 the
+    weights too)."""
     if dtype not in DTYPE_BYTES:
-        raise MemoryModelError(f"unknown dtype {dtype!r}; choose bf16, fp16 or fp32")
+        raise MemoryModelError(f"unknown dtype {dtype!r}; choose bf16, fp16, fp32 or fp8")
     if dp < 1:
         raise MemoryModelError(f"dp must be a positive integer, got {dp}")
+    if zero not in (0, 1, 2, 3):
+        raise MemoryModelError(f"zero stage {zero!r} unknown; choose 0, 1, 2 or 3")
     if dtype == "fp32":
         w, g, o = 4, 4, 8
     else:
-        w, g, o = 2, 2, 12
+        w, g, o = (3 if dtype == "fp8" else 2), 2, 12
     opt = params * o / (dp if zero >= 1 else 1)
-    return ModelState(params, params * w, params * g, opt)
+    grad = params * g / (dp if zero >= 2 else 1)
+    weight = params * w / (dp if zero >= 3 else 1)
+    return ModelState(params, weight, grad, opt)
 
 
 # ------------------------------------------------------------------------- peaks

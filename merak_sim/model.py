@@ -156,6 +156,12 @@ class ModelSpec:
         """Width of K (and of V): kv_heads * head_dim."""
         return self.kv_heads * self.head_dim
 
+    def kv_dim_per_rank(self, tp: int = 1) -> float:
+        """K (or V) width one GPU of a TP group of ``tp`` holds: kv / tp while tp
+        divides the kv heads, one whole head (replicated) when tp exceeds them
+        (Megatron's grouped-query attention with tp > kv heads)."""
+        return max(self.kv_heads / tp, 1.0) * self.head_dim
+
     @property
     def gated_mlp(self) -> bool:
         """True for SwiGLU (three MLP matrices)."""
@@ -350,6 +356,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   source="LLaMA-2 70B (Touvron et al. 2023; HF config: h 8192, L 80, 64 "
                          "heads, 8 kv heads (GQA), ffn 28672, vocab 32000); 69.0B params",
                   extra={"published_params": 68.98e9}),
+        ModelSpec(name="llama3-405b-like", family="llama", layers=126, hidden=16384,
+                  heads=128, kv_heads=8, seq_len=8192, vocab=128256, ffn_hidden=53248,
+                  dropout=0.0,
+                  source="LLaMA-3.1 405B shape (Meta's HF config meta-llama/Llama-3.1-"
+                         "405B: h 16384, L 126, 128 heads, 8 kv heads (GQA), ffn 53248, "
+                         "vocab 128256); sequence 8192; about 405.9B parameters",
+                  extra={"published_params": 405.9e9}),
         ModelSpec(name="bert-large", family="bert", layers=24, hidden=1024, heads=16,
                   seq_len=512, vocab=30522,
                   source="BERT-large (Devlin et al. 2019: L 24, h 1024, 16 heads; "

@@ -24,7 +24,7 @@ def test_microbatches_and_round_trip():
         (dict(tp_overlap="sub-pipelined", micro_batch_size=3, global_batch_size=3),
          "not divisible"),
         (dict(sequence_parallel=True), "needs tp > 1"),
-        (dict(zero=2), "zero must be 0 or 1"),
+        (dict(zero=4), "zero stage 4 unknown; choose 0, 1, 2 or 3"),
         (dict(virtual_stages=2, pp=2), "interleaved"),
         (dict(pp=2, recompute="stage-aware", recompute_fractions=(0.5,)), "entries"),
     ],

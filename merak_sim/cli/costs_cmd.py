@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 import click
 
-from merak_sim.config import DTYPES, TP_OVERLAPS, ParallelConfig
+from merak_sim.config import ATTENTIONS, DTYPES, TP_OVERLAPS, ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.hardware import get_cluster
 from merak_sim.memory import peak_memory
@@ -112,7 +112,14 @@ def _wrapped(text: str, width: int) -> str:
 @click.option("--tp-overlap", type=click.Choice(list(TP_OVERLAPS)), default="none",
               show_default=True)
 @click.option("--tp-overlap-parts", type=POSITIVE, default=2, show_default=True)
-@click.option("--zero", type=int, default=0, show_default=True)
+@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
+              help="ZeRO stage 0-3.")
+@click.option("--zero-group", "--hsdp", "zero_group", type=click.IntRange(min=0), default=0,
+              show_default=True,
+              help="HSDP shard-group size (0: shard over all data-parallel ranks).")
+@click.option("--cp", type=POSITIVE, default=1, show_default=True, help="Context parallelism.")
+@click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
+              show_default=True)
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
 @click.option("--partition", "partition_method",
               type=click.Choice(["uniform", "parameters", "time"]), default="uniform",
@@ -122,8 +129,8 @@ def _wrapped(text: str, width: int) -> str:
 @json_options
 def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
                   micro_batch_size, global_batch_size, schedule, recompute, sequence_parallel,
-                  tp_overlap, tp_overlap_parts, zero, dtype, partition_method, traces,
-                  as_json, json_out):
+                  tp_overlap, tp_overlap_parts, zero, zero_group, cp, attention, dtype,
+                  partition_method, traces, as_json, json_out):
     """Print the per-layer time and memory breakdown (and per-stage totals with peak
     memory from the schedule) that the cost model charges for one configuration."""
     check_writable(("--json-out", json_out))
@@ -136,7 +143,8 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
         micro_batch_size=micro_batch_size, global_batch_size=gbs, schedule=schedule,
         recompute=rc.policy, recompute_c0=rc.c0, recompute_fractions=rc.fractions,
         sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
-        tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype)
+        tp_overlap_parts=tp_overlap_parts, zero=zero, zero_group=zero_group, cp=cp,
+        attention=attention, dtype=dtype)
     check_work(pp * virtual_stages * config.num_microbatches,
                "pp x virtual stages x micro-batches", "use a smaller global batch size")
     analytic = AnalyticCostModel(partition_method=partition_method)
@@ -185,7 +193,8 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
     echo(f"# config dp={dp} tp={tp} pp={pp} v={virtual_stages} mbs={micro_batch_size} "
                f"micro-batches={config.num_microbatches} schedule={schedule} "
                f"recompute={recompute} sp={sequence_parallel} tp_overlap={tp_overlap} "
-               f"zero={zero} dtype={dtype}; cost model: {table.meta.get('source')}")
+               f"zero={zero} cp={cp} attention={attention} dtype={dtype}; cost model: "
+               f"{table.meta.get('source')}")
     echo("")
     echo("Per layer, one micro-batch, one GPU (ms; MiB; tp-fwd/tp-bwd = exposed TP "
                "communication; TFLOP/s = achieved by the compute):")

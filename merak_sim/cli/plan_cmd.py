@@ -21,7 +21,7 @@ from .options import POSITIVE, AliasOption, check_writable, emit_json, json_opti
 _SYSTEM_CHOICES = ["full", "megatron", "deepspeed", "merak"]
 
 
-def _csv_ints(value: str | None, what: str) -> tuple[int, ...] | None:
+def _csv_ints(value: str | None, what: str, zero_ok: bool = False) -> tuple[int, ...] | None:
     if value is None:
         return None
     try:
@@ -29,8 +29,9 @@ def _csv_ints(value: str | None, what: str) -> tuple[int, ...] | None:
     except ValueError:
         raise click.UsageError(f"{what} takes comma-separated integers, got {value!r}") \
             from None
-    if not out or any(x < 1 for x in out):
-        raise click.UsageError(f"{what} takes positive integers, got {value!r}")
+    if not out or any(x < (0 if zero_ok else 1) for x in out):
+        raise click.UsageError(f"{what} takes {'non-negative' if zero_ok else 'positive'} "
+                               f"integers, got {value!r}")
     return out
 
 
@@ -59,6 +60,17 @@ def _clean(v):
               help="Search everything, or restrict to a system of the paper reproduction.")
 @click.option("--tp", "tp", default=None, help="Allowed tp degrees, e.g. 1,2,4.")
 @click.option("--pp", "pp", default=None, help="Allowed pp degrees, e.g. 4,8.")
+@click.option("--cp", "cp", default=None, help="Allowed context-parallel degrees, e.g. 1,2,4.")
+@click.option("--zero", "zero", default=None, help="Allowed ZeRO stages, e.g. 0,1,2,3.")
+@click.option("--zero-groups", "--hsdp", "zero_groups", default=None,
+              help="Allowed HSDP shard-group sizes (0: shard over all), e.g. 0,8.")
+@click.option("--attention", "attention", default=None,
+              help="Allowed attention kernels, e.g. flash or flash,unfused.")
+@click.option("--overlap-param-gather", type=click.Choice(["off", "on", "both"]),
+              default=None, help="Overlap of the DP gradient reduction and the ZeRO 1/2 "
+                                 "parameter all-gather with compute.")
+@click.option("--dtype", "dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]),
+              default=None, help="Training precision (default bf16).")
 @click.option("--micro-batch-sizes", "--mbs", "micro_batch_sizes", cls=AliasOption,
               default=None, help="Allowed micro-batch sizes.")
 @click.option("--schedules", default=None,
@@ -72,6 +84,7 @@ def _clean(v):
               help="Also write every candidate (with why it lost) as CSV.")
 @json_options
 def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp,
+                 cp, zero, zero_groups, attention, overlap_param_gather, dtype,
                  micro_batch_sizes, schedules, memory_margin, no_confirm, out, csv_path,
                  as_json, json_out):
     """Search parallel configurations; print the ranking and write the best plan."""
@@ -87,6 +100,19 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
         changes["tp"] = _csv_ints(tp, "--tp")
     if pp is not None:
         changes["pp"] = _csv_ints(pp, "--pp")
+    if cp is not None:
+        changes["cp"] = _csv_ints(cp, "--cp")
+    if zero is not None:
+        changes["zero"] = _csv_ints(zero, "--zero", zero_ok=True)
+    if zero_groups is not None:
+        changes["zero_groups"] = _csv_ints(zero_groups, "--zero-groups", zero_ok=True)
+    if attention is not None:
+        changes["attention"] = tuple(a.strip() for a in attention.split(",") if a.strip())
+    if overlap_param_gather is not None:
+        changes["overlap_param_gather"] = {"off": (False,), "on": (True,),
+                                           "both": (False, True)}[overlap_param_gather]
+    if dtype is not None:
+        changes["dtype"] = dtype
     if micro_batch_sizes is not None:
         changes["micro_batch_sizes"] = _csv_ints(micro_batch_sizes, "--micro-batch-sizes")
     if schedules is not None:
@@ -120,7 +146,11 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
               f"v={cfg.virtual_stages} mbs={cfg.micro_batch_size} {cfg.schedule} "
               f"recompute={cfg.recompute}"
               + (f" {list(cfg.recompute_fractions)}" if cfg.recompute_fractions else "")
-              + f" sp={cfg.sequence_parallel} tp-overlap={cfg.tp_overlap} zero={cfg.zero}: "
+              + f" sp={cfg.sequence_parallel} tp-overlap={cfg.tp_overlap} zero={cfg.zero}"
+              + (f" hsdp={cfg.zero_group}" if cfg.zero_group else "")
+              + (f" cp={cfg.cp}" if cfg.cp > 1 else "")
+              + f" attention={cfg.attention} overlap-param-gather={cfg.overlap_param_gather}"
+              f" dtype={cfg.dtype}: "
               f"{b.iteration_time_s:.3f} s/iteration, "
               f"{b.throughput_samples_per_s:.2f} samples/s, MFU {b.mfu:.1%}, peak "
               f"{max(b.peak_memory_bytes) / 2**30:.1f} GiB ({b.engine})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import click
 
-from merak_sim.config import DTYPES, TP_OVERLAPS
+from merak_sim.config import ATTENTIONS, DTYPES, TP_OVERLAPS
 from merak_sim.schedule import SCHEDULES
 
 from .options import (
@@ -39,8 +39,10 @@ def _pairs(values: tuple[str, ...], what: str, key_type=int) -> dict:
     return out
 
 
-_PLAN_FIELDS = ("dp", "tp", "pp", "virtual_stages", "micro_batch_size",
+_PLAN_FIELDS = ("dp", "tp", "pp", "cp", "virtual_stages", "micro_batch_size",
                 "global_batch_size", "schedule", "recompute")
+#: plan fields that have a default when neither a plan nor the option gives them
+_DEFAULTED = ("virtual_stages", "cp")
 
 
 def _from_plan(plan_file: str, given: dict):
@@ -56,23 +58,24 @@ def _from_plan(plan_file: str, given: dict):
     return plan.model, plan.cluster, plan.parallel
 
 
-def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, dtype):
+def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, dtype,
+            **more):
     from merak_sim.config import ParallelConfig
 
     missing = [f"--{k.replace('_', '-')}" for k in _PLAN_FIELDS
-               if k != "virtual_stages" and given.get(k) is None]
+               if k not in _DEFAULTED and given.get(k) is None]
     if missing:
         raise click.UsageError(f"missing option(s) {', '.join(missing)} (or give --plan "
                                "FILE)")
     rc = parse_recompute(given["recompute"])
     return ParallelConfig(
         dp=given["dp"], tp=given["tp"], pp=given["pp"],
-        virtual_stages=given["virtual_stages"] or 1,
+        virtual_stages=given["virtual_stages"] or 1, cp=given["cp"] or 1,
         micro_batch_size=given["micro_batch_size"],
         global_batch_size=given["global_batch_size"], schedule=given["schedule"],
         recompute=rc.policy, recompute_c0=rc.c0, recompute_fractions=rc.fractions,
         sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
-        tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype)
+        tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype, **more)
 
 
 @click.command("simulate")
@@ -103,8 +106,19 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
               show_default=True, help="Merak's sub-pipelined TP overlap.")
 @click.option("--tp-overlap-parts", type=POSITIVE, default=2, show_default=True,
               help="Parts a micro-batch is split into for sub-pipelined TP.")
-@click.option("--zero", type=click.IntRange(0, 1), default=0, show_default=True,
-              help="ZeRO stage.")
+@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
+              help="ZeRO stage (3 = FSDP).")
+@click.option("--zero-group", "--hsdp", "zero_group", type=int, default=0, show_default=True,
+              help="HSDP: shard inside groups of N data-parallel ranks, replicate across "
+                   "(0: shard over all).")
+@click.option("--cp", type=POSITIVE, default=None,
+              help="Context-parallel degree (ring attention; default 1).")
+@click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
+              show_default=True, help="Attention kernel (auto: unfused on GPU presets, the "
+                                      "measured profile on CPU).")
+@click.option("--overlap-param-gather", is_flag=True,
+              help="Overlap the DP gradient reduction and the ZeRO 1/2 parameter "
+                   "all-gather with compute (implies --overlap-dp).")
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None,
               help="Profiled trace (merak-trace/1) for trace-driven costs.")
@@ -131,9 +145,9 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
               default=None,
               help="Write a Gantt chart (and FILE-memory.png with memory over time).")
 def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_overlap,
-                     tp_overlap_parts, zero, dtype, trace_file, mode, engine, contention,
-                     overlap_dp, sub_cluster, slow_gpu, degrade_link, as_json, json_out,
-                     chrome_trace, plot, **given):
+                     tp_overlap_parts, zero, zero_group, attention, overlap_param_gather,
+                     dtype, trace_file, mode, engine, contention, overlap_dp, sub_cluster,
+                     slow_gpu, degrade_link, as_json, json_out, chrome_trace, plot, **given):
     """Simulate one training iteration: time, breakdown, FLOP/s and memory."""
     from pathlib import Path
 
@@ -154,7 +168,9 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
         if model is None or cluster is None:
             raise click.UsageError("give --model and --cluster (preset names or JSON "
                                    "files), or --plan FILE")
-        cfg = _config(given, sequence_parallel, tp_overlap, tp_overlap_parts, zero, dtype)
+        cfg = _config(given, sequence_parallel, tp_overlap, tp_overlap_parts, zero, dtype,
+                      zero_group=zero_group, attention=attention,
+                      overlap_param_gather=overlap_param_gather)
     pipelines = cfg.dp * cfg.tp if mode == "full" else 1
     check_work(cfg.pp * cfg.virtual_stages * cfg.num_microbatches * pipelines,
                "pp x virtual stages x micro-batches"

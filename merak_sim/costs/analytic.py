@@ -15,7 +15,15 @@ on the first and last stage of a model with tied embeddings, the all-reduce that
 the word-embedding gradient between those two stages.
 Optimizer: Adam reads and writes fp32 master weights, m and v (24 bytes) and reads the
 16-bit gradient and writes the 16-bit weight (4 bytes) per (sharded) parameter, memory
-bound.
+bound; fp8 training also casts the updated weights to their cached FP8 copy (3 bytes
+per parameter).
+
+ZeRO 1-3, FSDP and HSDP: :mod:`merak_sim.costs.sharded_dp` (ZeRO-3's per-layer
+all-gathers and reduce-scatters are exposed inside ``forward_s`` / ``backward_s`` as far
+as prefetching cannot hide them). Context parallelism: :mod:`merak_sim.costs.ring`
+(the exposed part of the K/V ring exchange inside the same times). FP8 and flash
+attention: :mod:`merak_sim.costs.layers` and :mod:`merak_sim.costs.kernels`. MFU of an
+fp8 configuration is quoted against the 16-bit peak (``CostTable.peak_flops``).
 
 Speed: layer costs are cached per (model, GPU, efficiency, dtype, micro-batch, tp,
 sequence parallel, overlap) and communication per (cluster, group shape), so a
@@ -25,19 +33,18 @@ cost table for a new (pp, partition) costs O(stages).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from merak_sim.costs.base import CostTable, StageCost
-from merak_sim.costs.comm import (
-    PIPELINE_SENDS,
-    CostModelError,
-    collective_time,
-    group_ranks,
-    pipeline_send_time,
-    stage_placement,
-)
+from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, collective_time, group_ranks
+from merak_sim.costs.comm import pipeline_send_time, stage_placement
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
-from merak_sim.costs.layers import LayerCost, edge_costs, layer_cost
+from merak_sim.costs.kernels import default_kernels
+from merak_sim.costs.layers import LayerCost, LayerOptions, edge_costs, layer_cost
+from merak_sim.costs.ring import check_cp, ring_pass
+from merak_sim.costs.sharded_dp import fsdp_pass, fsdp_working_bytes, grad_sync_seconds
+from merak_sim.costs.sharded_dp import sixteen_bit_bytes, sync_groups
 from merak_sim.hardware import Cluster
 from merak_sim.memory import (
     CPU_EAGER,
@@ -126,25 +133,51 @@ class AnalyticCostModel:
         """The efficiency curve used on ``cluster``."""
         return self.efficiency or default_efficiency(cluster.gpu.name)
 
-    def profile_for(self, cluster: Cluster) -> ActivationProfile:
-        """The activation profile used on ``cluster``."""
+    def profile_for(self, cluster: Cluster, config: ParallelConfig | None = None
+                    ) -> ActivationProfile:
+        """The activation profile used on ``cluster`` (with the attention storage
+        ``config.attention`` forces, when it is not "auto")."""
         if self.profile is not None:
-            return self.profile
-        return CPU_EAGER if cluster.gpu.name.startswith("CPU") else KORTHIKANTI
+            prof = self.profile
+        else:
+            prof = CPU_EAGER if cluster.gpu.name.startswith("CPU") else KORTHIKANTI
+        att = getattr(config, "attention", "auto")
+        if att != "auto" and prof.attention != att:
+            prof = replace(prof, name=f"{prof.name}+{att}", attention=att)
+        return prof
+
+    @staticmethod
+    def attention_kernel(config: ParallelConfig) -> str:
+        """The attention kernel timed for ``config`` ("auto": the unfused one)."""
+        return "flash" if config.attention == "flash" else "unfused"
+
+    @staticmethod
+    def peak16(cluster: Cluster, config: ParallelConfig) -> float:
+        """Peak FLOP/s of the 16-bit (or fp32) tensor operations: the attention and
+        head kernels, and the reference of MFU (fp8 training: the bf16 peak)."""
+        return cluster.gpu.peak("bf16" if config.dtype == "fp8" else config.dtype)
 
     def layer_costs(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig
                     ) -> tuple[LayerCost, LayerCost, LayerCost]:
         """(transformer layer, embedding, head) compute costs for ``config``."""
         eff = self.efficiency_for(cluster)
         e = DTYPE_BYTES[config.dtype]
-        peak = cluster.gpu.peak(config.dtype)
+        peak = self.peak16(cluster, config)
         bw = cluster.gpu.mem_bandwidth_Bps
         parts = config.tp_overlap_parts if (config.tp_overlap == "sub-pipelined"
                                             and config.tp > 1) else 1
-        lay = layer_cost(model, peak, bw, eff, e, config.micro_batch_size, config.tp,
-                          config.sequence_parallel, parts)
+        opts = LayerOptions(attention=self.attention_kernel(config), cp=config.cp,
+                            fp8_peak=(cluster.gpu.peak("fp8") if config.dtype == "fp8"
+                                      else 0.0),
+                            kernels=default_kernels(cluster.gpu.name))
+        if opts == LayerOptions(kernels=opts.kernels):
+            lay = layer_cost(model, peak, bw, eff, e, config.micro_batch_size, config.tp,
+                             config.sequence_parallel, parts)
+        else:
+            lay = layer_cost(model, peak, bw, eff, e, config.micro_batch_size, config.tp,
+                             config.sequence_parallel, parts, opts)
         emb, head = edge_costs(model, peak, bw, eff, e, config.micro_batch_size,
-                                config.tp, config.sequence_parallel)
+                                config.tp, config.sequence_parallel, config.cp)
         return lay, emb, head
 
     def layer_breakdown(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
@@ -156,13 +189,14 @@ class AnalyticCostModel:
         activation bytes (first pipeline stage's TP group for the communication)."""
         self.check(model, cluster, config)
         lay, emb, head = costs or self.layer_costs(model, cluster, config)
-        prof = self.profile_for(cluster)
-        mbs, tp, sp = config.micro_batch_size, config.tp, config.sequence_parallel
+        prof = self.profile_for(cluster, config)
+        mbs, tp, sp, cp = (config.micro_batch_size, config.tp, config.sequence_parallel,
+                           config.cp)
         rc = "selective" if config.recompute == "selective" else "none"
         acts = {
-            "embedding": first_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype),
-            "layer": layer_activation_bytes(model, mbs, tp, sp, rc, prof, config.dtype),
-            "head": last_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype),
+            "embedding": first_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype, cp),
+            "layer": layer_activation_bytes(model, mbs, tp, sp, rc, prof, config.dtype, cp),
+            "head": last_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype, cp),
         }
         params = {
             "embedding": stage_params(model, 0, True, False, tp),
@@ -188,7 +222,7 @@ class AnalyticCostModel:
                 "achieved_flops": c.flops / total if total > 0 else 0.0,
                 "activation_bytes": act,
                 "checkpoint_bytes": (layer_checkpoint_bytes(model, mbs, tp, sp, prof,
-                                                            config.dtype)
+                                                            config.dtype, cp)
                                      if kind == "layer" else act),
                 "params": params[kind], "source": c.source,
             }
@@ -239,10 +273,17 @@ class AnalyticCostModel:
         """Raise a one-line ValueError if ``config`` cannot run ``model`` on ``cluster``."""
         model.check_tp(config.tp)
         model.check_pp(config.pp, config.virtual_stages)
+        try:
+            check_cp(model, config.cp)
+        except ValueError as e:
+            raise CostModelError(str(e)) from None
         if config.world_size > cluster.world_size:
             raise CostModelError(
-                f"config needs dp*tp*pp = {config.world_size} GPUs but cluster "
+                f"config needs {'dp*cp*tp*pp' if config.cp > 1 else 'dp*tp*pp'} = "
+                f"{config.world_size} GPUs but cluster "
                 f"{cluster.name} has {cluster.world_size} (raise --nodes)")
+        if config.dtype == "fp8":
+            cluster.gpu.peak("fp8")
 
     def default_partition(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig
                           ) -> Partition:
@@ -284,7 +325,8 @@ class AnalyticCostModel:
         for g, (s, e) in enumerate(ranges):
             key = (e - s, g == 0, g == n_st - 1,
                    stage_placement(cluster, config.dp, config.tp, config.pp, g % config.pp,
-                              g == n_st - 1))
+                              g == n_st - 1),
+                   g % config.pp if config.cp > 1 else None)
             st = memo.get(key)
             if st is None:
                 st = memo[key] = self.stage_cost(model, cluster, config, g, e - s, lay, emb, head)
@@ -296,10 +338,10 @@ class AnalyticCostModel:
         return CostTable(
             stages=stages,
             memory_capacity_bytes=cluster.gpu.memory_bytes,
-            peak_flops=cluster.gpu.peak(config.dtype),
+            peak_flops=self.peak16(cluster, config),
             notes=notes,
             meta={"source": "analytic", "efficiency": eff.to_dict(),
-                  "profile": self.profile_for(cluster).name, "ranges": ranges,
+                  "profile": self.profile_for(cluster, config).name, "ranges": ranges,
                   "cluster": cluster.name, "model": model.name, **(extra_meta or {})},
             tied_embeddings=model.tied_embeddings and config.pp > 1,
         )
@@ -312,15 +354,19 @@ class AnalyticCostModel:
         n_st = config.pp * config.virtual_stages
         pp_rank = g % config.pp
         first, last = g == 0, g == n_st - 1
-        tp, dp, mbs, sp = config.tp, config.dp, config.micro_batch_size, config.sequence_parallel
+        tp, mbs, sp, cp = (config.tp, config.micro_batch_size, config.sequence_parallel,
+                           config.cp)
         lay_f = self._tp_comm(lay, "fwd", cluster, config, pp_rank, lay.forward_s)
         lay_b = self._tp_comm(lay, "bwd", cluster, config, pp_rank,
                               lay.backward_input_s + lay.backward_weight_s)
         lay_f_comm, lay_b_comm = lay_f[1], lay_b[1]
-        fwd_layer = lay.forward_s + lay_f_comm
-        rec_layer = (lay.forward_s if lay.recompute_s is None else lay.recompute_s) + lay_f_comm
+        ring = ring_pass(self._comm, cluster, config, pp_rank, lay.cp_kv_bytes,
+                         lay.attn_fwd_s, lay.attn_bwd_s)
+        fwd_layer = lay.forward_s + lay_f_comm + ring.fwd_exposed_s
+        rec_layer = ((lay.forward_s if lay.recompute_s is None else lay.recompute_s)
+                     + lay_f_comm + ring.fwd_exposed_s)
         fwd = n * fwd_layer
-        bin_ = n * (lay.backward_input_s + lay_b_comm)
+        bin_ = n * (lay.backward_input_s + lay_b_comm + ring.bwd_exposed_s)
         bw = n * lay.backward_weight_s
         flops = n * lay.flops
         # TP collectives of the stage: (total, exposed, bytes) per pass; the exposed
@@ -345,25 +391,37 @@ class AnalyticCostModel:
             back += n * lay.attn_core_s
             bin_ += n * lay.attn_core_s
         # Memory (bytes per GPU).
-        prof = self.profile_for(cluster)
+        prof = self.profile_for(cluster, config)
+        dt = config.dtype
         rc = "selective" if config.recompute == "selective" else "none"
-        act = n * (layer_activation_bytes(model, mbs, tp, sp, rc, prof, config.dtype)
+        act = n * (layer_activation_bytes(model, mbs, tp, sp, rc, prof, dt, cp)
                    if lay.activation_bytes is None else lay.activation_bytes)
-        ckpt = n * layer_checkpoint_bytes(model, mbs, tp, sp, prof, config.dtype)
+        ckpt = n * layer_checkpoint_bytes(model, mbs, tp, sp, prof, dt, cp)
         extra = 0.0
         if first:
-            extra += (first_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype)
+            extra += (first_stage_extra_bytes(model, mbs, tp, sp, prof, dt, cp)
                       if emb.activation_bytes is None else emb.activation_bytes)
         if last:
-            extra += (last_stage_extra_bytes(model, mbs, tp, sp, prof, config.dtype)
+            extra += (last_stage_extra_bytes(model, mbs, tp, sp, prof, dt, cp)
                       if head.activation_bytes is None else head.activation_bytes)
         # F* keeps the stage input: token ids on the first stage, else the residual
         # stream received from the previous stage (sharded with sp, as it is sent).
-        inp = (mbs * model.seq_len * 8.0 if first else
-               stage_input_bytes(model, mbs, tp, sp, prof, config.dtype))
-        p2p = 0.0 if last else stage_input_bytes(model, mbs, tp, sp, prof, config.dtype)
+        inp = (mbs * model.seq_len / cp * 8.0 if first else
+               stage_input_bytes(model, mbs, tp, sp, prof, dt, cp))
+        p2p = 0.0 if last else stage_input_bytes(model, mbs, tp, sp, prof, dt, cp)
         params = stage_params(model, n, first, last, tp)
-        state = model_state_bytes(params, config.dtype, dp, config.zero)
+        shard = config.shard_group if config.zero else 1
+        state = model_state_bytes(params, dt, shard, config.zero)
+        weight_b, grad_b = state.weight_bytes, state.grad_bytes
+        if config.zero == 3:
+            units = self._fsdp_units(model, n, first, last, tp, params)
+            fs = self._fsdp(cluster, config, pp_rank, units, lay, emb, head, first, last, n)
+            fwd += fs.fwd_exposed_s
+            bin_ += fs.bwd_exposed_s
+            back += fs.bwd_exposed_s
+            gw, gg = fsdp_working_bytes([u for u in units if u > 0], dt)
+            weight_b += gw
+            grad_b += gg
         # Communication off the compute stream.
         if last:
             send = 0.0
@@ -372,16 +430,13 @@ class AnalyticCostModel:
             mode = "full" if sp else self.pipeline_send
             send = pipeline_send_time(mode, p2p, group_ranks("tp", config, pp_rank),
                                       group_ranks("tp", config, nxt), cluster, self._comm)
-        grad_ar = 0.0
-        if dp > 1:
-            ranks = group_ranks("dp", config, pp_rank)
-            gbytes = state.grad_bytes
-            if config.zero >= 1:
-                grad_ar = (self._comm("reduce-scatter", gbytes, ranks, cluster)
-                           + self._comm("all-gather", state.weight_bytes, ranks,
-                                             cluster))
-            else:
-                grad_ar = self._comm("all-reduce", gbytes, ranks, cluster)
+        if config.zero == 0 and cp == 1:
+            grad_ar = 0.0
+            if config.dp > 1:
+                ranks = group_ranks("dp", config, pp_rank)
+                grad_ar = self._comm("all-reduce", state.grad_bytes, ranks, cluster)
+        else:
+            grad_ar = grad_sync_seconds(self._comm, cluster, config, pp_rank, params)
         if model.tied_embeddings and (first or last) and n_st > 1:
             # The tied word embedding lives on the first and the last stage; their
             # gradients are summed by an all-reduce between the two (Megatron; Merak
@@ -389,21 +444,48 @@ class AnalyticCostModel:
             a = group_ranks("tp", config, 0)[0]
             b = group_ranks("tp", config, (n_st - 1) % config.pp)[0]
             if a != b:
-                tied = model.vocab * model.hidden / tp * state.grad_bytes / max(params, 1)
+                tied = model.vocab * model.hidden / tp * sixteen_bit_bytes(dt) / shard \
+                    if config.zero >= 2 else \
+                    model.vocab * model.hidden / tp * state.grad_bytes / max(params, 1)
                 grad_ar += self._comm("all-reduce", tied, (a, b), cluster)
         eff = self.efficiency_for(cluster)
-        opt_params = params / (dp if config.zero >= 1 else 1)
-        per_param = 28 if config.dtype != "fp32" else 36
+        opt_params = params / (shard if config.zero >= 1 else 1)
+        per_param = (28 if dt != "fp32" else 36) + (3 if dt == "fp8" else 0)
         optimizer = eff.mem_time(opt_params * per_param, cluster.gpu.mem_bandwidth_Bps, 4)
         return StageCost(
             forward_s=fwd, backward_s=back, backward_input_s=bin_, backward_weight_s=bw,
             recompute_s=n * rec_layer, send_activation_s=send, grad_allreduce_s=grad_ar,
             optimizer_s=optimizer, activation_bytes=act + extra, checkpoint_bytes=ckpt + extra,
-            input_bytes=inp, weight_bytes=state.weight_bytes,
-            grad_bytes=state.grad_bytes, optimizer_bytes=state.optimizer_bytes,
+            input_bytes=inp, weight_bytes=weight_b,
+            grad_bytes=grad_b, optimizer_bytes=state.optimizer_bytes,
             p2p_bytes=p2p, flops=flops, layers=n,
             tp_comm_fwd_s=tp_f[0], tp_exposed_fwd_s=tp_f[1], tp_bytes_fwd=tp_f[2],
             tp_comm_bwd_s=tp_b[0], tp_exposed_bwd_s=tp_b[1], tp_bytes_bwd=tp_b[2],
             tp_comm_recompute_s=tp_r[0], tp_exposed_recompute_s=tp_r[1],
             tp_bytes_recompute=tp_r[2],
         )
+
+    @staticmethod
+    def _fsdp_units(model: ModelSpec, n: int, first: bool, last: bool, tp: int,
+                    params: float) -> list[float]:
+        """Parameters per GPU of each FSDP unit of a stage in forward order: the
+        embedding (first stage), each layer, the head (last stage)."""
+        per_layer = stage_params(model, 1, False, False, tp)
+        emb = stage_params(model, 0, True, False, tp) if first else 0.0
+        head = params - n * per_layer - emb
+        return ([emb] if first else []) + [per_layer] * n + ([head] if last else [])
+
+    def _fsdp(self, cluster: Cluster, config: ParallelConfig, pp_rank: int,
+              units: list[float], lay: LayerCost, emb: LayerCost, head: LayerCost,
+              first: bool, last: bool, n: int):
+        """ZeRO-3 collectives of one micro-batch through the stage's units."""
+        _ranks, shard, _rep = sync_groups(config, pp_rank)
+        e = sixteen_bit_bytes(config.dtype)
+        ag = [self._comm("all-gather", u * e, shard, cluster) for u in units]
+        rs = [self._comm("reduce-scatter", u * e, shard, cluster) for u in units]
+        fwd = ([emb.forward_s] if first else []) + [lay.forward_s] * n + (
+            [head.forward_s] if last else [])
+        bwd = ([emb.backward_weight_s] if first else []) + [
+            lay.backward_input_s + lay.backward_weight_s] * n + (
+            [head.backward_input_s + head.backward_weight_s] if last else [])
+        return fsdp_pass(ag, rs, fwd, bwd)

@@ -21,6 +21,22 @@ Compute (one layer, one micro-batch of b sequences, on one GPU of a TP group of 
   the kernel overheads); of the 2k all-reduces per layer pass only the last one (1/k of
   the bytes) stays exposed, plus whatever the others cannot hide behind the compute
   of the pass (Lai et al. TPDS 2023, T3).
+- Flash attention (``attention="flash"``, :mod:`merak_sim.costs.kernels`): the two
+  attention GEMMs become one fused kernel at its own efficiency, timed on the FLOPs it
+  executes (half the tiles under causal masking); the softmax / dropout kernels and
+  their s x s bytes vanish; its backward recomputes the scores inside the kernel (5/2
+  of the forward's work). Model FLOPs are unchanged.
+- Grouped-query attention: K and V are ``kv`` wide (``ModelSpec.kv_dim_per_rank``:
+  kv/t, or one replicated head when t exceeds the kv heads) in the QKV GEMM, the rotary
+  bytes, the ring exchange of context parallelism and the memory model.
+- Context parallelism (``cp``): each GPU holds s/cp tokens of every sequence; every
+  GEMM, kernel and TP collective shrinks accordingly; attention pairs the local
+  queries with all s keys, visited in cp ring steps (load-balanced under causal
+  masking, as Megatron's context parallelism splits each sequence into 2 cp chunks);
+  the K/V block one step sends is ``cp_kv_bytes`` (the exposure is the cost model's).
+- FP8 (``fp8_peak`` > 0): GEMMs at the FP8 peak times ``fp8_factor``; every GEMM input
+  is cast with a per-tensor scale (3 bytes moved per element, one kernel) in forward,
+  every output gradient in backward; attention and the LM head stay 16-bit.
 """
 
 from __future__ import annotations
@@ -29,9 +45,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.costs.kernels import KernelEfficiency
 from merak_sim.model import ModelSpec
 
-__all__ = ["LayerCost", "layer_cost", "edge_costs"]
+__all__ = ["LayerCost", "LayerOptions", "layer_cost", "edge_costs", "ATTENTION_KERNELS"]
+
+ATTENTION_KERNELS = ("unfused", "flash")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +69,11 @@ class LayerCost:
         activation_bytes: bytes kept per micro-batch when measured (None: from the
             memory model).
         source: "analytic" or "trace" (for reports).
+        attn_fwd_s / attn_bwd_s: attention-core compute of the forward / backward
+            (what a context-parallel ring step overlaps its K/V exchange with).
+        cp_kv_bytes: bytes of the K and V block one context-parallel ring step sends
+            in forward (0 without context parallelism).
+        fp8_cast_s: seconds of the FP8 scaling casts included in the times above.
     """
 
     forward_s: float
@@ -63,55 +87,123 @@ class LayerCost:
     recompute_s: float | None = None
     activation_bytes: float | None = None
     source: str = "analytic"
+    attn_fwd_s: float = 0.0
+    attn_bwd_s: float = 0.0
+    cp_kv_bytes: float = 0.0
+    fp8_cast_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LayerOptions:
+    """Kernel choices of :func:`layer_cost` beyond the shape (module docstring).
+
+    Attributes:
+        attention: "unfused" (scores through HBM) or "flash" (fused kernel).
+        cp: context-parallel degree.
+        fp8_peak: FP8 dense peak FLOP/s when GEMMs run in FP8 (0: 16-bit GEMMs).
+        kernels: the flash / FP8 efficiency parameters.
+    """
+
+    attention: str = "unfused"
+    cp: int = 1
+    fp8_peak: float = 0.0
+    kernels: KernelEfficiency = KernelEfficiency()
+
+
+def _qkv_width(model: ModelSpec, tp: int) -> float:
+    """Output width of the QKV GEMM on one GPU (h/t queries plus K and V)."""
+    if model.kv_heads % tp == 0:
+        return (model.hidden + 2 * model.kv_dim) / tp
+    return model.hidden / tp + 2 * model.kv_dim_per_rank(tp)
+
+
+def _attention(model: ModelSpec, peak: float, eff: Efficiency, o: LayerOptions, b: float,
+               s_loc: float, bh: float) -> tuple[float, float]:
+    """(forward, backward) seconds of the attention GEMMs of one part: the unfused
+    batched GEMMs, or the flash kernel (one per ring step)."""
+    s, d = model.seq_len, model.head_dim
+    if o.attention == "unfused":
+        f = 2 * eff.gemm_time(s_loc, s, d, peak, batch=bh, attention=True)
+        return f, 2 * f
+    work = 4.0 * bh * s_loc * s * d * (0.5 if model.causal else 1.0)
+    k = o.kernels
+    blk = s / o.cp
+    over = o.cp * eff.kernel_overhead_s
+    fwd = work / (peak * k.flash(blk, d)) + over
+    bwd = 2.5 * work / (peak * k.flash(blk, d, backward=True)) + over
+    return fwd, bwd
 
 
 @lru_cache(maxsize=4096)
 def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e: int,
-                mbs: int, tp: int, sp: bool, parts: int) -> LayerCost:
+                mbs: int, tp: int, sp: bool, parts: int,
+                opts: LayerOptions = LayerOptions()) -> LayerCost:
     """Compute costs of one transformer layer (module docstring) for ``mbs`` sequences
     in ``parts`` sub-batches on one GPU of a TP group of ``tp`` (``e`` bytes per
-    element, ``peak`` FLOP/s, ``mem_bw`` bytes/s of HBM)."""
-    h, f, kv, a, s = model.hidden, model.ffn_hidden, model.kv_dim, model.heads, model.seq_len
-    d = model.head_dim
+    element, ``peak`` 16-bit FLOP/s, ``mem_bw`` bytes/s of HBM; ``opts``: attention
+    kernel, context parallelism, FP8)."""
+    if opts.attention not in ATTENTION_KERNELS:
+        raise ValueError(f"unknown attention kernel {opts.attention!r}; choose one of: "
+                         f"{', '.join(ATTENTION_KERNELS)}")
+    h, f, a, s = model.hidden, model.ffn_hidden, model.heads, model.seq_len
+    cp = opts.cp
+    s_loc = s / cp if cp > 1 else s
     b = mbs / parts
-    m = b * s
+    m = b * s_loc
     fc1_n = f * (2 if model.gated_mlp else 1) / tp
-    gemms = [(m, (h + 2 * kv) / tp, h), (m, h, h / tp), (m, fc1_n, h), (m, h, f / tp)]
-    g_fwd = sum(eff.gemm_time(mm, n, k, peak) for mm, n, k in gemms)
+    qkv_n = _qkv_width(model, tp)
+    gemms = [(m, qkv_n, h), (m, h, h / tp), (m, fc1_n, h), (m, h, f / tp)]
+    fp8 = opts.fp8_peak > 0
+    gpeak = opts.fp8_peak * opts.kernels.fp8_factor if fp8 else peak
+    g_fwd = sum(eff.gemm_time(mm, n, k, gpeak) for mm, n, k in gemms)
     bh = b * a / tp
-    attn = 2 * eff.gemm_time(s, s, d, peak, batch=bh, attention=True)
+    flash = opts.attention == "flash"
+    attn, attn_b = _attention(model, peak, eff, opts, b, s_loc, bh)
     rep = tp if sp else 1
     p = model.dropout > 0
     # Bytes moved by the forward's memory-bound kernels (read + write), per part.
     norm = 2 * (2 * m * h * e / rep)                       # two norms
     resid = 2 * (m * h * e * 3 + (m * h if p else 0)) / rep  # bias+dropout+residual x2
-    sc = bh * s * s
-    softmax = sc * e * 2 + (sc * (2 * e + 1) if p else 0)
+    sc = bh * s_loc * s
+    softmax = 0.0 if flash else sc * e * 2 + (sc * (2 * e + 1) if p else 0)
     act_elems = m * f / tp
     act = act_elems * e * (3 if model.gated_mlp else 2)
-    rope = 2 * m * (h + kv) / tp * e if model.family == "llama" else 0.0
+    rope_n = ((h + model.kv_dim) / tp if model.kv_heads % tp == 0
+              else h / tp + model.kv_dim_per_rank(tp))
+    rope = 2 * m * rope_n * e if model.family == "llama" else 0.0
     mem_bytes = norm + resid + softmax + act + rope
-    n_mem = 2 + 2 + (2 if p else 1) + 1 + (1 if rope else 0)
+    n_soft = 0 if flash else (2 if p else 1)
+    n_mem = 2 + 2 + n_soft + 1 + (1 if rope else 0)
     mem_fwd = eff.mem_time(mem_bytes, mem_bw, n_mem)
-    softmax_t = eff.mem_time(softmax, mem_bw, 2 if p else 1)
-    fwd = parts * (g_fwd + attn + mem_fwd)
-    bwd_in = parts * (g_fwd + 2 * attn + eff.mem_time(2 * mem_bytes, mem_bw, n_mem + 2))
+    softmax_t = eff.mem_time(softmax, mem_bw, n_soft) if softmax else 0.0
+    cast_f = cast_b = 0.0
+    if fp8:
+        nk = opts.kernels.fp8_cast_kernels * len(gemms)
+        cast_f = eff.mem_time(sum(mm * k for mm, _n, k in gemms) * (e + 1), mem_bw, nk)
+        cast_b = eff.mem_time(sum(mm * n for mm, n, _k in gemms) * (e + 1), mem_bw, nk)
+    fwd = parts * (g_fwd + attn + mem_fwd + cast_f)
+    bwd_in = parts * (g_fwd + attn_b + eff.mem_time(2 * mem_bytes, mem_bw, n_mem + 2)
+                      + cast_b)
     bwd_w = parts * g_fwd
     core = parts * (attn + softmax_t)
-    flops = 3.0 * model.layer_forward_flops(mbs) / tp
-    ar_bytes = mbs * s * h * e / parts
+    flops = 3.0 * model.layer_forward_flops(mbs) / tp / cp
+    ar_bytes = mbs * s_loc * h * e / parts
     n_ar = 2 * parts
+    kv_bytes = 2 * mbs * s_loc * model.kv_dim_per_rank(tp) * e if cp > 1 else 0.0
     return LayerCost(fwd, bwd_in, bwd_w, core, (ar_bytes, n_ar), (ar_bytes, n_ar), flops,
-                     parts * (4 + 2 + n_mem))
+                     parts * (4 + 2 + n_mem), attn_fwd_s=parts * attn,
+                     attn_bwd_s=parts * attn_b, cp_kv_bytes=kv_bytes,
+                     fp8_cast_s=parts * (cast_f + cast_b))
 
 
 @lru_cache(maxsize=4096)
 def edge_costs(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e: int,
-                mbs: int, tp: int, sp: bool) -> tuple[LayerCost, LayerCost]:
+                mbs: int, tp: int, sp: bool, cp: int = 1) -> tuple[LayerCost, LayerCost]:
     """(embedding, head) compute costs. The head is final norm + LM-head GEMM + fp32
-    cross entropy; the embedding a gather plus position add and dropout."""
+    cross entropy; the embedding a gather plus position add and dropout (on s/cp
+    tokens per sequence under context parallelism)."""
     h, V, s = model.hidden, model.vocab, model.seq_len
-    m = mbs * s
+    m = mbs * s / cp if cp > 1 else mbs * s
     rep = tp if sp else 1
     emb_bytes = m * h * e * 3 / rep + m * 8
     emb_f = eff.mem_time(emb_bytes, mem_bw, 3)
@@ -123,5 +215,5 @@ def edge_costs(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     head_f = g + eff.mem_time(ce_bytes + 2 * m * h * e / rep, mem_bw, 4)
     head_bi = g + eff.mem_time(2 * ce_bytes + 4 * m * h * e / rep, mem_bw, 4)
     head = LayerCost(head_f, head_bi, g, 0.0, (0.0, 0), (m * h * e, 1),
-                     3.0 * model.logits_forward_flops(mbs) / tp, 5)
+                     3.0 * model.logits_forward_flops(mbs) / tp / cp, 5)
     return emb, head

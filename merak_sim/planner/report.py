@@ -53,7 +53,9 @@ def row(c: Candidate, status: str, reason: str, **values: Any) -> dict:
              virtual_stages=c.virtual_stages, micro_batch_size=c.micro_batch_size,
              microbatches=c.microbatches, schedule=c.schedule, recompute=c.recompute,
              recompute_fractions=None, sequence_parallel=c.sequence_parallel,
-             tp_overlap=c.tp_overlap, zero=c.zero, bound_s=np.nan, engine="",
+             tp_overlap=c.tp_overlap, zero=c.zero, cp=c.cp, zero_group=c.zero_group,
+             attention=c.attention, overlap_param_gather=c.overlap_param_gather,
+             bound_s=np.nan, engine="",
              reason=reason, shortfall_gib=np.nan)
     d.update(values)
     return d
@@ -80,6 +82,14 @@ def _describe(r: dict) -> str:
         s += f" tp-overlap={r['tp_overlap']}"
     if r["zero"]:
         s += f" zero={r['zero']}"
+    if r.get("cp", 1) > 1:
+        s += f" cp={r['cp']}"
+    if r.get("zero_group"):
+        s += f" hsdp={r['zero_group']}"
+    if r.get("attention", "auto") != "auto":
+        s += f" attention={r['attention']}"
+    if r.get("overlap_param_gather"):
+        s += " overlap-param-gather"
     return s
 
 

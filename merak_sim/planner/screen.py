@@ -65,7 +65,7 @@ class Pricer:
             micro_batch_size=c.micro_batch_size, global_batch_size=self.global_batch_size,
             schedule=c.schedule, recompute="selective" if c.recompute == "selective" else "none",
             sequence_parallel=c.sequence_parallel, tp_overlap=c.tp_overlap, zero=c.zero,
-            dtype=self.dtype)
+            cp=c.cp, zero_group=c.zero_group, attention=c.attention, dtype=self.dtype)
 
 
 def quick_memory(c: Candidate, arr: dict[str, np.ndarray], cap: float) -> tuple[float, int]:

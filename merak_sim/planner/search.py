@@ -75,7 +75,9 @@ class _Job:
             recompute_fractions=(r["recompute_fractions"] if r["recompute"] == "stage-aware"
                                  else None),
             sequence_parallel=r["sequence_parallel"], tp_overlap=r["tp_overlap"],
-            zero=r["zero"], dtype=self.space.dtype)
+            zero=r["zero"], cp=r["cp"], zero_group=r["zero_group"],
+            attention=r["attention"], overlap_param_gather=r["overlap_param_gather"],
+            dtype=self.space.dtype)
 
 
 def _check_inputs(global_batch_size: int, top_k: int, memory_margin: float) -> None:
@@ -166,7 +168,10 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: list[di
     if skey not in seen:
         seen.add(skey)
         counts["schedules"] += 1
-    t = eval_template(*skey).evaluate(arr, fit.fractions, zero=c.zero,
+    # As ParallelConfig.engine_zero: whether the all-gather follows the optimizer.
+    split = 1 if c.zero in (1, 2) and not c.overlap_param_gather else 0
+    t = eval_template(*skey).evaluate(arr, fit.fractions, zero=split,
+                                      overlap_dp=c.overlap_param_gather,
                                       tied=tab.tied_embeddings)
     counts["evaluated"] += 1
     S, v, M = c.pp, c.virtual_stages, c.microbatches

@@ -1,9 +1,13 @@
 """SearchSpace: which options the planner may combine, and the candidate enumeration.
 
 The full space is the cross product of tp (dividing the GPUs of a node and the
-model's heads), pp (dividing the rest, at most the layers), dp = GPUs / (tp pp),
+model's heads), cp (context parallelism, dividing the rest and the sequence; 1 unless
+asked), pp (dividing the rest, at most the layers), dp = GPUs / (tp cp pp),
 micro-batch size (dividing the per-replica batch), schedule (with virtual stages for
-interleaved 1F1B), recompute policy, sequence parallelism, TP overlap and ZeRO stage.
+interleaved 1F1B), recompute policy, sequence parallelism, TP overlap, ZeRO stage (and
+HSDP shard group), attention kernel and overlap of the data-parallel synchronisation.
+The defaults keep the space of the paper reproduction (no cp, ZeRO 0/1, the cost
+model's attention, no DP overlap); the newer options are opt-in.
 A restricted :class:`SearchSpace` expresses a system: the Megatron-LM-like baseline is
 1F1B + full recompute + synchronous TP, the DeepSpeed-like one adds ZeRO-1, Merak is the
 shifted critical path + stage-aware recompute + sub-pipelined TP (Lai et al., TPDS
@@ -24,7 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from merak_sim.config import RECOMPUTE_POLICIES, TP_OVERLAPS
+from merak_sim.config import ATTENTIONS, RECOMPUTE_POLICIES, TP_OVERLAPS, ZERO_STAGES
+from merak_sim.costs.ring import check_cp
 from merak_sim.schedule import SCHEDULES
 
 __all__ = ["SearchSpace", "Candidate", "enumerate_candidates", "SYSTEMS", "divisors"]
@@ -50,6 +55,11 @@ class SearchSpace:
             planner from the memory model (the smallest layer-granular fraction per
             stage that fits).
         sequence_parallel, tp_overlap, zero: allowed values of those switches.
+        cp: allowed context-parallel degrees.
+        zero_groups: allowed HSDP shard-group sizes (0: shard over all of dp x cp).
+        attention: allowed attention kernels (:data:`merak_sim.config.ATTENTIONS`).
+        overlap_param_gather: allowed values of
+            ``ParallelConfig.overlap_param_gather``.
         dtype: training precision.
         name: a label for reports.
     """
@@ -64,6 +74,10 @@ class SearchSpace:
     sequence_parallel: tuple[bool, ...] = (False, True)
     tp_overlap: tuple[str, ...] = ("none", "sub-pipelined")
     zero: tuple[int, ...] = (0, 1)
+    cp: tuple[int, ...] = (1,)
+    zero_groups: tuple[int, ...] = (0,)
+    attention: tuple[str, ...] = ("auto",)
+    overlap_param_gather: tuple[bool, ...] = (False,)
     dtype: str = "bf16"
     name: str = "full"
 
@@ -79,9 +93,18 @@ class SearchSpace:
             if o not in TP_OVERLAPS:
                 raise ValueError(f"search space: unknown tp overlap {o!r}")
         for z in self.zero:
-            if z not in (0, 1):
-                raise ValueError(f"search space: zero must be 0 or 1, got {z}")
-        for what in ("schedules", "recompute", "sequence_parallel", "tp_overlap", "zero"):
+            if z not in ZERO_STAGES:
+                raise ValueError(f"search space: zero stage {z!r} unknown; choose 0, 1, 2 "
+                                 "or 3")
+        for a in self.attention:
+            if a not in ATTENTIONS:
+                raise ValueError(f"search space: unknown attention {a!r}; choose one of: "
+                                 f"{', '.join(ATTENTIONS)}")
+        for c in self.cp:
+            if not isinstance(c, int) or c < 1:
+                raise ValueError(f"search space: cp must be a positive integer, got {c!r}")
+        for what in ("schedules", "recompute", "sequence_parallel", "tp_overlap", "zero",
+                     "cp", "zero_groups", "attention", "overlap_param_gather"):
             if not getattr(self, what):
                 raise ValueError(f"search space: {what} must not be empty")
         if self.max_micro_batch_size < 1:
@@ -143,13 +166,17 @@ class Candidate:
     tp_overlap: str
     zero: int
     pruned: str = ""
+    cp: int = 1
+    zero_group: int = 0
+    attention: str = "auto"
+    overlap_param_gather: bool = False
 
     def table_key(self) -> tuple:
         """What the cost table depends on (not the schedule or the checkpointed
         fraction; selective recompute changes the backward and the kept bytes)."""
         return (self.dp, self.tp, self.pp, self.virtual_stages, self.micro_batch_size,
                 self.sequence_parallel, self.tp_overlap, self.zero,
-                self.recompute == "selective")
+                self.recompute == "selective", self.cp, self.zero_group, self.attention)
 
 
 def _collapse(values, applicable: bool, off):
@@ -172,47 +199,63 @@ def enumerate_candidates(model, gpus: int, gpus_per_node: int, global_batch_size
         except ValueError as e:
             yield Candidate(0, tp, 0, 1, 0, 0, "-", "-", False, "none", 0, pruned=str(e))
             continue
-        pps = space.pp if space.pp is not None else tuple(divisors(gpus // tp))
-        for pp in pps:
-            if (gpus // tp) % pp:
-                yield Candidate(0, tp, pp, 1, 0, 0, "-", "-", False, "none", 0,
-                                pruned=f"pp={pp} does not divide {gpus // tp} = GPUs / tp")
-                continue
-            dp = gpus // (tp * pp)
-            if pp > model.layers:
-                yield Candidate(dp, tp, pp, 1, 0, 0, "-", "-", False, "none", 0,
-                                pruned=f"pp={pp} exceeds the model's {model.layers} layers")
-                continue
-            if global_batch_size % dp:
-                yield Candidate(dp, tp, pp, 1, 0, 0, "-", "-", False, "none", 0,
-                                pruned=f"global batch {global_batch_size} is not divisible "
-                                       f"by dp={dp}")
-                continue
-            per_replica = global_batch_size // dp
-            if space.micro_batch_sizes is not None:
-                mbss = space.micro_batch_sizes
-            else:
-                mbss = tuple(d for d in divisors(per_replica)
-                             if d <= space.max_micro_batch_size)
-            for mbs in mbss:
-                if per_replica % mbs:
-                    yield Candidate(dp, tp, pp, 1, mbs, 0, "-", "-", False, "none", 0,
-                                    pruned=f"micro-batch {mbs} does not divide the "
-                                           f"per-replica batch {per_replica}")
-                    continue
-                M = per_replica // mbs
-                scheds = space.schedules
-                if pp == 1:
-                    keep = [s for s in scheds if not SCHEDULES[s].interleaved]
-                    scheds = tuple(keep[:1]) if keep else ()
-                for sched in scheds:
-                    spec = SCHEDULES[sched]
-                    vs = space.virtual_stages if spec.interleaved else (1,)
-                    for v in vs:
-                        yield from _variants(model, dp, tp, pp, v, mbs, M, sched, space)
+        for cp in space.cp:
+            yield from _with_cp(model, gpus, tp, cp, global_batch_size, space)
 
 
-def _variants(model, dp, tp, pp, v, mbs, M, sched, space) -> Iterator[Candidate]:
+def _with_cp(model, gpus: int, tp: int, cp: int, global_batch_size: int,
+             space: SearchSpace) -> Iterator[Candidate]:
+    """The candidates of one (tp, cp) pair."""
+    try:
+        if (gpus // tp) % cp:
+            raise ValueError(f"cp={cp} does not divide {gpus // tp} = GPUs / tp")
+        check_cp(model, cp)
+    except ValueError as e:
+        yield Candidate(0, tp, 0, 1, 0, 0, "-", "-", False, "none", 0, pruned=str(e), cp=cp)
+        return
+    rest = gpus // (tp * cp)
+    pps = space.pp if space.pp is not None else tuple(divisors(rest))
+    for pp in pps:
+        if rest % pp:
+            what = "GPUs / tp" if cp == 1 else "GPUs / (tp cp)"
+            yield Candidate(0, tp, pp, 1, 0, 0, "-", "-", False, "none", 0,
+                            pruned=f"pp={pp} does not divide {rest} = {what}", cp=cp)
+            continue
+        dp = rest // pp
+        if pp > model.layers:
+            yield Candidate(dp, tp, pp, 1, 0, 0, "-", "-", False, "none", 0,
+                            pruned=f"pp={pp} exceeds the model's {model.layers} layers", cp=cp)
+            continue
+        if global_batch_size % dp:
+            yield Candidate(dp, tp, pp, 1, 0, 0, "-", "-", False, "none", 0,
+                            pruned=f"global batch {global_batch_size} is not divisible "
+                                   f"by dp={dp}", cp=cp)
+            continue
+        per_replica = global_batch_size // dp
+        if space.micro_batch_sizes is not None:
+            mbss = space.micro_batch_sizes
+        else:
+            mbss = tuple(d for d in divisors(per_replica)
+                         if d <= space.max_micro_batch_size)
+        for mbs in mbss:
+            if per_replica % mbs:
+                yield Candidate(dp, tp, pp, 1, mbs, 0, "-", "-", False, "none", 0,
+                                pruned=f"micro-batch {mbs} does not divide the "
+                                       f"per-replica batch {per_replica}", cp=cp)
+                continue
+            M = per_replica // mbs
+            scheds = space.schedules
+            if pp == 1:
+                keep = [s for s in scheds if not SCHEDULES[s].interleaved]
+                scheds = tuple(keep[:1]) if keep else ()
+            for sched in scheds:
+                spec = SCHEDULES[sched]
+                vs = space.virtual_stages if spec.interleaved else (1,)
+                for v in vs:
+                    yield from _variants(model, dp, tp, pp, v, mbs, M, sched, space, cp)
+
+
+def _variants(model, dp, tp, pp, v, mbs, M, sched, space, cp=1) -> Iterator[Candidate]:
     spec = SCHEDULES[sched]
     if pp * v > model.layers:
         rule = f"pp={pp} x virtual stages {v} exceeds the model's {model.layers} layers"
@@ -224,5 +267,14 @@ def _variants(model, dp, tp, pp, v, mbs, M, sched, space) -> Iterator[Candidate]
                 o if (o == "none" or (tp > 1 and mbs % 2 == 0)) else "none"
                 for o in space.tp_overlap))
             for ov in ovs:
-                for z in _collapse(space.zero, dp > 1, 0):
-                    yield Candidate(dp, tp, pp, v, mbs, M, sched, rc, sp, ov, z, pruned=rule)
+                for z in _collapse(space.zero, dp * cp > 1, 0):
+                    groups = tuple(dict.fromkeys(
+                        g for g in (space.zero_groups if z else (0,))
+                        if g == 0 or (g < dp * cp and (dp * cp) % g == 0)))
+                    for zg in groups or (0,):
+                        for att in space.attention:
+                            for odp in _collapse(space.overlap_param_gather, dp * cp > 1,
+                                                 False):
+                                yield Candidate(dp, tp, pp, v, mbs, M, sched, rc, sp, ov, z,
+                                                pruned=rule, cp=cp, zero_group=zg,
+                                                attention=att, overlap_param_gather=odp)

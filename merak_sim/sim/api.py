@@ -101,13 +101,15 @@ def _resolve_model_cluster(model: ModelSpec | str | Path | dict | None,
     clus = None if cluster is None else resolve_cluster(cluster, nodes)
     if clus is not None:
         world = clus.world_size
+        degrees = (f"dp*cp*tp*pp = {cfg.dp}*{cfg.cp}*{cfg.tp}*{cfg.pp}" if cfg.cp > 1
+                   else f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp}")
         if cfg.world_size > world:
             raise SimulationError(
-                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
+                f"{degrees} = {cfg.world_size} GPUs but cluster "
                 f"{clus.name} has only {world}; lower the degrees or use --nodes")
         if cfg.world_size < world and not sub_cluster:
             raise SimulationError(
-                f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.world_size} GPUs but cluster "
+                f"{degrees} = {cfg.world_size} GPUs but cluster "
                 f"{clus.name} has {world}; match the degrees to the cluster, set --nodes, or "
                 "pass --sub-cluster (sub_cluster=True)")
     if spec is not None:
@@ -150,7 +152,7 @@ def _engine_options(cfg: ParallelConfig, clus: Cluster | None, capacity: float, 
         raise SimulationError("what-ifs (slowdown, degraded links, gpu types) need "
                               "mode='full'")
     opts = EngineOptions(mode=mode, contention=use_cont, topology=topo,
-                         overlap_dp=overlap_dp, buckets=buckets, zero=cfg.zero,
+                         overlap_dp=overlap_dp, buckets=buckets, zero=cfg.engine_zero,
                          slowdown=slow, record_memory=keep_trace)
     caps = None
     if gpu_types and clus is not None:
@@ -204,7 +206,8 @@ def simulate(
             the engine is simpy and the cluster's links are known.
         overlap_dp: bucketed data-parallel gradient reduction overlapped with the last
             backwards (default off: AR after the backward, as Megatron without
-            ``--overlap-grad-reduce``).
+            ``--overlap-grad-reduce``; also on when ``config.overlap_param_gather``
+            is).
         buckets: gradient buckets per model chunk when overlapping.
         sub_cluster: allow dp * tp * pp below the cluster's GPU count.
         slowdown / degraded_links / gpu_types: full-mode what-ifs: compute-time
@@ -214,6 +217,10 @@ def simulate(
         keep_trace: keep the timeline (events, Chrome trace, plots) in the result.
     """
     cfg = resolve_config(config, **config_kwargs)
+    overlap_dp = overlap_dp or cfg.overlap_param_gather
+    if mode == "full" and cfg.cp > 1:
+        raise SimulationError(f"mode='full' does not place context-parallel ranks (cp="
+                              f"{cfg.cp}); use mode='representative'")
     if mode not in ("representative", "full"):
         raise SimulationError(f"unknown mode {mode!r}; choose representative or full")
     if engine not in ("simpy", "evaluator"):
@@ -242,7 +249,7 @@ def simulate(
             raise SimulationError("the fast evaluator runs representative mode without "
                                   "contention or what-ifs; use engine='simpy'")
         tr = evaluator_trace(prog, placement, capacity, overlap_dp=overlap_dp,
-                             buckets=buckets, zero=cfg.zero)
+                             buckets=buckets, zero=cfg.engine_zero)
         eng = "evaluator"
     else:
         opts, caps = _engine_options(cfg, clus, capacity, mode=mode, topology=topology,

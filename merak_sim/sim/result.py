@@ -390,9 +390,9 @@ def build_result(tr: EventLog, *, capacity: float, peak_flops: float, engine: st
                 hbm.overflow, capacity)
             if oom is None or (cand.time_s, cand.rank) < (oom.time_s, oom.rank):
                 oom = cand
-    # FLOPs: every stage of the pipeline, replicated over dp * tp GPUs.
-    total_model = sum(prog.flops) * pl.dp * pl.tp
-    total_hw = (sum(prog.flops) + sum(prog.recompute_flops)) * pl.dp * pl.tp
+    # FLOPs: every stage of the pipeline, replicated over dp * cp * tp GPUs.
+    total_model = sum(prog.flops) * pl.dp * pl.cp * pl.tp
+    total_hw = (sum(prog.flops) + sum(prog.recompute_flops)) * pl.dp * pl.cp * pl.tp
     world = pl.world_size
     mf = total_model / T / world if T > 0 else 0.0
     hf = total_hw / T / world if T > 0 else 0.0

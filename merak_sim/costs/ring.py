@@ -1,0 +1,77 @@
+"""Context parallelism: ring attention's key/value exchange and its overlap.
+
+With cp ranks per sequence (Liu et al., Ring Attention, 2023; Megatron-LM's context
+parallelism), every GPU keeps s/cp tokens and attends its queries to all keys in cp
+steps: at each step it computes attention against the key/value block it holds while
+sending that block to the next rank of the ring and receiving the next one from the
+previous rank. A forward pass therefore makes cp - 1 exchanges of one K and V block
+(2 b (s/cp) kv e bytes); the backward circulates the key/value blocks and their
+gradients (twice the bytes) in cp - 1 exchanges. Each exchange overlaps one step's
+attention compute (1/cp of the pass's attention time); only what exceeds it is exposed.
+Sequences are split into 2 cp chunks and paired (first with last) so causal work is
+balanced, which needs the sequence length divisible by 2 cp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from merak_sim.layout import RankLayout
+
+__all__ = ["RingPass", "ring_steps", "ring_pass", "check_cp"]
+
+Comm = Callable[[str, float, tuple[int, ...], Any], float]
+
+
+def check_cp(model: Any, cp: int) -> None:
+    """Raise ValueError if context parallelism ``cp`` cannot split ``model``'s
+    sequences (a causal model needs 2 cp chunks per sequence)."""
+    if cp == 1:
+        return
+    chunks = 2 * cp if model.causal else cp
+    if model.seq_len % chunks:
+        raise ValueError(f"cp={cp} does not divide the sequence: {model.seq_len} tokens "
+                         f"into {chunks} chunks; choose cp with seq_len % "
+                         f"{'2*cp' if model.causal else 'cp'} == 0")
+
+
+def ring_steps(cp: int) -> tuple[int, int]:
+    """(attention steps, key/value exchanges) of one pass around a ring of ``cp``."""
+    return cp, max(cp - 1, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class RingPass:
+    """Ring exchanges of one layer pass: (total, exposed) seconds, forward and
+    backward, and the bytes one GPU sends in each."""
+
+    fwd_total_s: float
+    fwd_exposed_s: float
+    bwd_total_s: float
+    bwd_exposed_s: float
+    fwd_bytes: float
+    bwd_bytes: float
+
+
+def ring_pass(comm: Comm, cluster: Any, config: Any, pp_rank: int, kv_bytes: float,
+              attn_fwd_s: float, attn_bwd_s: float) -> RingPass:
+    """Ring exchanges of one layer pass on pipeline rank ``pp_rank`` for a K/V block
+    of ``kv_bytes`` and the pass's attention compute (module docstring). A step's
+    exchange takes the slowest neighbour link of the ring."""
+    cp = config.cp
+    steps, xch = ring_steps(cp)
+    if xch == 0 or kv_bytes <= 0:
+        return RingPass(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    lay = RankLayout.of(config)
+    ring = lay.group("cp", lay.rank(pp_rank))
+    pairs = {(ring[i], ring[(i + 1) % cp]) for i in range(cp)}
+
+    def one(nbytes: float) -> float:
+        return max(comm("p2p", nbytes, pr, cluster) for pr in pairs)
+
+    tf, tb = one(kv_bytes), one(2 * kv_bytes)
+    ef = xch * max(0.0, tf - attn_fwd_s / steps)
+    eb = xch * max(0.0, tb - attn_bwd_s / steps)
+    return RingPass(xch * tf, ef, xch * tb, eb, xch * kv_bytes, 2 * xch * kv_bytes)
