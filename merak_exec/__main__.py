@@ -45,19 +45,19 @@ def _check_writable(path: str | None, flag: str) -> None:
 
 
 def _aliases(**old_names):
-    """Merge hidden old spellings (``new=old`` parameter names) into the new ones: an
-    old spelling kept for one release, refused together with the new one."""
+    """Merge hidden old spellings into the new options: ``new=(old parameter, new flag,
+    old flag)``; an old spelling kept for one release, refused together with the new."""
     def deco(f):
         @functools.wraps(f)
         def wrapper(**kw):
             ctx = click.get_current_context()
-            for new, old in old_names.items():
+            for new, (old, new_flag, old_flag) in old_names.items():
                 v = kw.pop(old)
                 if v is None:
                     continue
                 if ctx.get_parameter_source(new) == click.core.ParameterSource.COMMANDLINE:
-                    raise click.UsageError(f"{old.removesuffix('_alias')!r} is an old "
-                                           f"spelling of {new!r}: give one of them")
+                    raise click.UsageError(f"{old_flag} is the old spelling of {new_flag}: "
+                                           "give one of them")
                 kw[new] = v
             return f(**kw)
         return wrapper
@@ -119,7 +119,8 @@ def cli() -> None:
 @click.option("--plan", "plan_path", default=None,
               help="a merak-plan/1 file (from `merak-sim plan`/`dispatch`): its model and "
                    "parallel configuration replace the model, degree and batch options")
-@_aliases(mbs="mbs_alias", trace_path="trace_alias")
+@_aliases(mbs=("mbs_alias", "--micro-batch-size", "--mbs"),
+          trace_path=("trace_alias", "--chrome-trace", "--trace"))
 def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_stages,
           schedule, recompute, tp_overlap, mbs, microbatches, steps, lr, save_dir, save_every,
           resume, trace_path, split_points, meta, plan_path) -> None:
@@ -208,7 +209,7 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_
               help="also time gloo all-reduce / all-gather / send-recv between 2 local "
                    "processes (64 KiB - 4 MiB)")
 @click.option("--out", "out_path", required=True, help="merak-trace/1 JSON to write")
-@_aliases(mbs="mbs_alias")
+@_aliases(mbs=("mbs_alias", "--micro-batch-size", "--mbs"))
 def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats, dtype,
             device, name, threads, collectives, out_path) -> None:
     """Measure per-layer forward/backward/recompute times and activation bytes and write

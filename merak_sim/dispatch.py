@@ -219,9 +219,12 @@ def write_launch(
         path = out / "job.sbatch"
     # Write the plan first and the launcher last: a launcher never points at a
     # missing plan.
-    plan.save(out / "plan.json")
-    atomic_write_text(path, "\n".join(lines))
-    path.chmod(0o755)
+    try:
+        plan.save(out / "plan.json")
+        atomic_write_text(path, "\n".join(lines))
+        path.chmod(0o755)
+    except OSError as e:
+        raise DispatchError(f"cannot write into {out}: {e.strerror or e}") from None
     return LaunchFiles(out / "plan.json", path, tuple(cmds), why)
 
 

@@ -164,3 +164,26 @@ def test_slurm_master_from_the_node_list():
     assert slurm_env({"RANK": "0", **env}) == {}
     with pytest.raises(ExecError, match="MASTER_ADDR"):
         slurm_env({"SLURM_PROCID": "0"})
+
+
+def test_plan_executable_keeps_what_merak_exec_runs(tmp_path, capsys):
+    from merak_sim.executable import unsupported
+    from merak_sim.resolve import resolve_model
+
+    model = {"family": "llama", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2,
+             "seq_len": 32, "vocab": 128}
+    (tmp_path / "m.json").write_text(json.dumps(model))
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", str(tmp_path / "m.json"), "--cluster", "local-cpu",
+                 "--global-batch-size", "8", "--tp", "1,2,4", "--executable", "--no-confirm",
+                 "--out", str(out), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert all(row["tp"] in (1, 2) and not row["sequence_parallel"] and row["zero"] == 0
+               and row["recompute"] != "selective" for row in d["top"])
+    plan = Plan.load(out)
+    assert unsupported(plan.parallel, resolve_model(plan.model)) is None
+    assert main(["plan", "--model", "bert-large", "--cluster", "local-cpu",
+                 "--global-batch-size", "8", "--executable", "--out", str(tmp_path / "b.json")]
+                ) == 2
+    assert "simulate-only" in capsys.readouterr().err
+    assert not (tmp_path / "b.json").exists()

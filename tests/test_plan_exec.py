@@ -71,7 +71,7 @@ def test_capability_table_refuses_and_restricts():
         for v in getattr(space, name, ()) or ():
             assert not (rule(v) if callable(rule) else v in rule)
     assert set(space.tp) <= {1, 2}
-    with pytest.raises(ValueError, match="deepspeed"):
+    with pytest.raises(ValueError, match="allows only zero=1"):
         executable_space(SYSTEMS["deepspeed"], get_model("gpt-1.5b"))
 
 
