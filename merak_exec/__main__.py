@@ -9,57 +9,71 @@ lost peer) ends every rank with one line ``merak-exec: error: ...`` and exit sta
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 import click
 
 __all__ = ["main", "cli"]
 
+_POS = click.IntRange(min=1)
 
-def _model(kind: str, layers: int, hidden: int, heads: int, vocab: int, seq: int,
-           dropout: float, meta: bool):
-    import torch
 
-    from merak_exec.mesh import ExecError
+def _check_writable(path: str | None, flag: str) -> None:
+    """Fail now, not after the work, when ``path`` cannot be written (a probe file is
+    created and removed in its nearest existing folder; missing folders are made by
+    the atomic write later)."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise click.BadParameter(f"{path} is a directory", param_hint=flag)
+    folder = p.absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    try:
+        if not folder.is_dir():
+            raise NotADirectoryError(f"{folder} is not a directory")
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise click.BadParameter(f"cannot write {path}: {e.strerror or e}",
+                                 param_hint=flag) from None
 
-    ctx = torch.device("meta") if meta else torch.device("cpu")
-    with ctx:
-        if kind == "gpt":
-            from merak_exec.models import GPT, GPTConfig
 
-            return GPT(GPTConfig(vocab_size=vocab, n_positions=seq, n_embd=hidden,
-                                 n_layer=layers, n_head=heads, dropout=dropout))
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-        if kind == "gpt2":
-            from transformers import GPT2Config, GPT2LMHeadModel
-
-            return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=hidden,
-                                              n_layer=layers, n_head=heads, resid_pdrop=dropout,
-                                              embd_pdrop=dropout, attn_pdrop=dropout,
-                                              bos_token_id=0, eos_token_id=0))
-        if kind == "llama":
-            from transformers import LlamaConfig, LlamaForCausalLM
-
-            return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden,
-                                                intermediate_size=4 * hidden,
-                                                num_hidden_layers=layers,
-                                                num_attention_heads=heads,
-                                                max_position_embeddings=seq, bos_token_id=0,
-                                                eos_token_id=0, pad_token_id=0))
-    raise ExecError(f"unknown model {kind!r}; choose gpt, gpt2 or llama")
+def _aliases(**old_names):
+    """Merge hidden old spellings into the new options: ``new=(old parameter, new flag,
+    old flag)``; an old spelling kept for one release, refused together with the new."""
+    def deco(f):
+        @functools.wraps(f)
+        def wrapper(**kw):
+            ctx = click.get_current_context()
+            for new, (old, new_flag, old_flag) in old_names.items():
+                v = kw.pop(old)
+                if v is None:
+                    continue
+                if ctx.get_parameter_source(new) == click.core.ParameterSource.COMMANDLINE:
+                    raise click.UsageError(f"{old_flag} is the old spelling of {new_flag}: "
+                                           "give one of them")
+                kw[new] = v
+            return f(**kw)
+        return wrapper
+    return deco
 
 
 _MODEL_OPTS = [
     click.option("--model", "kind", type=click.Choice(["gpt", "gpt2", "llama"]), default="gpt",
                  show_default=True, help="built-in GPT or a HuggingFace model from a config"),
-    click.option("--layers", default=4, show_default=True),
-    click.option("--hidden", default=64, show_default=True),
-    click.option("--heads", default=4, show_default=True),
-    click.option("--vocab", default=256, show_default=True),
-    click.option("--seq", default=32, show_default=True),
-    click.option("--dropout", default=0.0, show_default=True),
+    click.option("--layers", type=_POS, default=4, show_default=True),
+    click.option("--hidden", type=_POS, default=64, show_default=True),
+    click.option("--heads", type=_POS, default=4, show_default=True),
+    click.option("--vocab", type=_POS, default=256, show_default=True),
+    click.option("--seq", type=_POS, default=32, show_default=True),
+    click.option("--dropout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
+                 show_default=True),
 ]
 
 
@@ -69,36 +83,42 @@ def _model_opts(f):
     return f
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="merak", prog_name="merak-exec")
 def cli() -> None:
     """Run Merak's 3D-parallel training for real (torch.distributed)."""
 
 
 @cli.command()
 @_model_opts
-@click.option("--dp", default=1, show_default=True)
-@click.option("--tp", default=1, show_default=True)
-@click.option("--pp", default=1, show_default=True)
-@click.option("--virtual-stages", default=1, show_default=True)
+@click.option("--dp", type=_POS, default=1, show_default=True)
+@click.option("--tp", type=_POS, default=1, show_default=True)
+@click.option("--pp", type=_POS, default=1, show_default=True)
+@click.option("--virtual-stages", type=_POS, default=1, show_default=True)
 @click.option("--schedule", default="1f1b", show_default=True)
 @click.option("--recompute", default="none", show_default=True,
               help="none, full, selective (attention core) or stage-aware")
 @click.option("--tp-overlap", default="none", show_default=True)
-@click.option("--zero", default=0, show_default=True,
-              help="ZeRO stage: 1 shards the optimizer state over dp")
+@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
+              help="ZeRO stage: 1 shards the optimizer state over dp (2 and 3 are refused)")
 @click.option("--sequence-parallel", is_flag=True,
               help="split norms and dropout along the sequence over tp (needs --tp > 1)")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
               show_default=True, help="bf16/fp16: autocast on fp32 master weights (fp16 "
                                       "with a dynamic loss scaler)")
-@click.option("--mbs", default=1, show_default=True, help="micro-batch size")
-@click.option("--microbatches", default=4, show_default=True, help="per pipeline (M)")
-@click.option("--steps", default=10, show_default=True)
-@click.option("--lr", default=1e-3, show_default=True)
+@click.option("--micro-batch-size", "mbs", type=_POS, default=1, show_default=True,
+              help="samples per micro-batch")
+@click.option("--mbs", "mbs_alias", type=_POS, default=None, hidden=True)
+@click.option("--microbatches", type=_POS, default=4, show_default=True, help="per pipeline (M)")
+@click.option("--steps", type=_POS, default=10, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0.0, min_open=True), default=1e-3,
+              show_default=True)
 @click.option("--save-dir", default=None, help="checkpoint directory root")
-@click.option("--save-every", default=0, show_default=True)
+@click.option("--save-every", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--resume", default=None, help="checkpoint to resume from")
-@click.option("--trace", "trace_path", default=None, help="write a Chrome trace (rank 0)")
+@click.option("--chrome-trace", "trace_path", default=None,
+              help="write the last step's Chrome trace here (rank 0)")
+@click.option("--trace", "trace_alias", default=None, hidden=True)
 @click.option("--split-points", default=None,
               help="comma-separated layer indices where stages begin (chain layers: "
                    "0 = embedding, 1..L = blocks, L+1 = head)")
@@ -107,90 +127,98 @@ def cli() -> None:
 @click.option("--plan", "plan_path", default=None,
               help="a merak-plan/1 file (from `merak-sim plan`/`dispatch`): its model and "
                    "parallel configuration replace the model, degree and batch options")
+@_aliases(mbs=("mbs_alias", "--micro-batch-size", "--mbs"),
+          trace_path=("trace_alias", "--chrome-trace", "--trace"))
 def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_stages,
           schedule, recompute, tp_overlap, zero, sequence_parallel, dtype, mbs, microbatches,
           steps, lr, save_dir, save_every, resume, trace_path, split_points, meta,
           plan_path) -> None:
-    """Train a model on synthetic tokens with dp x tp x pp."""
+    """Train a model on synthetic tokens with dp x tp x pp; prints ``parameters: N``
+    first. With --plan, every field the simulator priced (model shape, dtype, degrees,
+    schedule, recompute, TP overlap) is what runs."""
+    from merak_exec.builders import build_model, model_from_spec, parameter_count
+    from merak_exec.mesh import ExecError
+    from merak_sim.config import ParallelConfig
+    from merak_sim.executable import unsupported
+
+    # Every value checked before any work: outputs, inputs, the configuration.
+    _check_writable(trace_path, "--chrome-trace")
+    if save_dir is not None:
+        _check_writable(str(Path(save_dir) / "probe"), "--save-dir")
+    if resume is not None and not Path(resume).exists():
+        raise click.BadParameter(f"{resume} does not exist", param_hint="--resume")
+    try:
+        points = [int(x) for x in split_points.split(",")] if split_points else None
+    except ValueError:
+        raise click.BadParameter("comma-separated integers, got " + repr(split_points),
+                                 param_hint="--split-points") from None
+    spec = None
+    if plan_path is not None:
+        from merak_sim.plan import Plan
+        from merak_sim.resolve import resolve_model
+
+        plan = Plan.load(plan_path)
+        spec, config = resolve_model(plan.model), plan.parallel
+    else:
+        config = ParallelConfig(dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages,
+                                micro_batch_size=mbs, global_batch_size=mbs * microbatches * dp,
+                                schedule=schedule, recompute=recompute, tp_overlap=tp_overlap,
+                                zero=zero, sequence_parallel=sequence_parallel, dtype=dtype)
+    why = unsupported(config, spec)
+    if why:
+        raise ExecError(f"cannot run this {'plan' if spec else 'configuration'}: {why}")
+    config.build_schedule()  # the schedule's requirements, before starting ranks
+
     import torch
 
     import merak_exec
 
-    extra: dict = {"zero": zero, "sequence_parallel": sequence_parallel}
-    if plan_path is not None:
-        (kind, layers, hidden, heads, vocab, seq), extra = _from_plan(plan_path)
-        dp, tp, pp = extra.pop("dp"), extra.pop("tp"), extra.pop("pp")
-        mbs, microbatches = extra.pop("micro_batch_size"), extra.pop("microbatches")
-        virtual_stages, schedule = extra.pop("virtual_stages"), extra.pop("schedule")
-        recompute, tp_overlap = extra.pop("recompute"), extra.pop("tp_overlap")
-    merak_exec.init(dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages, schedule=schedule,
-                    recompute=recompute, tp_overlap=tp_overlap, dtype=dtype, **extra)
+    torch.manual_seed(0)
+    if spec is not None:
+        model = model_from_spec(spec, dropout, meta)
+        seq, vocab = spec.seq_len, spec.vocab
+    else:
+        model = build_model(kind, layers, hidden, heads, vocab, seq, dropout, meta)
+    n_params = parameter_count(model)
+    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+        click.echo(f"parameters: {n_params}")
+    if spec is not None and n_params != spec.total_params():
+        raise ExecError(f"the built model has {n_params} parameters but the plan's model "
+                        f"has {spec.total_params()}; merak-exec cannot build it as planned")
     g = torch.Generator().manual_seed(0)
-    n = max(64, dp * mbs * microbatches * 4)
+    n = max(64, config.global_batch_size * 4)
     toks = torch.randint(0, vocab, (n, seq), generator=g)
     ds = [{"input_ids": t} for t in toks]  # labels = input_ids (the loss shifts them)
-    torch.manual_seed(0)
-    model = _model(kind, layers, hidden, heads, vocab, seq, dropout, meta)
     args = merak_exec.TrainingArguments(
-        output_dir=save_dir or "merak_out", per_device_train_batch_size=mbs,
-        gradient_accumulation_steps=microbatches, max_steps=steps, learning_rate=lr,
-        save_steps=save_every if save_dir else 0, resume_from_checkpoint=resume,
-        trace_path=trace_path,
-        split_points=[int(x) for x in split_points.split(",")] if split_points else None)
-    res = merak_exec.Trainer(model=model, args=args, train_dataset=ds).train()
+        output_dir=save_dir or "merak_out", per_device_train_batch_size=config.micro_batch_size,
+        gradient_accumulation_steps=config.num_microbatches, max_steps=steps,
+        learning_rate=lr, save_steps=save_every if save_dir else 0,
+        resume_from_checkpoint=resume, trace_path=trace_path, split_points=points)
+    res = merak_exec.Trainer(model=model, args=args, train_dataset=ds, config=config).train()
     if torch.distributed.get_rank() == 0 and res.step_times_s:
         click.echo(f"median step {res.iteration_time_s * 1e3:.2f} ms, first loss "
                    f"{res.losses[0]:.5f}, final loss {res.losses[-1]:.5f}")
 
 
-def _from_plan(path: str) -> tuple[tuple, dict]:
-    """Model options and ParallelConfig fields from a plan file.
-
-    The backend trains decoder models: family "gpt" runs the built-in GPT, "llama"
-    HuggingFace LLaMA, both built from the plan's shape. The plan's dtype is the
-    simulated one; this CPU/GPU runtime trains in fp32.
-    """
-    from merak_exec.mesh import ExecError
-    from merak_exec.parallel import check_executable
-    from merak_sim.model import get_model
-    from merak_sim.plan import Plan
-
-    plan = Plan.load(path)
-    check_executable(plan.parallel)
-    m = plan.model
-    spec = get_model(m["preset"]) if "preset" in m else get_model(m)
-    kinds = {"gpt": "gpt", "llama": "llama"}
-    if spec.family not in kinds:
-        raise ExecError(f"plan model family {spec.family!r} is simulate-only; merak-exec "
-                        "trains gpt and llama plans")
-    c = plan.parallel
-    fields = {"dp": c.dp, "tp": c.tp, "pp": c.pp, "micro_batch_size": c.micro_batch_size,
-              "microbatches": c.num_microbatches, "virtual_stages": c.virtual_stages,
-              "schedule": c.schedule, "recompute": c.recompute, "tp_overlap": c.tp_overlap,
-              "tp_overlap_parts": c.tp_overlap_parts, "recompute_c0": c.recompute_c0,
-              "recompute_fractions": c.recompute_fractions,
-              "sequence_parallel": c.sequence_parallel, "zero": c.zero}
-    shape = (kinds[spec.family], spec.layers, spec.hidden, spec.heads, spec.vocab, spec.seq_len)
-    return shape, fields
-
-
 @cli.command()
 @_model_opts
-@click.option("--mbs", default="1", show_default=True,
+@click.option("--micro-batch-size", "mbs", default="1", show_default=True,
               help="micro-batch size(s), comma-separated: one profile each, merged")
+@click.option("--mbs", "mbs_alias", default=None, hidden=True)
 @click.option("--seqs", default=None, help="sequence length(s), comma-separated "
               "(default: --seq)")
-@click.option("--repeats", default=5, show_default=True)
+@click.option("--repeats", type=_POS, default=5, show_default=True)
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
               show_default=True)
 @click.option("--device", default=None, help="cpu or cuda (default: cuda if available)")
 @click.option("--name", default=None, help="model name recorded in the trace")
-@click.option("--threads", default=1, show_default=True,
+@click.option("--threads", type=_POS, default=1, show_default=True,
               help="torch CPU threads (1 = what each rank of a 2-rank CPU run gets)")
 @click.option("--collectives", is_flag=True,
               help="also time gloo all-reduce / all-gather / send-recv between 2 local "
                    "processes (64 KiB - 4 MiB)")
 @click.option("--out", "out_path", required=True, help="merak-trace/1 JSON to write")
+@_aliases(mbs=("mbs_alias", "--micro-batch-size", "--mbs"))
 def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats, dtype,
             device, name, threads, collectives, out_path) -> None:
     """Measure per-layer forward/backward/recompute times and activation bytes and write
@@ -202,16 +230,16 @@ def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats
     from merak_exec.profiling.layer_trace import profile_chain
     from merak_sim.trace import Trace, from_exec_profile, merge_traces, write_trace
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from merak_exec.builders import build_model
+
+    _check_writable(out_path, "--out")
+    mbs_list = _positive_ints(mbs, "--micro-batch-size")
+    seq_list = _positive_ints(seqs or str(seq), "--seqs")
+    device = _device(device)
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     torch.set_num_threads(threads)
-    try:
-        mbs_list = [int(x) for x in str(mbs).split(",")]
-        seq_list = [int(x) for x in (seqs or str(seq)).split(",")]
-    except ValueError:
-        raise click.BadParameter("--mbs and --seqs take comma-separated integers") from None
     torch.manual_seed(0)
-    model = _model(kind, layers, hidden, heads, vocab, max(seq_list), dropout, meta=False)
+    model = build_model(kind, layers, hidden, heads, vocab, max(seq_list), dropout, meta=False)
     traces = []
     meta = {"command": " ".join(["merak-exec", *sys.argv[1:]]), "git_commit": _git_commit()}
     for b in mbs_list:
@@ -239,6 +267,39 @@ def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats
     click.echo(f"wrote {out_path}")
 
 
+def _positive_ints(text: str, flag: str) -> list[int]:
+    try:
+        out = [int(x) for x in str(text).split(",")]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"comma-separated positive integers, got {text!r}",
+                                 param_hint=flag)
+    return out
+
+
+def _device(device: str | None) -> str:
+    """``device`` checked against this torch build (default: cuda if available)."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        d = torch.device(device)
+    except RuntimeError:
+        d = None
+    if d is None or d.type not in ("cpu", "cuda"):
+        raise click.BadParameter(f"{device!r}: choose cpu, cuda or cuda:N", param_hint="--device")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise click.BadParameter(f"{device}: this torch ({torch.__version__}) sees no CUDA "
+                                     "device; use --device cpu", param_hint="--device")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise click.BadParameter(f"{device}: only {torch.cuda.device_count()} CUDA "
+                                     "device(s)", param_hint="--device")
+    return device
+
+
 def _git_commit() -> str:
     import subprocess
 
@@ -264,13 +325,17 @@ def main(argv: list[str] | None = None) -> None:
 
     code = 0
     try:
-        cli.main(args=argv, standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="merak-exec", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0  # --help / --version
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else str(e))
+        code = 2
     except click.exceptions.Abort:
         code = 1
     except click.ClickException as e:
-        e.show()
-        code = e.exit_code
-    except (ExecError, ValueError) as e:
+        click.echo(f"merak-exec: error: {e.format_message()}", err=True)
+        code = e.exit_code if e.exit_code else 2
+    except (ExecError, ValueError, OSError) as e:
         click.echo(f"merak-exec: error: {e}", err=True)
         code = 2
     except RankTimeoutError as e:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,7 +34,8 @@ from merak_sim.layout import RankLayout
 from merak_sim.schedule.posting import channels
 
 __all__ = ["ExecError", "RankTimeoutError", "Mesh", "init_distributed", "build_mesh",
-           "default_timeout_s", "wait_for", "timed_collective", "peers_text", "bounded"]
+           "default_timeout_s", "wait_for", "timed_collective", "peers_text", "bounded",
+           "first_slurm_host", "slurm_env"]
 
 
 class ExecError(ValueError):
@@ -132,21 +134,59 @@ def timed_collective(fn: Callable, *args, group, what: str,
             f"{peers_text(group)}; a peer rank probably died or stalled")
 
 
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a Slurm node list, compressed or not: ``"gpu[01-04,07],cpu3"``
+    -> ``"gpu01"``, ``"rack[2-3]-n[5-6]"`` -> ``"rack2-n5"``, ``"a1,a2"`` -> ``"a1"``
+    (what ``scontrol show hostnames`` would print first, without needing scontrol)."""
+    text, depth, first = nodelist.strip(), 0, []
+    for ch in text:  # the first comma-separated entry; commas inside [...] do not count
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            break
+        first.append(ch)
+    entry = "".join(first)
+    # Each [...] contributes the start of its first range ("01-04,07" -> "01").
+    host = re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[-,]", m.group(1))[0].strip(), entry)
+    if not host or any(c in host for c in "[],"):
+        raise ExecError(f"cannot read the Slurm node list {nodelist!r}; set MASTER_ADDR")
+    return host
+
+
+def slurm_env(env) -> dict[str, str]:
+    """What srun's environment implies for torch.distributed, as updates to ``env``
+    (empty outside Slurm or under torchrun): RANK / WORLD_SIZE / LOCAL_RANK from
+    SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, and, when unset, MASTER_ADDR from the
+    first host of SLURM_JOB_NODELIST (or SLURM_NODELIST) and MASTER_PORT from the job
+    id (29500 + id mod 1000, so two jobs sharing a node do not collide)."""
+    if "RANK" in env or "SLURM_PROCID" not in env:
+        return {}
+    out = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env.get("SLURM_NTASKS", "1")}
+    if "LOCAL_RANK" not in env:
+        out["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    if "MASTER_ADDR" not in env:
+        nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if not nodes:
+            raise ExecError("srun gave no SLURM_JOB_NODELIST to find the master node in; "
+                            "set MASTER_ADDR")
+        out["MASTER_ADDR"] = first_slurm_host(nodes)
+    if "MASTER_PORT" not in env:
+        job = env.get("SLURM_JOB_ID", "")
+        out["MASTER_PORT"] = str(29500 + int(job) % 1000) if job.isdigit() else "29500"
+    return out
+
+
 def init_distributed(timeout_s: float | None = None, backend: str | None = None) -> None:
     """Initialise the default process group from the launcher's environment.
 
     Works under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) and Slurm's srun
-    (SLURM_PROCID/SLURM_NTASKS are mapped to RANK/WORLD_SIZE, LOCAL_RANK from
-    SLURM_LOCALID). Backend: NCCL when CUDA is available, else gloo. A process without
+    (:func:`slurm_env`: ranks from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, the master
+    from the job's node list). Backend: NCCL when CUDA is available, else gloo. A process without
     any launcher environment becomes a world of one. No-op if already initialised.
     """
     if dist.is_initialized():
         return
     env = os.environ
-    if "RANK" not in env and "SLURM_PROCID" in env:
-        env["RANK"] = env["SLURM_PROCID"]
-        env["WORLD_SIZE"] = env.get("SLURM_NTASKS", "1")
-        env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
+    env.update(slurm_env(env))
     if "RANK" not in env:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         env.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -27,6 +27,7 @@ from merak_exec.tensor_parallel import (
     apply_tensor_parallel,
 )
 from merak_sim.config import ParallelConfig
+from merak_sim.executable import unsupported
 
 __all__ = ["ParallelModel", "parallelize", "check_executable"]
 
@@ -265,20 +266,12 @@ def _boundary_specs(chain: LayerChain, ranges: list[range], mbs: int, seq: int,
 
 
 def check_executable(config: ParallelConfig) -> None:
-    """Refuse, in one line, what the simulator prices but this runtime does not run:
-    ZeRO-2/3 (torch's FSDP2 does not compose with this pipeline runtime's own
-    gradient accumulation and reduction) and context parallelism (torch offers no
-    ring attention this runtime could call). Call it when a plan is loaded."""
-    if config.zero >= 2:
-        raise ExecError(f"zero={config.zero} (gradient/parameter sharding) is simulated but "
-                        "not executed: FSDP2 does not compose with this pipeline runtime; "
-                        "use zero=0 or zero=1")
-    if config.cp > 1:
-        raise ExecError(f"cp={config.cp} (context parallelism) is simulated but not executed: "
-                        "torch has no ring attention for this runtime; use cp=1")
-    if config.dtype == "fp8":
-        raise ExecError("dtype fp8 is simulated but not executed (no FP8 GEMMs in this "
-                        "runtime); use bf16")
+    """Refuse, in one line, what the simulator prices but this runtime does not run
+    (the one list: :data:`merak_sim.executable.NOT_EXECUTED`). Called when a model is
+    parallelised and when a plan is loaded."""
+    why = unsupported(config)
+    if why:
+        raise ExecError(why)
 
 
 def _apply_options(config: ParallelConfig, mesh: Mesh, chunks, ranges, family, opt):

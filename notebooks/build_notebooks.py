@@ -285,7 +285,8 @@ print(best.summary().split("\\n\\n")[0])
 path = f"{OUT}/plan.json"
 res.save(path)
 plan = Plan.load(path)
-files = write_launch(plan, "slurm", nodes=128, gpus_per_node=8, out_dir=f"{OUT}/dispatch")
+files = write_launch(plan, "slurm", nodes=128, gpus_per_node=8, out_dir=f"{OUT}/dispatch",
+                     force=True)  # a simulated plan: it may use options merak-exec lacks
 print(open(files.launcher).read()[:600])
 assert plan.parallel == res.best_config and plan.parallel.world_size == 1024
 assert res.best_result.fits_in_memory"""),

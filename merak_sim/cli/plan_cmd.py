@@ -78,6 +78,8 @@ def _clean(v):
 @click.option("--memory-margin", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
               show_default=True, help="Fraction of GPU memory kept free, in [0, 1).")
 @click.option("--no-confirm", is_flag=True, help="Rank by the fast evaluator only.")
+@click.option("--executable", is_flag=True,
+              help="Only options merak-exec runs today (what dispatch accepts).")
 @click.option("--out", type=click.Path(dir_okay=False), default="plan.json",
               show_default=True, help="Where to write the best plan (merak-plan/1).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
@@ -85,8 +87,8 @@ def _clean(v):
 @json_options
 def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp,
                  cp, zero, zero_groups, attention, overlap_param_gather, dtype,
-                 micro_batch_sizes, schedules, memory_margin, no_confirm, out, csv_path,
-                 as_json, json_out):
+                 micro_batch_sizes, schedules, memory_margin, no_confirm, executable, out,
+                 csv_path, as_json, json_out):
     """Search parallel configurations; print the ranking and write the best plan."""
     import sys
 
@@ -120,6 +122,11 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
         changes["schedules"] = names
     if changes:
         space = space.with_(**changes)
+    if executable:
+        from merak_sim.executable import executable_space
+        from merak_sim.resolve import resolve_model
+
+        space = executable_space(space, resolve_model(model))
     res = search(model, cluster, global_batch_size, nodes=nodes, space=space, top_k=top_k,
                  confirm=not no_confirm, memory_margin=memory_margin,
                  progress="bar" if sys.stderr.isatty() else "lines")

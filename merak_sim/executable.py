@@ -1,0 +1,93 @@
+"""What ``merak-exec`` runs today: the one list of options it refuses.
+
+The simulator prices every option of :class:`~merak_sim.config.ParallelConfig`; the
+real backend executes a subset. :data:`NOT_EXECUTED` names, per configuration field,
+the values the backend refuses and why (delete a row when the backend learns the
+option). :func:`unsupported` reads it for one plan (``dispatch`` refuses such a plan,
+``merak-exec train --plan`` too, before any work); :func:`executable_space` removes the
+refused values from a planner search space (``merak-sim plan --executable``).
+
+Model shapes the backend builds: family "gpt" (the built-in GPT, HuggingFace GPT-2
+when ``ffn_hidden`` is not a multiple of ``hidden``; no grouped-query attention) and
+"llama" (HuggingFace LLaMA, whose tensor parallelism splits key/value heads, so tp
+must divide ``kv_heads``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from merak_sim.config import ParallelConfig
+from merak_sim.model import ModelSpec
+from merak_sim.planner.space import SearchSpace
+
+__all__ = ["NOT_EXECUTED", "EXECUTED_FAMILIES", "unsupported", "executable_space"]
+
+#: field -> (values merak-exec refuses, what the option is and why).
+NOT_EXECUTED: dict[str, tuple[Any, str]] = {
+    "zero": ((2, 3), "ZeRO-2/3 gradient and parameter sharding (torch FSDP2 does not "
+                     "compose with this pipeline runtime's gradient accumulation)"),
+    "zero_group": (lambda v: v > 0, "HSDP shard groups"),
+    "overlap_param_gather": ((True,), "overlap of the ZeRO parameter all-gather"),
+    "cp": (lambda v: v > 1, "context parallelism (no ring attention for this runtime)"),
+    "dtype": (("fp8",), "FP8 GEMMs"),
+}
+
+#: model families merak-exec builds from a plan.
+EXECUTED_FAMILIES = ("gpt", "llama")
+
+
+def _refused(rule, value) -> bool:
+    return rule(value) if callable(rule) else value in rule
+
+
+def unsupported(config: ParallelConfig, model: ModelSpec | None = None) -> str | None:
+    """Why merak-exec cannot run ``config`` (on ``model``), or None if it can."""
+    for name, (rule, what) in NOT_EXECUTED.items():
+        value = getattr(config, name)
+        if _refused(rule, value):
+            return f"{what} ({name}={value!r}) is simulated but not executed by merak-exec yet"
+    if model is None:
+        return None
+    if model.family not in EXECUTED_FAMILIES:
+        return (f"model family {model.family!r} is simulate-only; merak-exec trains "
+                f"{' and '.join(EXECUTED_FAMILIES)} models")
+    if model.family == "gpt" and model.kv_heads != model.heads:
+        return (f"a gpt model with kv_heads={model.kv_heads} != heads={model.heads} "
+                "(grouped-query attention) is simulate-only; use family llama")
+    if config.sequence_parallel and not (model.family == "gpt"
+                                         and model.ffn_hidden % model.hidden == 0):
+        return ("sequence parallelism runs on the built-in GPT only (family gpt with an MLP "
+                "width a multiple of hidden)")
+    if model.family == "llama" and model.kv_heads % config.tp:
+        return (f"tp={config.tp} does not divide kv_heads={model.kv_heads}; merak-exec "
+                "splits key/value heads over tp")
+    return None
+
+
+def executable_space(space: SearchSpace, model: ModelSpec) -> SearchSpace:
+    """``space`` without the options merak-exec refuses; ValueError (one line) when
+    nothing of it would run (a simulate-only model, or a space made only of refused
+    options)."""
+    why = unsupported(ParallelConfig(), model)  # the model's own rules (tp=1 always divides)
+    if why:
+        raise ValueError(f"--executable: {why}")
+    changes: dict[str, Any] = {}
+    for name, (rule, what) in NOT_EXECUTED.items():
+        allowed = getattr(space, name, None)
+        if not isinstance(allowed, tuple):
+            continue
+        kept = tuple(v for v in allowed if not _refused(rule, v))
+        if not kept:
+            raise ValueError(f"--executable: the {space.name} space allows only "
+                             f"{name}={', '.join(map(repr, allowed))}, and merak-exec does "
+                             f"not execute {what} yet")
+        changes[name] = kept
+    if model.family == "llama":
+        tps = space.tp if space.tp is not None else tuple(
+            t for t in range(1, model.kv_heads + 1) if model.kv_heads % t == 0)
+        kept_tp = tuple(t for t in tps if model.kv_heads % t == 0)
+        if not kept_tp:
+            raise ValueError(f"--executable: no allowed tp divides kv_heads={model.kv_heads}")
+        changes["tp"] = kept_tp
+    return space.with_(**changes)

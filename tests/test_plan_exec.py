@@ -1,0 +1,129 @@
+"""The plan is the contract: merak-exec builds the planned model (shape, kv heads, MLP
+width), says its parameter count, refuses what it cannot run, and checks every value
+before any work."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from merak_exec.builders import model_from_spec, parameter_count
+from merak_exec.launch import free_port
+from merak_sim.config import ParallelConfig
+from merak_sim.executable import NOT_EXECUTED, executable_space, unsupported
+from merak_sim.model import ModelSpec, get_model
+from merak_sim.planner import SYSTEMS, SearchSpace
+from merak_sim.plan import Plan
+
+ENV = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", MERAK_TIMEOUT_S="60")
+GQA = {"family": "llama", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2,
+       "ffn_hidden": 176, "seq_len": 16, "vocab": 128}
+GPT = {"family": "gpt", "layers": 2, "hidden": 64, "heads": 4, "ffn_hidden": 96,
+       "seq_len": 16, "vocab": 128}
+
+
+def _exec(args, cwd, timeout=300):
+    return subprocess.run([sys.executable, "-m", "merak_exec", *args], capture_output=True,
+                          text=True, timeout=timeout, env=ENV, cwd=cwd)
+
+
+@pytest.mark.parametrize("model", [GQA, GPT], ids=["llama-gqa", "gpt-ffn96"])
+def test_plan_runs_with_the_planned_parameter_count(tmp_path, model):
+    plan = Plan(model=model, cluster={"preset": "local-cpu"},
+                parallel=ParallelConfig(pp=2, micro_batch_size=1, global_batch_size=4,
+                                        dtype="fp32"))
+    plan.save(tmp_path / "plan.json")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                        "2", f"--master-port={free_port()}", "-m", "merak_exec", "train",
+                        "--plan", "plan.json", "--steps", "1"],
+                       capture_output=True, text=True, timeout=400, env=ENV, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("parameters")]
+    expected = ModelSpec.from_json(model).total_params()
+    assert lines == [f"parameters: {expected}"]
+    # the default MLP / kv-head count would have given another number
+    default = ModelSpec.from_json({k: v for k, v in model.items()
+                                   if k not in ("ffn_hidden", "kv_heads")}).total_params()
+    assert default != expected
+
+
+@pytest.mark.parametrize("preset", ["llama2-70b", "gpt-1.5b"])
+def test_presets_build_with_the_simulated_count(preset):
+    spec = get_model(preset)
+    assert parameter_count(model_from_spec(spec, 0.0, meta=True)) == spec.total_params()
+    if preset == "llama2-70b":
+        assert round(spec.total_params() / 1e9, 1) == 69.0
+
+
+def test_capability_table_refuses_and_restricts():
+    spec = ModelSpec.from_json(GQA)
+    assert unsupported(ParallelConfig(dp=2, global_batch_size=2), spec) is None
+    assert "ZeRO" in unsupported(ParallelConfig(dp=2, global_batch_size=2, zero=1))
+    assert "sequence" in unsupported(ParallelConfig(tp=2, sequence_parallel=True))
+    assert "selective" in unsupported(ParallelConfig(recompute="selective"))
+    assert "kv_heads" in unsupported(ParallelConfig(tp=4), spec)
+    assert "simulate-only" in unsupported(ParallelConfig(), get_model("bert-large"))
+    space = executable_space(SearchSpace(), spec)
+    for name, (rule, _) in NOT_EXECUTED.items():
+        for v in getattr(space, name, ()) or ():
+            assert not (rule(v) if callable(rule) else v in rule)
+    assert set(space.tp) <= {1, 2}
+    with pytest.raises(ValueError, match="allows only zero=1"):
+        executable_space(SYSTEMS["deepspeed"], get_model("gpt-1.5b"))
+
+
+def test_non_executable_plan_refused_before_any_work(tmp_path):
+    Plan(model=GPT, cluster={"preset": "local-cpu"},
+         parallel=ParallelConfig(dp=2, micro_batch_size=1, global_batch_size=4,
+                                 zero=1)).save(tmp_path / "z.json")
+    r = _exec(["train", "--plan", "z.json"], tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        "merak-exec: error: cannot run this plan: ZeRO optimizer sharding (zero=1) is "
+        "simulated but not executed by merak-exec yet"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["train", "--steps", "0"], "'--steps': 0 is not in the range"),
+    (["train", "--mbs", "0"], "'--mbs': 0"),
+    (["train", "--trace", "/proc/nope/t.json"], "--chrome-trace: cannot write"),
+    (["train", "--chrome-trace", "."], "is a directory"),
+    (["profile", "--out", "/proc/nope/x.json"], "--out: cannot write"),
+    (["profile", "--out", "x.json", "--micro-batch-size", "0,2"], "positive integers"),
+    (["profile", "--out", "x.json", "--device", "tpu"], "choose cpu, cuda"),
+    (["train", "--plan", "missing.json"], "cannot read plan file"),
+])
+def test_bad_values_one_line_exit_2(tmp_path, args, fragment):
+    if "tpu" not in args and "--device" in args:
+        pytest.skip("cuda present")
+    r = _exec(args, tmp_path, timeout=120)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and fragment in lines[0], r.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_cuda_device_on_a_cpu_build_is_one_line(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch sees a GPU")
+    r = _exec(["profile", "--out", "x.json", "--device", "cuda"], tmp_path, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no CUDA" in r.stderr
+
+
+def test_version_help_and_aliases(tmp_path):
+    r = _exec(["--version"], tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("merak-exec, version")
+    r = _exec(["train", "-h"], tmp_path, timeout=120)
+    assert r.returncode == 0 and "--micro-batch-size" in r.stdout
+    assert "--mbs" not in r.stdout and "--trace " not in r.stdout  # hidden old spellings
+    r = _exec(["train", "--mbs", "2", "--micro-batch-size", "2"], tmp_path, timeout=120)
+    assert r.returncode == 2 and "old spelling" in r.stderr
+    r = _exec(["train", "--steps", "1", "--layers", "2", "--hidden", "16", "--seq", "8",
+               "--vocab", "32", "--mbs", "2", "--trace", "t.json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert re.match(r"parameters: \d+\n", r.stdout) and (tmp_path / "t.json").exists()
+    json.loads((tmp_path / "t.json").read_text())
