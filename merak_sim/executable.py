@@ -23,18 +23,29 @@ from merak_sim.planner.space import SearchSpace
 
 __all__ = ["NOT_EXECUTED", "EXECUTED_FAMILIES", "unsupported", "executable_space"]
 
-#: field -> (values merak-exec refuses, what the option is and why).
-NOT_EXECUTED: dict[str, tuple[Any, str]] = {
-    "zero": ((2, 3), "ZeRO-2/3 gradient and parameter sharding (torch FSDP2 does not "
-                     "compose with this pipeline runtime's gradient accumulation)"),
-    "zero_group": (lambda v: v > 0, "HSDP shard groups"),
-    "overlap_param_gather": ((True,), "overlap of the ZeRO parameter all-gather"),
-    "cp": (lambda v: v > 1, "context parallelism (no ring attention for this runtime)"),
-    "dtype": (("fp8",), "FP8 GEMMs"),
+#: field -> (values merak-exec refuses, the option, why it does not run).
+NOT_EXECUTED: dict[str, tuple[Any, str, str]] = {
+    "zero": ((2, 3), "ZeRO-2/3 sharding",
+             "torch FSDP2 does not compose with this pipeline runtime"),
+    "zero_group": (lambda v: v > 0, "HSDP shard groups", "ZeRO-1 shards over all of dp"),
+    "overlap_param_gather": ((True,), "the overlapped ZeRO parameter all-gather",
+                             "ZeRO-1 all-gathers after the optimizer step"),
+    "cp": (lambda v: v > 1, "context parallelism", "no ring attention for this runtime"),
+    "dtype": (("fp8",), "FP8 GEMMs", "no FP8 kernels in this runtime"),
 }
 
 #: model families merak-exec builds from a plan.
 EXECUTED_FAMILIES = ("gpt", "llama")
+
+
+#: the configuration's defaults, for configurations that do not carry every field
+_DEFAULTS = {k: ParallelConfig.__dataclass_fields__[k].default for k in NOT_EXECUTED}
+
+
+def _builds_sequence_parallel(model: ModelSpec) -> bool:
+    """Sequence parallelism runs on the built-in GPT (family gpt, MLP width a multiple
+    of hidden) only."""
+    return model.family == "gpt" and model.ffn_hidden % model.hidden == 0
 
 
 def _refused(rule, value) -> bool:
@@ -43,10 +54,11 @@ def _refused(rule, value) -> bool:
 
 def unsupported(config: ParallelConfig, model: ModelSpec | None = None) -> str | None:
     """Why merak-exec cannot run ``config`` (on ``model``), or None if it can."""
-    for name, (rule, what) in NOT_EXECUTED.items():
-        value = getattr(config, name)
+    for name, (rule, what, why) in NOT_EXECUTED.items():
+        value = getattr(config, name, _DEFAULTS[name])
         if _refused(rule, value):
-            return f"{what} ({name}={value!r}) is simulated but not executed by merak-exec yet"
+            return (f"{what} ({name}={value!r}) is simulated but not executed by merak-exec "
+                    f"({why})")
     if model is None:
         return None
     if model.family not in EXECUTED_FAMILIES:
@@ -55,8 +67,7 @@ def unsupported(config: ParallelConfig, model: ModelSpec | None = None) -> str |
     if model.family == "gpt" and model.kv_heads != model.heads:
         return (f"a gpt model with kv_heads={model.kv_heads} != heads={model.heads} "
                 "(grouped-query attention) is simulate-only; use family llama")
-    if config.sequence_parallel and not (model.family == "gpt"
-                                         and model.ffn_hidden % model.hidden == 0):
+    if config.sequence_parallel and not _builds_sequence_parallel(model):
         return ("sequence parallelism runs on the built-in GPT only (family gpt with an MLP "
                 "width a multiple of hidden)")
     if model.family == "llama" and model.kv_heads % config.tp:
@@ -73,7 +84,7 @@ def executable_space(space: SearchSpace, model: ModelSpec) -> SearchSpace:
     if why:
         raise ValueError(f"--executable: {why}")
     changes: dict[str, Any] = {}
-    for name, (rule, what) in NOT_EXECUTED.items():
+    for name, (rule, what, _why) in NOT_EXECUTED.items():
         allowed = getattr(space, name, None)
         if not isinstance(allowed, tuple):
             continue
@@ -81,8 +92,10 @@ def executable_space(space: SearchSpace, model: ModelSpec) -> SearchSpace:
         if not kept:
             raise ValueError(f"--executable: the {space.name} space allows only "
                              f"{name}={', '.join(map(repr, allowed))}, and merak-exec does "
-                             f"not execute {what} yet")
+                             f"not execute {what}")
         changes[name] = kept
+    if not _builds_sequence_parallel(model) and isinstance(space.sequence_parallel, tuple):
+        changes["sequence_parallel"] = (False,)
     if model.family == "llama":
         tps = space.tp if space.tp is not None else tuple(
             t for t in range(1, model.kv_heads + 1) if model.kv_heads % t == 0)

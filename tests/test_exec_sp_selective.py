@@ -88,7 +88,8 @@ def test_selective_recompute_recomputes_only_the_attention_core():
 
 @pytest.mark.parametrize("fields,match", [({"zero": 2, "cp": 1}, "zero=2"),
                                           ({"zero": 3, "cp": 1}, "FSDP2"),
-                                          ({"zero": 0, "cp": 2}, "ring attention")])
+                                          ({"zero": 0, "cp": 2}, "ring attention"),
+                                          ({"dtype": "fp8"}, "FP8")])
 def test_unexecuted_options_refused_in_one_line(fields, match):
     from merak_exec.parallel import check_executable
 

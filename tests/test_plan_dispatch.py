@@ -89,7 +89,7 @@ def test_written_files_get_normal_permissions(tmp_path):
 
 
 def test_unexecutable_plan_refused_unless_forced(tmp_path):
-    p = _plan(dp=2, pp=1, global_batch_size=4, zero=1)
+    p = _plan(dp=2, pp=1, global_batch_size=4, zero=2)
     with pytest.raises(DispatchError, match="ZeRO.*--force"):
         write_launch(p, "torchrun", nodes=1, gpus_per_node=2, out_dir=tmp_path / "x")
     assert not (tmp_path / "x").exists()
@@ -178,8 +178,9 @@ def test_plan_executable_keeps_what_merak_exec_runs(tmp_path, capsys):
                  "--global-batch-size", "8", "--tp", "1,2,4", "--executable", "--no-confirm",
                  "--out", str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert all(row["tp"] in (1, 2) and not row["sequence_parallel"] and row["zero"] == 0
-               and row["recompute"] != "selective" for row in d["top"])
+    # a LLaMA: tp must divide its 2 kv heads, no sequence parallelism (built-in GPT only)
+    assert all(row["tp"] in (1, 2) and not row["sequence_parallel"] and row["zero"] <= 1
+               for row in d["top"])
     plan = Plan.load(out)
     assert unsupported(plan.parallel, resolve_model(plan.model)) is None
     assert main(["plan", "--model", "bert-large", "--cluster", "local-cpu",

@@ -15,7 +15,7 @@ from merak_exec.launch import free_port
 from merak_sim.config import ParallelConfig
 from merak_sim.executable import NOT_EXECUTED, executable_space, unsupported
 from merak_sim.model import ModelSpec, get_model
-from merak_sim.planner import SYSTEMS, SearchSpace
+from merak_sim.planner import SearchSpace
 from merak_sim.plan import Plan
 
 ENV = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", MERAK_TIMEOUT_S="60")
@@ -61,29 +61,33 @@ def test_presets_build_with_the_simulated_count(preset):
 def test_capability_table_refuses_and_restricts():
     spec = ModelSpec.from_json(GQA)
     assert unsupported(ParallelConfig(dp=2, global_batch_size=2), spec) is None
-    assert "ZeRO" in unsupported(ParallelConfig(dp=2, global_batch_size=2, zero=1))
-    assert "sequence" in unsupported(ParallelConfig(tp=2, sequence_parallel=True))
-    assert "selective" in unsupported(ParallelConfig(recompute="selective"))
+    assert unsupported(ParallelConfig(dp=2, global_batch_size=2, zero=1)) is None
+    assert unsupported(ParallelConfig(recompute="selective")) is None
+    assert "ZeRO-2/3" in unsupported(ParallelConfig(dp=2, global_batch_size=2, zero=2))
+    assert "context parallelism" in unsupported(ParallelConfig(cp=2, global_batch_size=2))
+    assert "sequence" in unsupported(ParallelConfig(tp=2, sequence_parallel=True), spec)
     assert "kv_heads" in unsupported(ParallelConfig(tp=4), spec)
     assert "simulate-only" in unsupported(ParallelConfig(), get_model("bert-large"))
     space = executable_space(SearchSpace(), spec)
-    for name, (rule, _) in NOT_EXECUTED.items():
+    for name, (rule, _, _why) in NOT_EXECUTED.items():
         for v in getattr(space, name, ()) or ():
             assert not (rule(v) if callable(rule) else v in rule)
     assert set(space.tp) <= {1, 2}
-    with pytest.raises(ValueError, match="allows only zero=1"):
-        executable_space(SYSTEMS["deepspeed"], get_model("gpt-1.5b"))
+    assert space.sequence_parallel == (False,)  # a LLaMA: built-in GPT only
+    with pytest.raises(ValueError, match="allows only zero=2"):
+        executable_space(SearchSpace().with_(zero=(2,)), get_model("gpt-1.5b"))
 
 
 def test_non_executable_plan_refused_before_any_work(tmp_path):
     Plan(model=GPT, cluster={"preset": "local-cpu"},
          parallel=ParallelConfig(dp=2, micro_batch_size=1, global_batch_size=4,
-                                 zero=1)).save(tmp_path / "z.json")
+                                 zero=2)).save(tmp_path / "z.json")
     r = _exec(["train", "--plan", "z.json"], tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [
-        "merak-exec: error: cannot run this plan: ZeRO optimizer sharding (zero=1) is "
-        "simulated but not executed by merak-exec yet"]
+        "merak-exec: error: cannot run this plan: ZeRO-2/3 sharding (zero=2) is simulated "
+        "but not executed by merak-exec (torch FSDP2 does not compose with this pipeline "
+        "runtime)"]
 
 
 @pytest.mark.parametrize("args, fragment", [
