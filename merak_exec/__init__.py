@@ -15,8 +15,7 @@ loop (``.train_step(ids, labels)``).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from merak_sim.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -32,14 +31,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'merak_exec' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -35,7 +35,7 @@ from merak_sim.schedule.posting import channels
 
 __all__ = ["ExecError", "RankTimeoutError", "Mesh", "init_distributed", "build_mesh",
            "default_timeout_s", "wait_for", "timed_collective", "peers_text", "bounded",
-           "first_slurm_host", "slurm_env"]
+           "first_slurm_host", "slurm_env", "all_reduce_gradients"]
 
 
 class ExecError(ValueError):
@@ -173,6 +173,28 @@ def slurm_env(env) -> dict[str, str]:
         job = env.get("SLURM_JOB_ID", "")
         out["MASTER_PORT"] = str(29500 + int(job) % 1000) if job.isdigit() else "29500"
     return out
+
+
+def all_reduce_gradients(params, group, what: str, *, mean_over: int = 1,
+                         timeout_s: float | None = None) -> None:
+    """Sum the gradients of ``params`` over ``group`` in one flat buffer (divided by
+    ``mean_over`` for a mean), bounded like :func:`timed_collective`; a parameter
+    without a gradient takes part with zeros."""
+    import torch
+
+    grads = []
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    timed_collective(dist.all_reduce, flat, group=group, what=what, timeout_s=timeout_s)
+    if mean_over != 1:
+        flat.div_(mean_over)
+    off = 0
+    for g in grads:
+        g.copy_(flat[off:off + g.numel()].view_as(g))
+        off += g.numel()
 
 
 def init_distributed(timeout_s: float | None = None, backend: str | None = None) -> None:

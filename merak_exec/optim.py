@@ -31,6 +31,7 @@ from torch import nn
 
 from merak_exec.hooks import RuntimeHooks
 from merak_exec.mesh import ExecError, wait_for
+from merak_exec.replicas import sharded_parameters
 
 __all__ = ["SCHEDULES", "lr_lambda", "LossScaler", "scaled_loss_fn", "autocast_hooks",
            "replica_counts", "global_grad_norm", "decay_groups", "TrainingOptimizer",
@@ -131,19 +132,7 @@ def replica_counts(chunks, mesh, tied_params=()) -> dict[int, int]:
     """How many ranks hold an identical copy of each local parameter's gradient
     (keyed by ``id``): every data-parallel replica, every tp rank for a parameter tensor
     parallelism does not shard, both pipeline ends for a tied copy."""
-    from merak_exec.tensor_parallel import (
-        ColumnParallelLinear,
-        RowParallelLinear,
-        VocabParallelEmbedding,
-    )
-
-    sharded: set[int] = set()
-    for c in chunks:
-        for m in c.modules():
-            if isinstance(m, (ColumnParallelLinear, VocabParallelEmbedding)):
-                sharded.update(id(p) for p in m.parameters(recurse=False))
-            elif isinstance(m, RowParallelLinear):
-                sharded.add(id(m.weight))
+    sharded = sharded_parameters(chunks)
     tied = {id(p) for p in tied_params}
     out = {}
     for c in chunks:

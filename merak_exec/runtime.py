@@ -50,6 +50,7 @@ from merak_exec.mesh import (
     ExecError,
     Mesh,
     RankTimeoutError,
+    all_reduce_gradients,
     peers_text,
     timed_collective,
     wait_for,
@@ -414,20 +415,8 @@ class PipelineRuntime:
             return
         if m.dp_group is None or self.grad_reducer is not None:
             return
-        grads = []
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        timed_collective(dist.all_reduce, flat, group=m.dp_group,
-                         what="the data-parallel gradient all-reduce", timeout_s=m.timeout_s)
-        flat.div_(m.dp)
-        off = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[off:off + n].view_as(g))
-            off += n
+        all_reduce_gradients(self.params, m.dp_group, "the data-parallel gradient all-reduce",
+                             mean_over=m.dp, timeout_s=m.timeout_s)
 
     # -- the iteration ---------------------------------------------------------------
     def step(self, inputs: list[torch.Tensor] | None, labels: list[torch.Tensor] | None

@@ -15,9 +15,8 @@ gradients over tp once per iteration, before the data-parallel reduction.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from merak_exec.mesh import ExecError, Mesh, timed_collective
+from merak_exec.mesh import ExecError, Mesh, all_reduce_gradients
 from merak_exec.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -113,18 +112,8 @@ class GradientSync:
     def __call__(self, params) -> bool:
         """Reduce the gradients of ``params``; True when dp was reduced here."""
         if self.partial and self.tp_group is not None:
-            grads = []
-            for p in self.partial:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            timed_collective(dist.all_reduce, flat, group=self.tp_group,
-                             what="the sequence-parallel gradient sum over tp")
-            off = 0
-            for g in grads:
-                g.copy_(flat[off:off + g.numel()].view_as(g))
-                off += g.numel()
+            all_reduce_gradients(self.partial, self.tp_group,
+                                 "the sequence-parallel gradient sum over tp")
         if self.zero is not None:
             self.zero.reduce_gradients()
             return True

@@ -6,8 +6,7 @@ load only when a simulation or a table needs them).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from merak_sim.lazy import lazy_exports
 
 _EXPORTS = {
     "simulate": "api",
@@ -35,10 +34,5 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'merak_sim.sim' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(
+    __name__, globals(), {k: f"{__name__}.{m}" for k, m in _EXPORTS.items()})
