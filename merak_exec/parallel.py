@@ -19,7 +19,13 @@ from torch import nn
 from merak_exec.capture import to_chain
 from merak_exec.mesh import ExecError, Mesh, build_mesh, timed_collective
 from merak_exec.runtime import PipelineRuntime, StepOutput
-from merak_exec.stages import LayerChain, build_stage, partition_split, split_from_points
+from merak_exec.stages import (
+    LayerChain,
+    build_stage,
+    partition_split,
+    split_from_points,
+    trainable_parameters,
+)
 from merak_exec.tensor_parallel import (
     FAMILY_MAPPINGS,
     SubPipelined,
@@ -55,7 +61,7 @@ class ParallelModel:
 
     def parameters(self):
         """Local trainable parameters (shards under TP)."""
-        return [p for c in self.chunks for p in c.parameters() if p.requires_grad]
+        return trainable_parameters(self.chunks)
 
     def named_parameters(self):
         """(name, parameter) of local chunks, names prefixed with the global layer index
@@ -179,7 +185,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     tied = _tied_params(chain, ranges, chunks, config.rank_of_stage)
     _sync_initial_weights(mesh, chunks, tied)
     _sync_tp_rng(mesh)
-    params = [p for c in chunks for p in c.parameters() if p.requires_grad]
+    params = trainable_parameters(chunks)
     opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(params)
     opt, grad_sync = _apply_options(config, mesh, chunks, ranges, family, opt)
     opt = _training_optimizer(opt, chunks, mesh, tied, config, max_grad_norm, lr_schedule)

@@ -59,7 +59,7 @@ from merak_exec.mesh import (
 )
 from merak_exec.replicas import sync_tp_replicas
 from merak_exec.result import Recorder
-from merak_exec.stages import StageModule
+from merak_exec.stages import StageModule, trainable_parameters
 from merak_exec.step_state import MicroBatchState, StepState
 from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, iter_actions
 from merak_sim.schedule.lowering import comm_key, peer_of
@@ -124,7 +124,7 @@ class PipelineRuntime:
         self.grad_reducer = grad_reducer
         self.program = schedule.programs[mesh.pp_rank]
         self.recorder = Recorder(mesh, enabled=record)
-        self.params = [p for c in chunks for p in c.parameters() if p.requires_grad]
+        self.params = trainable_parameters(chunks)
         self.cuda = mesh.device.type == "cuda"
         self.hooks: list[RuntimeHooks] = []
         self._handlers = {

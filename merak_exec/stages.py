@@ -29,7 +29,7 @@ from merak_exec.hooks import HookHandle, RuntimeHooks, register
 from merak_exec.mesh import ExecError
 
 __all__ = ["LayerChain", "StageModule", "uniform_split", "split_from_points", "build_stage",
-           "AttentionRecompute"]
+           "AttentionRecompute", "trainable_parameters"]
 
 
 @dataclass
@@ -267,3 +267,10 @@ def build_stage(chain: LayerChain, ranges: list[range], model_stage: int,
             setattr(owner, pname, nn.Parameter(getattr(owner, pname).detach().clone()))
     return StageModule(layers, model_stage, len(ranges), chain.loss_fn,
                        [i in heavy_set for i in r])
+
+
+def trainable_parameters(chunks) -> list:
+    """The trainable parameters of a rank's ``chunks``, each once: under the V
+    placement rank 0 holds the tied embedding (chunk 0) and LM head (chunk 1), one
+    tensor that two stage modules share."""
+    return list({id(p): p for c in chunks for p in c.parameters() if p.requires_grad}.values())

@@ -25,7 +25,8 @@ from merak_sim.sim import (
 SCHEDS = [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 3, 2, 1),
           ("interleaved-1f1b", 4, 8, 2), ("zb-h1", 4, 8, 1), ("pre-recompute", 4, 8, 1),
           ("last-no-recompute", 5, 7, 1), ("shifted-critical-path", 4, 8, 1),
-          ("shifted-critical-path", 8, 16, 1), ("1f1b", 1, 4, 1)]
+          ("shifted-critical-path", 8, 16, 1), ("1f1b", 1, 4, 1),
+          ("zb-v", 4, 8, 2), ("zb-v", 2, 3, 2), ("dualpipev", 4, 8, 2)]
 
 
 def random_table(n: int, seed: int) -> CostTable:
@@ -435,13 +436,26 @@ def test_tied_all_reduce_first_rank_waits():
     assert_same_times(tr, ev)
 
 
+@pytest.mark.parametrize("name", ["zb-v", "dualpipev"])
+def test_tied_embedding_is_local_under_the_v(name):
+    S, M = 4, 8
+    table = random_table(2 * S, seed=5)
+    sched = generate(name, S, M, 2)
+    assert sched.tied_ranks() == (0,)
+    tied, free = compile_program(sched, _tied(table)), compile_program(sched, table)
+    assert tied.tied_ar == ()
+    assert evaluate(tied).makespan == evaluate(free).makespan
+
+
 @pytest.mark.parametrize("name, S, M, v", SCHEDS)
 @pytest.mark.parametrize("overlap, zero", [(False, 0), (True, 0), (True, 1)])
 def test_tied_engine_agrees_with_evaluator(name, S, M, v, overlap, zero):
     table = _tied(random_table(S * v, seed=S * 7 + M))
-    prog = compile_program(generate(name, S, M, v), table,
+    sched = generate(name, S, M, v)
+    prog = compile_program(sched, table,
                            tuple(random.Random(S).uniform(0, 1) for _ in range(S)))
-    assert bool(prog.tied_ar) == (S > 1)
+    # under the V placement rank 0 holds both ends of the tie: no rendezvous
+    assert bool(prog.tied_ar) == (S > 1 and sched.placement == "loop")
     ev = evaluate(prog, overlap_dp=overlap, buckets=3, zero=zero)
     tr = run_engine(prog, RankLayout(1, 1, S), 80e9,
                     EngineOptions(overlap_dp=overlap, buckets=3, zero=zero))
