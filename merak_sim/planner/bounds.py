@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from merak_sim.schedule import SCHEDULES
+from merak_sim.schedule.ir import stage_grid
 
 from .space import Candidate
 
@@ -33,8 +34,10 @@ def lower_bound(c: Candidate, arr: dict[str, np.ndarray]) -> float:
     spec = SCHEDULES[c.schedule]
     F, B, BI = arr["forward_s"], arr["backward_s"], arr["backward_input_s"]
 
+    grid = np.asarray(stage_grid(spec.placement, S, v))
+
     def per_rank(x):
-        return x.reshape(v, S).sum(axis=0)
+        return x[grid].sum(axis=0)
 
     tail = per_rank(arr["grad_allreduce_s"]) + per_rank(arr["optimizer_s"])
     bwd = M * per_rank(B)
@@ -47,8 +50,8 @@ def lower_bound(c: Candidate, arr: dict[str, np.ndarray]) -> float:
             bwd = bwd + rc
     prefix = np.concatenate([[0.0], np.cumsum(F[:S - 1])])
     a = prefix + fwd + M * per_rank(B) + tail
-    # Stages after rank r's last chunk (model stage (v-1) S + r).
+    # Stages after rank r's deepest model stage (grid.max(axis=0)[r]).
     rev = np.concatenate([np.cumsum(BI[::-1])[::-1][1:], [0.0]])  # sum over g' > g
-    chain = F.sum() + rev[(v - 1) * S + np.arange(S)]
+    chain = F.sum() + rev[grid.max(axis=0)]
     b = chain + bwd + tail
     return float(np.maximum(a, b).max()) * (1 - 1e-9)

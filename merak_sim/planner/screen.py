@@ -21,6 +21,7 @@ import numpy as np
 
 from merak_sim.config import ParallelConfig
 from merak_sim.schedule import SCHEDULES
+from merak_sim.schedule.ir import stage_grid
 
 from .space import Candidate
 from .templates import MemoryTemplate, stage_arrays
@@ -72,16 +73,17 @@ def quick_memory(c: Candidate, arr: dict[str, np.ndarray], cap: float) -> tuple[
     """(largest excess over capacity of one micro-batch at the cheapest checkpointing,
     its rank): > 0 means the candidate cannot fit under any schedule."""
     S, v = c.pp, c.virtual_stages
+    grid = np.asarray(stage_grid(SCHEDULES[c.schedule].placement, S, v))
     frac = 0.0 if c.recompute in ("none", "selective") else 1.0
     kept = frac * arr["checkpoint_bytes"] + (1 - frac) * arr["activation_bytes"]
     if c.recompute == "full":
         kept = kept.copy()
         for s in SCHEDULES[c.schedule].never_recompute(S):
             for ch in range(v):
-                kept[ch * S + s] = arr["activation_bytes"][ch * S + s]
+                kept[grid[ch, s]] = arr["activation_bytes"][grid[ch, s]]
     # One micro-batch alive on one chunk (the largest), plus every chunk's state.
-    state = arr["state_bytes"].reshape(v, S).sum(axis=0)
-    one = kept.reshape(v, S).max(axis=0)
+    state = arr["state_bytes"][grid].sum(axis=0)
+    one = kept[grid].max(axis=0)
     need = state + one
     r = int(np.argmax(need - cap))
     return float(need[r] - cap), r

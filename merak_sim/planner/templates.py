@@ -31,6 +31,7 @@ import numpy as np
 
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.schedule import SCHEDULES, Kind, Schedule, generate, iter_actions
+from merak_sim.schedule.ir import stage_grid
 from merak_sim.schedule.liveness import liveness
 from merak_sim.sim.evaluator import DependencyGraph, evaluate, plan
 from merak_sim.sim.program import Compiled, compile_program
@@ -97,10 +98,11 @@ class EvalTemplate:
         dur[self.i_idx] = arrays["backward_input_s"][self.i_g] + cs * RC[self.i_g]
         dur[self.w_idx] = arrays["backward_weight_s"][self.w_g]
         ar = arrays["grad_allreduce_s"]
-        dur[self.ar_idx] = ar.reshape(v, S).sum(axis=0)[self.ar_rank]
-        dur[self.opt_idx] = arrays["optimizer_s"].reshape(v, S).sum(axis=0)[self.opt_rank]
+        grid = np.asarray(stage_grid(self.schedule.placement, S, v))
+        dur[self.ar_idx] = ar[grid].sum(axis=0)[self.ar_rank]
+        dur[self.opt_idx] = arrays["optimizer_s"][grid].sum(axis=0)[self.opt_rank]
         send = arrays["send_activation_s"][self.xfer_boundary].tolist()
-        ar_chunks = tuple(tuple((ch, float(ar[ch * S + r])) for ch, _ in self.prog.ar_chunks[r])
+        ar_chunks = tuple(tuple((ch, float(ar[grid[ch, r]])) for ch, _ in self.prog.ar_chunks[r])
                           for r in range(S))
         return self.prog.repriced(tuple(dur.tolist()), send, ar_chunks, tied)
 
@@ -175,6 +177,7 @@ class MemoryTemplate:
     states: tuple[np.ndarray, ...]
     in_flight: tuple[int, ...]
     no_recompute: frozenset[int]
+    placement: str = "loop"
 
     def peak_bytes(self, arrays: dict[str, np.ndarray], rank: int,
                    fractions: np.ndarray | float) -> np.ndarray | float:
@@ -184,7 +187,7 @@ class MemoryTemplate:
         S, v = self.pp, self.virtual_stages
         scalar = np.ndim(fractions) == 0
         cs = np.atleast_1d(np.asarray(fractions, dtype=float))
-        g = [ch * S + rank for ch in range(v)]
+        g = [int(x) for x in np.asarray(stage_grid(self.placement, S, v))[:, rank]]
         act, ck = arrays["activation_bytes"][g], arrays["checkpoint_bytes"][g]
         inp = arrays["input_bytes"][g]
         st = self.states[rank]
@@ -214,4 +217,4 @@ def memory_template(name: str, pp: int, microbatches: int, virtual_stages: int
     states = tuple(np.array(lv.allocation_counts(), dtype=float).reshape(-1, 3 * virtual_stages)
                    for lv in lives)
     return MemoryTemplate(pp, virtual_stages, states, tuple(lv.peak_in_flight for lv in lives),
-                          sched.no_recompute_stages)
+                          sched.no_recompute_stages, sched.placement)

@@ -82,6 +82,7 @@ __all__ = [
     "PLACEMENTS",
     "placed_stage",
     "placed_rank",
+    "stage_grid",
 ]
 
 #: Placements of model stages on (rank, chunk): see :meth:`Schedule.rank_of`.
@@ -429,3 +430,11 @@ def placed_rank(placement: str, num_stages: int, model_stage: int) -> tuple[int,
             return model_stage, 0
         return 2 * num_stages - 1 - model_stage, 1
     return model_stage % num_stages, model_stage // num_stages
+
+
+def stage_grid(placement: str, num_stages: int, virtual_stages: int
+               ) -> tuple[tuple[int, ...], ...]:
+    """Model stage of every (chunk, rank): row c, column r (``x[grid].sum(axis=0)``
+    sums an array over model stages into one value per rank)."""
+    return tuple(tuple(placed_stage(placement, num_stages, r, c) for r in range(num_stages))
+                 for c in range(virtual_stages))

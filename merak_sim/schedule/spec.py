@@ -95,8 +95,8 @@ class ScheduleSpec:
             return (f"schedule {self.name!r} has no virtual stages (got {virtual_stages}); "
                     "use an interleaved schedule or virtual stages 1")
         if self.placement == "v" and virtual_stages != 2:
-            return (f"schedule {self.name!r} runs two model chunks per rank in a V; "
-                    f"it needs virtual stages 2, got {virtual_stages}")
+            return (f"schedule {self.name!r} runs two model chunks per rank in a V: it "
+                    f"needs virtual stages 2, got {virtual_stages}; set virtual stages to 2")
         if self.interleaved and virtual_stages > 1 and pp < 2:
             return f"{self.name} with virtual stages > 1 needs pp >= 2"
         if self.microbatches_multiple_of_pp and M % pp:
