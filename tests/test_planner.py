@@ -32,6 +32,8 @@ CASES = [
     ("pre-recompute", 1, "full", None),
     ("last-no-recompute", 1, "stage-aware", None),
     ("gpipe", 1, "none", None),
+    ("zb-v", 2, "none", None),
+    ("dualpipev", 2, "full", None),
 ]
 
 
@@ -64,6 +66,7 @@ def small():
 
 def test_search_result_shape_and_statuses(small):
     df = small.table
+    assert {"zb-v", "dualpipev"} <= set(df[df.status == "evaluated"].schedule)
     assert df.iloc[0].status == "best"
     assert set(df.status) <= {"best", "confirmed", "evaluated", "bounded", "pruned"}
     c = small.counts

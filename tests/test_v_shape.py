@@ -106,3 +106,26 @@ def test_every_v_schedule_validates_and_posts_safely(name, pp, extra):
 def test_requirements_are_one_sentence(args, needle):
     with pytest.raises(ScheduleError, match=needle.replace("*", r"\*")):
         generate(*args)
+
+
+def test_costs_follow_the_v_placement():
+    """The turn sends nothing, chunk 1 sends back up the ranks, and a tied embedding adds
+    no all-reduce between pipeline ranks (rank 0 holds both ends)."""
+    from merak_sim.config import ParallelConfig
+    from merak_sim.costs.analytic import AnalyticCostModel
+    from merak_sim.hardware import get_cluster
+    from merak_sim.model import get_model
+
+    model, cluster = get_model("gpt-2.5b"), get_cluster("paper-3090", nodes=2)
+    assert model.tied_embeddings
+
+    def table(schedule):
+        cfg = ParallelConfig(dp=2, pp=4, virtual_stages=2, global_batch_size=16,
+                             schedule=schedule)
+        return AnalyticCostModel().cost_table(model, cluster, cfg).stages
+
+    v, loop = table("zb-v"), table("interleaved-1f1b")
+    assert v[3].send_activation_s == 0.0 < loop[3].send_activation_s  # local turn
+    assert v[5].send_activation_s == v[1].send_activation_s  # rank 2 -> 1 as 1 -> 2
+    assert v[0].grad_allreduce_s < loop[0].grad_allreduce_s  # no tied all-reduce
+    assert v[0].grad_allreduce_s == pytest.approx(v[1].grad_allreduce_s, rel=0.2)
