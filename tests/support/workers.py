@@ -125,6 +125,20 @@ def launch(world: int, cases: list[dict], out_dir: str, timeout_s: float = 600) 
     return out
 
 
+def assert_equivalent(results: list, cases: list[dict], tol: float = 1e-5) -> None:
+    """Every rank ran every case without error and matched the single process: losses,
+    last gradients and final parameters within relative ``tol``, losses changing."""
+    for rank, rs in enumerate(results):
+        errors = [r["error"] for r in rs if "error" in r]
+        assert not errors, f"rank {rank}: {errors[0]}"
+        assert [r["name"] for r in rs] == [c["name"] for c in cases]
+        for r in rs:
+            assert r["events"] > 0
+            for what in ("loss", "grad", "param"):
+                assert r[what] <= tol, f"rank {rank} case {r['name']}: {what} rel err {r[what]}"
+            assert len(r["losses"]) == 3 and r["losses"][-1] != r["losses"][0]
+
+
 # -- scenario workers (resume, fault, bad input) ------------------------------------
 def _setup(rank: int, world: int, port: int) -> None:
     loopback_env(rank, world, port)
