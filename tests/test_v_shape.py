@@ -129,3 +129,25 @@ def test_costs_follow_the_v_placement():
     assert v[5].send_activation_s == v[1].send_activation_s  # rank 2 -> 1 as 1 -> 2
     assert v[0].grad_allreduce_s < loop[0].grad_allreduce_s  # no tied all-reduce
     assert v[0].grad_allreduce_s == pytest.approx(v[1].grad_allreduce_s, rel=0.2)
+
+
+@pytest.mark.parametrize("S", [2, 4])
+def test_memory_model_counts_a_chunk_as_half_a_stage(S):
+    """Cutting the layers into 2S model stages halves each stage's activations, so the
+    memory model's peak under zb-v equals 1F1B's over S stages (dualpipev: one half
+    stage more)."""
+    from merak_sim.config import ParallelConfig
+    from merak_sim.memory import peak_memory
+    from merak_sim.sim import uniform_table
+
+    M, act = 2 * S, 2e9
+
+    def peaks(schedule, v):
+        cfg = ParallelConfig(pp=S, virtual_stages=v, global_batch_size=M, schedule=schedule)
+        table = uniform_table(S * v, activation_bytes=act / v, state_bytes=0.0)
+        return [m.total_bytes for m in peak_memory(table, cfg)]
+
+    base, zbv, dpv = peaks("1f1b", 1), peaks("zb-v", 2), peaks("dualpipev", 2)
+    assert max(base) == S * act
+    assert zbv == [S * act] * S
+    assert dpv == [(S + 0.5) * act] * S
