@@ -151,3 +151,20 @@ def test_memory_model_counts_a_chunk_as_half_a_stage(S):
     assert max(base) == S * act
     assert zbv == [S * act] * S
     assert dpv == [(S + 0.5) * act] * S
+
+
+SIM_V = ["simulate", "--model", "gpt-2.5b", "--cluster", "paper-3090", "--nodes", "2", "--dp",
+         "2", "--tp", "1", "--pp", "4", "--micro-batch-size", "1", "--global-batch-size", "32",
+         "--recompute", "none"]
+
+
+@pytest.mark.parametrize("name", V_SCHEDULES)
+def test_cli_simulates_v_schedules_and_refuses_bad_requirements(name, capsys):
+    from merak_sim.cli import main
+
+    assert main([*SIM_V, "--schedule", name, "--virtual-stages", "2"]) == 0
+    assert "iteration time" in capsys.readouterr().out
+    assert main([*SIM_V, "--schedule", name]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "virtual stages 2, got 1" in err
+    assert "set virtual stages to 2" in err
