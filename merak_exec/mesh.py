@@ -337,7 +337,7 @@ def _channel_groups(config: ParallelConfig, layout: RankLayout, rank: int,
     returns this rank's, keyed by channel."""
     mine = {}
     for ranks in layout.groups("pp"):
-        for chan in channels(config.pp, config.virtual_stages):
+        for chan in channels(config.pp, config.virtual_stages, config.placement):
             pair = sorted({ranks[chan[1]], ranks[chan[2]]})
             grp = dist.new_group(pair, timeout=timeout)
             if rank in pair:

@@ -145,9 +145,8 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
         ranges = split_from_points(chain, split_points, G)
     else:
         ranges = partition_split(chain, G, partition, layer_times_s)
-    S = config.pp
-    my = [c * S + mesh.pp_rank for c in range(config.virtual_stages)]
-    chunks = [build_stage(chain, ranges, g, lambda x: x % S) for g in my]
+    my = [sched.stage_of(mesh.pp_rank, c) for c in range(config.virtual_stages)]
+    chunks = [build_stage(chain, ranges, g, config.rank_of_stage) for g in my]
     dtype = dtype or torch.float32
     # Materialise the kept layers only (a meta-device model gets storage and its own
     # init here); then shard them for TP, so every tp rank slices the same full layer.
@@ -177,7 +176,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     for c in chunks:
         c.set_recompute_fraction(fractions[mesh.pp_rank])
         c.selective_recompute = config.recompute == "selective"
-    tied = _tied_params(chain, ranges, chunks, S)
+    tied = _tied_params(chain, ranges, chunks, config.rank_of_stage)
     _sync_initial_weights(mesh, chunks, tied)
     _sync_tp_rng(mesh)
     params = [p for c in chunks for p in c.parameters() if p.requires_grad]
@@ -397,14 +396,16 @@ def _materialize(module: nn.Module, device: torch.device, dtype: torch.dtype,
     module.to(device=device, dtype=dtype)
 
 
-def _tied_params(chain: LayerChain, ranges: list[range], chunks, S: int) -> list:
-    """Local copies of tied parameters whose partner lives on another pipeline rank."""
+def _tied_params(chain: LayerChain, ranges: list[range], chunks,
+                 rank_of_stage: Callable[[int], int]) -> list:
+    """Local copies of tied parameters whose partner lives on another pipeline rank
+    (under the V placement the first and the last model stage share rank 0: none)."""
     out = []
     local = {li: layer for c in chunks for li, layer in zip(ranges[c.index], c.layers, strict=True)}
     for (i, ni), (j, nj) in chain.tied:
         si = next(s for s, r in enumerate(ranges) if i in r)
         sj = next(s for s, r in enumerate(ranges) if j in r)
-        if si % S == sj % S:
+        if rank_of_stage(si) == rank_of_stage(sj):
             continue
         for li, name in ((i, ni), (j, nj)):
             if li in local:

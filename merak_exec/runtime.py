@@ -9,14 +9,17 @@ schedule object and performs each action, obeying the semantics written down in
   rule :func:`merak_sim.schedule.posting.runtime_postings` states and
   :func:`merak_sim.schedule.validate.validate` proves safe on NCCL (both ends of every
   transfer post alike; one communicator, hence one stream, per channel);
-- a compute action waits (with a timeout) only for the receive it consumes;
+- a compute action waits (with a timeout) only for the receive it consumes; a
+  hand-off between two chunks of one rank (the V placement's turn) passes the
+  tensors in memory;
 - sends are awaited at the end of the iteration, before their buffers are dropped.
 
 Actions: F (forward with the stage's checkpoint fraction), F* (forward under no-grad,
 keeping only the stage input and the RNG state), R (re-forward from that input with
 the RNG state restored, so dropout masks match), B (backward), I / W (zero-bubble:
 input gradient, then weight gradient), AR (sum tied-embedding gradients across the
-first and last pipeline ranks, then average every gradient over data parallel), OPT
+ranks holding the first and the last model stage, none under the V placement where
+rank 0 holds both, then average every gradient over data parallel), OPT
 (optimizer step). Matching tags come from :func:`merak_sim.schedule.lowering.comm_key`,
 so both ends derive the same tag from the same schedule.
 
@@ -184,6 +187,17 @@ class PipelineRuntime:
     def _peer_global(self, a: Action) -> int:
         return self.mesh.global_rank(peer_of(self.schedule, a))
 
+    def _local_chunk(self, a: Action, kind: Kind) -> int | None:
+        """This rank's chunk that hands ``a`` its input (``RECV_ACT``) or its output
+        gradient (``RECV_GRAD``) without communication, or None: the hand-off between
+        two model stages on one rank (the V placement's turn, IR rule 5)."""
+        sched = self.schedule
+        g = sched.model_stage(a)
+        src = g - 1 if kind is Kind.RECV_ACT else g + 1
+        if not 0 <= src < sched.num_model_stages or not sched.is_local(min(g, src)):
+            return None
+        return sched.rank_of(src)[1]
+
     def _wait(self, work, what: str) -> None:
         wait_for(work, what, self.mesh.timeout_s, self.mesh.rank)
 
@@ -251,7 +265,12 @@ class PipelineRuntime:
         chunk = self.chunks[a.chunk]
         if chunk.is_first:
             return (inputs[a.microbatch].to(self.mesh.device, non_blocking=True),)
-        xs = self._take_recv(a, Kind.RECV_ACT, state)
+        local = self._local_chunk(a, Kind.RECV_ACT)
+        if local is not None:  # the V's turn: chunk 0's output is chunk 1's input
+            prev = state.microbatches[(local, a.microbatch)]
+            xs, prev.act = prev.act, None
+        else:
+            xs = self._take_recv(a, Kind.RECV_ACT, state)
         return tuple(x.requires_grad_() if x.is_floating_point() else x for x in xs)
 
     def _finish_forward(self, a: Action, state: StepState, mb: MicroBatchState, out,
@@ -307,7 +326,12 @@ class PipelineRuntime:
         if self.chunks[a.chunk].is_last:
             return list(mb.out), None
         if mb.gout is None:
-            mb.gout = self._take_recv(a, Kind.RECV_GRAD, state)
+            local = self._local_chunk(a, Kind.RECV_GRAD)
+            if local is not None:
+                nxt = state.microbatches[(local, a.microbatch)]
+                mb.gout, nxt.gx = nxt.gx, None
+            else:
+                mb.gout = self._take_recv(a, Kind.RECV_GRAD, state)
         floats = [t for t in mb.out if t.is_floating_point()]
         pairs = [(t, g) for t, g in zip(floats, mb.gout, strict=True) if t.requires_grad]
         return [t for t, _ in pairs], [g for _, g in pairs]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from merak_sim.schedule import SCHEDULES, generate
-from merak_sim.schedule.ir import Schedule
+from merak_sim.schedule.ir import Schedule, placed_rank
 
 __all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES", "ATTENTIONS",
            "ZERO_STAGES"]
@@ -167,6 +167,16 @@ class ParallelConfig:
                 f"virtual stages {self.virtual_stages} need an interleaved schedule "
                 f"({interleaving}), not {self.schedule}"
             )
+
+    @property
+    def placement(self) -> str:
+        """Where the schedule puts model stages (its spec's ``placement``)."""
+        spec = SCHEDULES.get(self.schedule)
+        return spec.placement if spec is not None else "loop"
+
+    def rank_of_stage(self, model_stage: int) -> int:
+        """Pipeline rank holding ``model_stage`` under this schedule's placement."""
+        return placed_rank(self.placement, self.pp, model_stage)[0]
 
     def build_schedule(self) -> Schedule:
         """The lowered pipeline schedule for this configuration (ScheduleError, a

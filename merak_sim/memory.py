@@ -339,7 +339,7 @@ def peak_memory(table: Any, config: Any, schedule: Any | None = None) -> tuple[S
     pp = sched.num_stages
     out = []
     for rank in range(pp):
-        chunks = [table.stages[c * pp + rank] for c in range(sched.virtual_stages)]
+        chunks = [table.stages[sched.stage_of(rank, c)] for c in range(sched.virtual_stages)]
         live = liveness(sched, rank)
         peak = live.peak([stash_sizes(st, fracs[rank]) for st in chunks])
         state = sum(s.state_bytes for s in chunks)

@@ -323,10 +323,14 @@ class AnalyticCostModel:
         memo: dict[tuple, StageCost] = {}
         stages_l = []
         for g, (s, e) in enumerate(ranges):
+            here = config.rank_of_stage(g)
+            nxt = config.rank_of_stage(g + 1) if g < n_st - 1 else here
+            # The next stage's rank joins the key: under the V placement two stages of
+            # one rank send in opposite directions (or locally, at the turn).
             key = (e - s, g == 0, g == n_st - 1,
-                   stage_placement(cluster, config.dp, config.tp, config.pp, g % config.pp,
+                   stage_placement(cluster, config.dp, config.tp, config.pp, here,
                               g == n_st - 1),
-                   g % config.pp if config.cp > 1 else None)
+                   nxt - here, here if config.cp > 1 else None)
             st = memo.get(key)
             if st is None:
                 st = memo[key] = self.stage_cost(model, cluster, config, g, e - s, lay, emb, head)
@@ -352,7 +356,7 @@ class AnalyticCostModel:
         """The StageCost of model stage ``g`` holding ``n`` transformer layers (``lay``),
         plus the embedding (``emb``) on the first and the head (``head``) on the last."""
         n_st = config.pp * config.virtual_stages
-        pp_rank = g % config.pp
+        pp_rank = config.rank_of_stage(g)
         first, last = g == 0, g == n_st - 1
         tp, mbs, sp, cp = (config.tp, config.micro_batch_size, config.sequence_parallel,
                            config.cp)
@@ -423,10 +427,10 @@ class AnalyticCostModel:
             weight_b += gw
             grad_b += gg
         # Communication off the compute stream.
-        if last:
+        nxt = config.rank_of_stage(g + 1) if not last else pp_rank
+        if nxt == pp_rank:  # the last stage, or a hand-off to a chunk of the same rank
             send = 0.0
         else:
-            nxt = (g + 1) % config.pp
             mode = "full" if sp else self.pipeline_send
             send = pipeline_send_time(mode, p2p, group_ranks("tp", config, pp_rank),
                                       group_ranks("tp", config, nxt), cluster, self._comm)
@@ -442,7 +446,7 @@ class AnalyticCostModel:
             # gradients are summed by an all-reduce between the two (Megatron; Merak
             # does the same for tied weights across stages).
             a = group_ranks("tp", config, 0)[0]
-            b = group_ranks("tp", config, (n_st - 1) % config.pp)[0]
+            b = group_ranks("tp", config, config.rank_of_stage(n_st - 1))[0]
             if a != b:
                 tied = model.vocab * model.hidden / tp * sixteen_bit_bytes(dt) / shard \
                     if config.zero >= 2 else \

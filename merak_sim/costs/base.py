@@ -130,7 +130,8 @@ class CostTable:
 
     Attributes:
         stages: one :class:`StageCost` per model stage, pipeline order
-            (model stage g lives on rank g % pp, chunk g // pp).
+            (model stage g lives where the schedule's placement puts it:
+            :meth:`merak_sim.schedule.ir.Schedule.rank_of`).
         memory_capacity_bytes: usable memory of one GPU.
         peak_flops: peak FLOP/s of one GPU at the training dtype (for MFU).
         notes: assumptions and fallbacks worth showing the user (for example

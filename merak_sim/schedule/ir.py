@@ -23,16 +23,25 @@ them, and :func:`merak_sim.schedule.validate.validate` proves schedules safe und
    still waits only for its own receive, and a send's completion is awaited only
    before its buffer is freed at the end.
 5. Matching is by tag: the activation of micro-batch m leaving global virtual stage
-   g is received by g+1; its gradient goes back from g+1 to g. Between any ordered
+   g is received by g+1; its gradient goes back from g+1 to g. Which rank holds model
+   stage g is the schedule's *placement* (:meth:`Schedule.rank_of`): ``"loop"`` puts
+   chunk c of rank r at g = c*S + r (chunks wrap from the last rank to the first),
+   ``"v"`` (two chunks) puts chunk 0 at g = r and chunk 1 at g = 2S-1-r, so the model
+   runs down the ranks and back up. When g and g+1 sit on the same rank (model stages
+   S-1 and S under ``"v"``) the hand-off is *local*: no send or receive, and program
+   order alone orders the producer before its consumer. Between any ordered
    pair of ranks, sends must be posted in the same order as the peer posts the
    matching receives (NCCL matches point-to-point operations by order, not tag).
 6. ``AR`` (gradient all-reduce) and ``OPT`` (optimizer step) end each rank's
    program. AR involves the rank's data-parallel peers, which run the identical
-   program, and on the first and the last pipeline rank of a model whose word
-   embedding is tied to its LM head across them, the other of those two ranks: AR
-   first sums the tied weight's gradients between ranks 0 and S-1, so their AR is a
+   program, and on the ranks holding the first and the last model stage of a model
+   whose word embedding is tied to its LM head across them, the other of those two
+   ranks: AR first sums the tied weight's gradients between them, so their AR is a
    two-rank collective that both must reach before either passes it (the earlier
-   waits). No other AR or OPT waits on another pipeline rank. Because AR and OPT end
+   waits). Under ``"loop"`` these are ranks 0 and S-1; under ``"v"`` both model stages
+   live on rank 0, the tie is local and no AR waits on another pipeline rank
+   (:meth:`Schedule.tied_ranks`). No other AR or OPT waits on another pipeline rank.
+   Because AR and OPT end
    every program, this rendezvous cannot deadlock a schedule that rules 1-5 make safe.
 
 Tokens
@@ -68,7 +77,13 @@ __all__ = [
     "parse_program",
     "format_program",
     "iter_actions",
+    "PLACEMENTS",
+    "placed_stage",
+    "placed_rank",
 ]
+
+#: Placements of model stages on (rank, chunk): see :meth:`Schedule.rank_of`.
+PLACEMENTS = ("loop", "v")
 
 
 class ScheduleError(ValueError):
@@ -125,7 +140,8 @@ class Action:
         stage: the pipeline rank (physical stage) that runs it, 0-based.
         microbatch: micro-batch index, or -1 for AR/OPT.
         chunk: virtual-stage index on this rank (interleaved schedules), else 0. The
-            model stage it belongs to is ``chunk * num_stages + stage``.
+            model stage it belongs to follows the schedule's placement
+            (:meth:`Schedule.model_stage`).
     """
 
     kind: Kind
@@ -233,6 +249,9 @@ class Schedule:
         no_recompute_stages: ranks whose forwards keep all activations whatever the
             recompute policy says (Merak's last stage never recomputes).
         lowered: whether communication actions have been added.
+        placement: where model stage g lives (:data:`PLACEMENTS`): ``"loop"``
+            (chunk c of rank r is g = c*S + r) or ``"v"`` (two chunks: g = r for chunk
+            0, g = 2S-1-r for chunk 1).
     """
 
     name: str
@@ -242,8 +261,14 @@ class Schedule:
     programs: tuple[tuple[Step, ...], ...]
     no_recompute_stages: frozenset[int] = field(default_factory=frozenset)
     lowered: bool = True
+    placement: str = "loop"
 
     def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ScheduleError(f"placement {self.placement!r} is not one of "
+                                f"{', '.join(PLACEMENTS)}")
+        if self.placement == "v" and self.virtual_stages != 2:
+            raise ScheduleError(f"placement 'v' needs virtual stages 2, got {self.virtual_stages}")
         if len(self.programs) != self.num_stages:
             raise ScheduleError(
                 f"schedule has {len(self.programs)} programs for {self.num_stages} stages"
@@ -263,12 +288,28 @@ class Schedule:
         return self.num_stages * self.virtual_stages
 
     def model_stage(self, a: Action) -> int:
-        """Global virtual stage that ``a`` works on (``chunk * S + rank``)."""
-        return a.chunk * self.num_stages + a.stage
+        """Global virtual stage that ``a`` works on (:meth:`stage_of`)."""
+        return self.stage_of(a.stage, a.chunk)
+
+    def stage_of(self, rank: int, chunk: int) -> int:
+        """Model stage held by chunk ``chunk`` of ``rank``: ``chunk * S + rank`` under
+        ``"loop"``; ``rank`` for chunk 0 and ``2S-1-rank`` for chunk 1 under ``"v"``."""
+        return placed_stage(self.placement, self.num_stages, rank, chunk)
 
     def rank_of(self, model_stage: int) -> tuple[int, int]:
-        """(rank, chunk) that holds ``model_stage``."""
-        return model_stage % self.num_stages, model_stage // self.num_stages
+        """(rank, chunk) that holds ``model_stage`` (inverse of :meth:`stage_of`)."""
+        return placed_rank(self.placement, self.num_stages, model_stage)
+
+    def is_local(self, model_stage: int) -> bool:
+        """Whether model stages ``model_stage`` and ``model_stage + 1`` sit on one rank
+        (their hand-off needs no send or receive)."""
+        return self.rank_of(model_stage)[0] == self.rank_of(model_stage + 1)[0]
+
+    def tied_ranks(self) -> tuple[int, ...]:
+        """The distinct ranks holding the first and the last model stage (who sum a
+        tied embedding's gradients): (0, S-1) under ``"loop"`` with S > 1, (0,) under
+        ``"v"`` or with one rank."""
+        return tuple(sorted({self.rank_of(0)[0], self.rank_of(self.num_model_stages - 1)[0]}))
 
     def num_actions(self) -> int:
         """Total number of actions over all ranks (fused groups counted per part)."""
@@ -292,6 +333,7 @@ class Schedule:
                 "virtual_stages": self.virtual_stages,
                 "no_recompute_stages": sorted(self.no_recompute_stages),
                 "lowered": self.lowered,
+                "placement": self.placement,
                 "programs": [format_program(p) for p in self.programs],
             },
             indent=1,
@@ -315,6 +357,7 @@ class Schedule:
                 programs=tuple(parse_program(p, r) for r, p in enumerate(d["programs"])),
                 no_recompute_stages=frozenset(int(x) for x in d.get("no_recompute_stages", [])),
                 lowered=bool(d.get("lowered", True)),
+                placement=str(d.get("placement", "loop")),
             )
         except KeyError as e:
             raise ScheduleError(f"schedule JSON is missing field {e.args[0]!r}") from None
@@ -330,7 +373,7 @@ class Schedule:
                 f"# merak-schedule/1 name={self.name} S={self.num_stages} "
                 f"M={self.num_microbatches} v={self.virtual_stages} "
                 f"no_recompute={','.join(map(str, sorted(self.no_recompute_stages)))} "
-                f"lowered={int(self.lowered)}"
+                f"lowered={int(self.lowered)} placement={self.placement}"
             ]
         )
         for r, p in enumerate(self.programs):
@@ -364,4 +407,23 @@ class Schedule:
             programs=tuple(programs),
             no_recompute_stages=frozenset(int(x) for x in nr.split(",") if x),
             lowered=meta.get("lowered", "1") == "1",
+            placement=meta.get("placement", "loop"),
         )
+
+
+def placed_stage(placement: str, num_stages: int, rank: int, chunk: int) -> int:
+    """Model stage of (``rank``, ``chunk``) with ``num_stages`` ranks under
+    ``placement`` (see :meth:`Schedule.stage_of`); for consumers holding only a
+    configuration, not a :class:`Schedule`."""
+    if placement == "v":
+        return rank if chunk == 0 else 2 * num_stages - 1 - rank
+    return chunk * num_stages + rank
+
+
+def placed_rank(placement: str, num_stages: int, model_stage: int) -> tuple[int, int]:
+    """(rank, chunk) holding ``model_stage`` (inverse of :func:`placed_stage`)."""
+    if placement == "v":
+        if model_stage < num_stages:
+            return model_stage, 0
+        return 2 * num_stages - 1 - model_stage, 1
+    return model_stage % num_stages, model_stage // num_stages

@@ -7,6 +7,9 @@ Rules (pure, deterministic):
 - A compute action whose output goes to another rank gets its send inserted right
   after it: F/F* of g < last send the activation (``sA``); B/I of g > 0 send the
   input gradient (``sG``). R and W send nothing.
+- A hand-off between two model stages on one rank (model stages S-1 and S under the
+  ``"v"`` placement) is local: no receive, no send, and no consumed tag; the
+  validator checks that program order puts the producer first.
 - A generator may place any of these itself; the pass then leaves it where it is.
 - An inserted send immediately followed by an inserted receive with the *same peer*
   becomes one :class:`~merak_sim.schedule.ir.Fused` posting (Megatron's
@@ -53,29 +56,29 @@ def peer_of(sched: Schedule, a: Action) -> int:
 
 
 def consumed_key(sched: Schedule, a: Action) -> tuple[str, int, int] | None:
-    """Tag of the receive that compute action ``a`` waits for, or None."""
+    """Tag of the receive that compute action ``a`` waits for, or None (nothing
+    remote: the first / last model stage, or a local hand-off)."""
     g = sched.model_stage(a)
-    if a.kind in _FWD and g > 0:
+    if a.kind in _FWD and g > 0 and not sched.is_local(g - 1):
         return ("A", g - 1, a.microbatch)
-    if a.kind in _BWD and g < sched.num_model_stages - 1:
+    if a.kind in _BWD and g < sched.num_model_stages - 1 and not sched.is_local(g):
         return ("G", g + 1, a.microbatch)
     return None
 
 
 def _recv_for(sched: Schedule, a: Action) -> Action | None:
-    g = sched.model_stage(a)
-    if a.kind in _FWD and g > 0:
-        return Action(Kind.RECV_ACT, a.stage, a.microbatch, a.chunk)
-    if a.kind in _BWD and g < sched.num_model_stages - 1:
-        return Action(Kind.RECV_GRAD, a.stage, a.microbatch, a.chunk)
-    return None
+    key = consumed_key(sched, a)
+    if key is None:
+        return None
+    kind = Kind.RECV_ACT if key[0] == "A" else Kind.RECV_GRAD
+    return Action(kind, a.stage, a.microbatch, a.chunk)
 
 
 def _send_for(sched: Schedule, a: Action) -> Action | None:
     g = sched.model_stage(a)
-    if a.kind in _FWD and g < sched.num_model_stages - 1:
+    if a.kind in _FWD and g < sched.num_model_stages - 1 and not sched.is_local(g):
         return Action(Kind.SEND_ACT, a.stage, a.microbatch, a.chunk)
-    if a.kind in _BWD and g > 0:
+    if a.kind in _BWD and g > 0 and not sched.is_local(g - 1):
         return Action(Kind.SEND_GRAD, a.stage, a.microbatch, a.chunk)
     return None
 

@@ -71,15 +71,18 @@ def channel(sched: Schedule, rank: int, op: Action) -> tuple[str, int, int]:
     return ("A" if op.kind in (Kind.SEND_ACT, Kind.RECV_ACT) else "G", src, dst)
 
 
-def channels(pp: int, virtual_stages: int) -> tuple[tuple[str, int, int], ...]:
+def channels(pp: int, virtual_stages: int,
+             placement: str = "loop") -> tuple[tuple[str, int, int], ...]:
     """Every channel a schedule with ``pp`` ranks and ``virtual_stages`` chunks may use,
     in a fixed order (so every rank creates their groups alike): activations from r to
     r+1 and gradients back, around the ring when chunks wrap from the last rank to the
-    first."""
+    first (``"loop"`` placement), or back up from r+1 to r (``"v"``)."""
     if pp < 2:
         return ()
     links = [(r, r + 1) for r in range(pp - 1)]
-    if virtual_stages > 1:
+    if placement == "v":
+        links += [(r + 1, r) for r in range(pp - 1)]
+    elif virtual_stages > 1:
         links.append((pp - 1, 0))
     return tuple(c for a, b in links for c in (("A", a, b), ("G", b, a)))
 

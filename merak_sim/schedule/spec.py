@@ -61,6 +61,8 @@ class ScheduleSpec:
             checkpoints.
         stage_fractions: Merak T2's checkpointed fraction per rank from (pp, c0) under
             this schedule.
+        placement: where its model stages live (:data:`~merak_sim.schedule.ir.
+            PLACEMENTS`); ``"v"`` needs ``interleaved`` and exactly two virtual stages.
     """
 
     name: str
@@ -73,6 +75,7 @@ class ScheduleSpec:
     last_stage_never_recomputes: bool = False
     recompute_policies: tuple[str, ...] | None = None
     stage_fractions: Callable[[int, float], tuple[float, ...]] = stage_aware_fractions
+    placement: str = "loop"
 
     def min_microbatches(self, pp: int) -> int:
         """Fewest micro-batches the schedule accepts with ``pp`` stages."""
@@ -87,6 +90,9 @@ class ScheduleSpec:
         if not self.interleaved and virtual_stages != 1:
             return (f"schedule {self.name!r} has no virtual stages (got {virtual_stages}); "
                     "use an interleaved schedule or virtual stages 1")
+        if self.placement == "v" and virtual_stages != 2:
+            return (f"schedule {self.name!r} runs two model chunks per rank in a V; "
+                    f"it needs virtual stages 2, got {virtual_stages}")
         if self.interleaved and virtual_stages > 1 and pp < 2:
             return f"{self.name} with virtual stages > 1 needs pp >= 2"
         if self.microbatches_multiple_of_pp and M % pp:
@@ -129,4 +135,5 @@ class ScheduleSpec:
             programs=tuple(tuple(p) + _tail(s) for s, p in enumerate(programs)),
             no_recompute_stages=self.never_recompute(pp),
             lowered=False,
+            placement=self.placement,
         )

@@ -7,6 +7,9 @@ grid with the point where each rank stopped):
 1. Completeness: every (model stage, micro-batch) gets exactly one forward (F or F*)
    and one complete backward (B, or I then W); F* is followed by exactly one R before
    its backward; an R only follows an F*; nothing runs before its forward.
+   A local hand-off (two consecutive model stages on one rank, :mod:`~merak_sim.schedule.
+   lowering`) is ordered by the program: the consumer's forward after the producer's,
+   the producer's backward (B or I) after the consumer's.
 2. Sends carry data that exists: ``sA`` comes after that micro-batch's forward on the
    rank, ``sG`` after its B or I.
 3. Point-to-point order: between every ordered pair of ranks the receiver posts its
@@ -106,12 +109,35 @@ def _check_rank(sched: Schedule, rank: int) -> None:
             s = state.get((c, m))
             if s != "done":
                 what = "forward" if s is None else "complete backward"
-                g = c * sched.num_stages + rank
+                g = sched.stage_of(rank, c)
                 raise ScheduleError(
                     f"rank {rank}: model stage {g} micro-batch {m} is missing its {what}"
                 )
     if n_ar > 1 or n_opt > 1:
         raise ScheduleError(f"rank {rank}: AR or OPT appears more than once")
+
+
+def _check_local(sched: Schedule, rank: int) -> None:
+    """Program order carries every local hand-off on ``rank`` (module docstring, 1)."""
+    pos: dict[tuple[str, int, int], int] = {}
+    for i, a in enumerate(iter_actions(sched.programs[rank])):
+        if a.kind in (Kind.FORWARD, Kind.FORWARD_NOGRAD):
+            pos[("F", a.chunk, a.microbatch)] = i
+        elif a.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
+            pos[("B", a.chunk, a.microbatch)] = i
+    for g in range(sched.num_model_stages - 1):
+        here, nxt = sched.rank_of(g), sched.rank_of(g + 1)
+        if here[0] != rank or nxt[0] != rank:
+            continue
+        for m in range(sched.num_microbatches):
+            for phase, first, then in (("F", here[1], nxt[1]), ("B", nxt[1], here[1])):
+                a, b = pos.get((phase, first, m)), pos.get((phase, then, m))
+                if a is not None and b is not None and b < a:
+                    what = "forward" if phase == "F" else "backward"
+                    raise ScheduleError(
+                        f"rank {rank}: the {what} of chunk {then} micro-batch {m} runs before "
+                        f"the chunk {first} {what} it takes its input from (local hand-off "
+                        f"between model stages {g} and {g + 1})")
 
 
 def _check_order(sched: Schedule) -> None:
@@ -141,6 +167,7 @@ def validate(sched: Schedule) -> ScheduleCheck:
     """Prove ``sched`` complete, well-ordered and deadlock-free (see module docstring)."""
     for rank in range(sched.num_stages):
         _check_rank(sched, rank)
+        _check_local(sched, rank)
     if sched.lowered:
         _check_order(sched)
         ex = execute(sched, lambda a: 1.0 if a.kind.per_microbatch else 0.0)

@@ -140,18 +140,20 @@ class Compiled:
         (the new table's ``tied_embeddings``) resets :attr:`tied_ar`, None keeps it."""
         xfers = tuple(Transfer(t.key, t.src, t.dst, t.send, t.recv, d, t.nbytes)
                       for t, d in zip(self.transfers, transfer_s, strict=True))
-        tied_ar = self.tied_ar if tied is None else _tied_ar(self.ops, tied)
+        tied_ar = self.tied_ar if tied is None else _tied_ar(self.schedule, self.ops, tied)
         return replace(self, duration_s=duration_s, transfers=xfers,
                        ar_chunks=ar_chunks, tied_ar=tied_ar)
 
 
-def _tied_ar(ops: tuple[tuple[tuple[int, int, int], ...], ...], tied: bool
+def _tied_ar(sched: Schedule, ops: tuple[tuple[tuple[int, int, int], ...], ...], tied: bool
              ) -> tuple[int, ...]:
-    """AR action ids of the first and the last rank when they meet (``tied`` and both
-    ranks distinct and ending in an AR)."""
-    if not tied or len(ops) < 2:
+    """AR action ids of the ranks holding the first and the last model stage when they
+    meet (``tied`` and both ranks distinct and ending in an AR; under the ``"v"``
+    placement both stages live on rank 0 and the tie is local)."""
+    ranks = sched.tied_ranks()
+    if not tied or len(ranks) < 2:
         return ()
-    ids = [x for r in (0, len(ops) - 1) for code, x, _y in ops[r] if code == OP_AR]
+    ids = [x for r in ranks for code, x, _y in ops[r] if code == OP_AR]
     return tuple(ids) if len(ids) == 2 else ()
 
 
@@ -228,7 +230,7 @@ def compile_program(
     for rank, prog in enumerate(sched.programs):
         ops = []
         mem = iter(liveness(sched, rank).deltas(
-            [stash_sizes(st[ch * S + rank], c[rank]) for ch in range(sched.virtual_stages)]))
+            [stash_sizes(st[sched.stage_of(rank, ch)], c[rank]) for ch in range(sched.virtual_stages)]))
         chunks = sorted({a.chunk for a in iter_actions(prog) if a.kind.per_microbatch})
         last_b: dict[int, int] = {}
         rank_flops = rank_rflops = 0.0
@@ -277,9 +279,9 @@ def compile_program(
                     d = sc.backward_weight_s
                     last_b[a.chunk] = aid
             elif k is Kind.ALL_REDUCE:
-                d = sum(st[ch * S + rank].grad_allreduce_s for ch in chunks)
+                d = sum(st[sched.stage_of(rank, ch)].grad_allreduce_s for ch in chunks)
             elif k is Kind.OPTIMIZER:
-                d = sum(st[ch * S + rank].optimizer_s for ch in chunks)
+                d = sum(st[sched.stage_of(rank, ch)].optimizer_s for ch in chunks)
             dur.append(float(d))
             rec.append(float(r_s))
             alloc.append(float(al))
@@ -295,16 +297,16 @@ def compile_program(
                 ops.append((OP_COMPUTE, aid, tid[ck] if ck is not None else -1))
         ops_all.append(tuple(ops))
         order = sorted(last_b, key=lambda ch: last_b[ch])
-        ar_chunks.append(tuple((ch, float(st[ch * S + rank].grad_allreduce_s)) for ch in order))
+        ar_chunks.append(tuple((ch, float(st[sched.stage_of(rank, ch)].grad_allreduce_s)) for ch in order))
         last_bwd.append(tuple(last_b[ch] for ch in order))
         flops.append(rank_flops)
         rflops.append(rank_rflops)
     state = tuple(
-        float(sum(st[ch * S + r].state_bytes for ch in range(sched.virtual_stages)))
+        float(sum(st[sched.stage_of(r, ch)].state_bytes for ch in range(sched.virtual_stages)))
         for r in range(S)
     )
     grads = tuple(
-        float(sum(st[ch * S + r].grad_bytes for ch in range(sched.virtual_stages)))
+        float(sum(st[sched.stage_of(r, ch)].grad_bytes for ch in range(sched.virtual_stages)))
         for r in range(S)
     )
     return Compiled(
@@ -329,5 +331,5 @@ def compile_program(
         tp_exposed_s=tuple(tp_x),
         tp_recompute_exposed_s=tuple(tp_rx),
         tp_bytes=tuple(tp_b),
-        tied_ar=_tied_ar(tuple(ops_all), table.tied_embeddings),
+        tied_ar=_tied_ar(sched, tuple(ops_all), table.tied_embeddings),
     )
