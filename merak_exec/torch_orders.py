@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from merak_sim.schedule import Action, Kind, Schedule, ScheduleError, lower
+from merak_sim.schedule.ir import placed_rank
 
 __all__ = ["TORCH_SCHEDULES", "TorchScheduleInfo", "torch_pipeline_order",
            "from_torch_order", "torch_schedule"]
@@ -102,14 +103,6 @@ def torch_pipeline_order(cls_name: str, pp: int, microbatches: int,
     return sched.pipeline_order, dict(mapping)
 
 
-def _placed(placement: str, pp: int, stage: int) -> tuple[int, int]:
-    """(rank, chunk) of model stage ``stage`` under our ``placement``."""
-    chunk = stage // pp
-    if placement == "v" and chunk % 2:
-        return 2 * pp - 1 - stage, chunk
-    return stage % pp, chunk
-
-
 def _flat(order_row) -> list:
     """Compute actions of one rank in order: idle steps and non-compute actions
     dropped, an overlapped forward+backward split into its parts (torch runs them one
@@ -139,9 +132,9 @@ def from_torch_order(order: dict, pp: int, microbatches: int, *, local_stages: i
     """
     n_stages = pp * local_stages
     for g, r in (stage_to_rank or {}).items():
-        if _placed(placement, pp, g)[0] != r:
+        if placed_rank(placement, pp, g)[0] != r:
             raise ScheduleError(f"torch places stage {g} on rank {r}, but placement "
-                                f"{placement!r} puts it on rank {_placed(placement, pp, g)[0]}")
+                                f"{placement!r} puts it on rank {placed_rank(placement, pp, g)[0]}")
     programs = []
     for rank in range(pp):
         seen: dict[tuple[int, str], int] = {}
@@ -151,7 +144,7 @@ def from_torch_order(order: dict, pp: int, microbatches: int, *, local_stages: i
             if not 0 <= g < n_stages:
                 raise ScheduleError(f"torch action {a} on rank {rank}: stage {g} outside "
                                     f"0..{n_stages - 1}")
-            where, chunk = _placed(placement, pp, g)
+            where, chunk = placed_rank(placement, pp, g)
             if where != rank:
                 raise ScheduleError(f"torch action {a} runs on rank {rank} but stage {g} "
                                     f"lives on rank {where}")
@@ -162,10 +155,9 @@ def from_torch_order(order: dict, pp: int, microbatches: int, *, local_stages: i
             prog.append(Action(_KINDS[kind], rank, mb, chunk))
         prog += [Action(Kind.ALL_REDUCE, rank), Action(Kind.OPTIMIZER, rank)]
         programs.append(tuple(prog))
-    extra = {"placement": placement} if placement != "loop" else {}
     return Schedule(name=name, num_stages=pp, num_microbatches=microbatches,
                     virtual_stages=local_stages, programs=tuple(programs), lowered=False,
-                    **extra)
+                    placement=placement)
 
 
 def torch_schedule(cls_name: str, pp: int, microbatches: int) -> Schedule:
