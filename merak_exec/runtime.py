@@ -9,9 +9,8 @@ schedule object and performs each action, obeying the semantics written down in
   rule :func:`merak_sim.schedule.posting.runtime_postings` states and
   :func:`merak_sim.schedule.validate.validate` proves safe on NCCL (both ends of every
   transfer post alike; one communicator, hence one stream, per channel);
-- a compute action waits (with a timeout) only for the receive it consumes; a
-  hand-off between two chunks of one rank (the V placement's turn) passes the
-  tensors in memory;
+- a compute action waits (with a timeout) only for the receive it consumes (the V
+  placement's turn between two chunks of one rank passes tensors in memory);
 - sends are awaited at the end of the iteration, before their buffers are dropped.
 
 Actions: F (forward with the stage's checkpoint fraction), F* (forward under no-grad,
@@ -188,15 +187,12 @@ class PipelineRuntime:
         return self.mesh.global_rank(peer_of(self.schedule, a))
 
     def _local_chunk(self, a: Action, kind: Kind) -> int | None:
-        """This rank's chunk that hands ``a`` its input (``RECV_ACT``) or its output
-        gradient (``RECV_GRAD``) without communication, or None: the hand-off between
-        two model stages on one rank (the V placement's turn, IR rule 5)."""
-        sched = self.schedule
-        g = sched.model_stage(a)
+        """This rank's chunk handing ``a`` its input (``RECV_ACT``) or output gradient
+        (``RECV_GRAD``) in memory (the V placement's turn, IR rule 5), else None."""
+        sched, g = self.schedule, self.schedule.model_stage(a)
         src = g - 1 if kind is Kind.RECV_ACT else g + 1
-        if not 0 <= src < sched.num_model_stages or not sched.is_local(min(g, src)):
-            return None
-        return sched.rank_of(src)[1]
+        ok = 0 <= src < sched.num_model_stages and sched.is_local(min(g, src))
+        return sched.rank_of(src)[1] if ok else None
 
     def _wait(self, work, what: str) -> None:
         wait_for(work, what, self.mesh.timeout_s, self.mesh.rank)

@@ -43,6 +43,9 @@ def test_golden_shifted_critical_path(rank):
 
 def _valid_args(name, pp, m, v):
     spec = SCHEDULES[name]
+    if spec.placement == "v":  # two chunks in a V, on at least two ranks
+        pp, v = max(pp, 2), 2
+        return pp, max(m, spec.min_microbatches(pp)), v
     m = max(m, spec.min_microbatches(pp))
     if spec.interleaved:
         if pp == 1:

@@ -12,7 +12,7 @@ generator runs. Use :func:`generate` to get a lowered, ready-to-run schedule.
 Sources: GPipe (Huang et al., NeurIPS 2019); 1F1B / PipeDream-flush (Narayanan et
 al., ICML 2021); interleaved 1F1B (Narayanan et al., SC 2021, Megatron-LM); ZB-H1
 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024); Merak's family (Lai et
-al., TPDS 2023).
+al., TPDS 2023); ZB-V and DualPipeV in :mod:`merak_sim.schedule.v_shape`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .ir import Action, Kind, Schedule, ScheduleError, Step
 from .lowering import lower
 from .replay import stage_aware_fractions
 from .spec import ScheduleSpec
+from .v_shape import dualpipev, zb_v
 
 __all__ = ["SCHEDULES", "generate"]
 
@@ -236,6 +237,9 @@ SCHEDULES: dict[str, ScheduleSpec] = {
         ScheduleSpec("shifted-critical-path", shifted_critical_path, microbatch_floor=4,
                      microbatches_at_least_pp=True, last_stage_never_recomputes=True,
                      stage_fractions=_shifted_stage_fractions, **_MERAK),
+        ScheduleSpec("zb-v", zb_v, interleaved=True, placement="v"),
+        ScheduleSpec("dualpipev", dualpipev, interleaved=True, placement="v",
+                     microbatches_per_rank=2),
     )
 }
 

@@ -30,8 +30,10 @@ them, and :func:`merak_sim.schedule.validate.validate` proves schedules safe und
    runs down the ranks and back up. When g and g+1 sit on the same rank (model stages
    S-1 and S under ``"v"``) the hand-off is *local*: no send or receive, and program
    order alone orders the producer before its consumer. Between any ordered
-   pair of ranks, sends must be posted in the same order as the peer posts the
-   matching receives (NCCL matches point-to-point operations by order, not tag).
+   pair of ranks, sends of one tensor kind (activations, or gradients: one *channel*
+   with its own communicator, :mod:`merak_sim.schedule.posting`) must be posted in
+   the same order as the peer posts the matching receives (NCCL matches
+   point-to-point operations by order, not tag).
 6. ``AR`` (gradient all-reduce) and ``OPT`` (optimizer step) end each rank's
    program. AR involves the rank's data-parallel peers, which run the identical
    program, and on the ranks holding the first and the last model stage of a model

@@ -51,6 +51,8 @@ class ScheduleSpec:
         microbatch_floor: fewest micro-batches it accepts.
         microbatches_at_least_pp: also needs at least pp micro-batches.
         microbatches_multiple_of_pp: needs the micro-batches to be a multiple of pp.
+        microbatches_per_rank: needs at least this many micro-batches per rank
+            (M >= k * pp; 0: no such requirement).
         explicit_recompute: places its re-forwards itself (F* forwards keeping only
             their input, R re-forwards before B), so a re-forward may fill a wait
             instead of lengthening the backward (Merak's family).
@@ -71,6 +73,7 @@ class ScheduleSpec:
     microbatch_floor: int = 1
     microbatches_at_least_pp: bool = False
     microbatches_multiple_of_pp: bool = False
+    microbatches_per_rank: int = 0
     explicit_recompute: bool = False
     last_stage_never_recomputes: bool = False
     recompute_policies: tuple[str, ...] | None = None
@@ -79,7 +82,8 @@ class ScheduleSpec:
 
     def min_microbatches(self, pp: int) -> int:
         """Fewest micro-batches the schedule accepts with ``pp`` stages."""
-        return max(self.microbatch_floor, pp if self.microbatches_at_least_pp else 1)
+        return max(self.microbatch_floor, pp if self.microbatches_at_least_pp else 1,
+                   self.microbatches_per_rank * pp)
 
     def violation(self, pp: int, microbatches: int, virtual_stages: int = 1) -> str:
         """The first requirement (pp, M, v) breaks, as a sentence; "" if none."""
@@ -100,7 +104,9 @@ class ScheduleSpec:
         least = self.min_microbatches(pp)
         if M < least:
             need = str(least)
-            if self.microbatches_at_least_pp:
+            if self.microbatches_per_rank * pp == least > self.microbatch_floor:
+                need = f"{self.microbatches_per_rank} * pp = {least}"
+            elif self.microbatches_at_least_pp:
                 pp_term = f"max(pp, {self.microbatch_floor})" if self.microbatch_floor > 1 \
                     else "pp"
                 need = f"{pp_term} = {least}"

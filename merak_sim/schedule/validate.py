@@ -12,8 +12,10 @@ grid with the point where each rank stopped):
    the producer's backward (B or I) after the consumer's.
 2. Sends carry data that exists: ``sA`` comes after that micro-batch's forward on the
    rank, ``sG`` after its B or I.
-3. Point-to-point order: between every ordered pair of ranks the receiver posts its
-   receives in the order the sender posts the sends (NCCL matches by order).
+3. Point-to-point order: on every channel (activations or gradients from one rank to
+   another, :func:`~merak_sim.schedule.posting.channel`) the receiver posts its
+   receives in the order the sender posts the sends (NCCL matches by order on the
+   channel's communicator).
 4. Deadlock-freedom and matching: symbolic execution with unit durations finishes,
    every compute action's receive was posted before it, every send has a receive.
 5. AR and OPT, if present, come once each, after every backward, AR before OPT.
@@ -35,8 +37,8 @@ from dataclasses import dataclass
 from .execute import execute
 from .ir import Kind, Schedule, ScheduleError, iter_actions
 from .liveness import FULL, liveness
-from .lowering import comm_key, peer_of
-from .posting import check_postings
+from .lowering import comm_key
+from .posting import channel, check_postings
 
 __all__ = ["ScheduleCheck", "validate"]
 
@@ -146,20 +148,20 @@ def _check_order(sched: Schedule) -> None:
     for rank, prog in enumerate(sched.programs):
         for a in iter_actions(prog):
             if a.kind.is_send:
-                sends[(rank, peer_of(sched, a))].append(comm_key(sched, a))
+                sends[channel(sched, rank, a)].append(comm_key(sched, a))
             elif a.kind.is_recv:
-                recvs[(peer_of(sched, a), rank)].append(comm_key(sched, a))
+                recvs[channel(sched, rank, a)].append(comm_key(sched, a))
     for pair in sends.keys() | recvs.keys():
         s, r = sends.get(pair, []), recvs.get(pair, [])
         for i, (ks, kr) in enumerate(zip(s, r, strict=False)):
             if ks != kr:
                 raise ScheduleError(
-                    f"ranks {pair[0]}->{pair[1]}: send #{i} carries {ks} but the receiver's "
+                    f"ranks {pair[1]}->{pair[2]} ({'activations' if pair[0] == 'A' else 'gradients'}): send #{i} carries {ks} but the receiver's "
                     f"#{i} receive expects {kr} (point-to-point order must match)"
                 )
         if len(s) != len(r):
             raise ScheduleError(
-                f"ranks {pair[0]}->{pair[1]}: {len(s)} sends but {len(r)} receives"
+                f"ranks {pair[1]}->{pair[2]}: {len(s)} {pair[0]} sends but {len(r)} receives"
             )
 
 
