@@ -14,12 +14,10 @@ For each schedule it prints:
   a chunk's micro-batch counts 1/v);
 - GiB: the simulated peak memory of the busiest rank (weights, optimizer state and
   activations);
-- proof: ``valid`` when :func:`merak_sim.schedule.validate` proves it, ``posting``
-  when only the NCCL posting proof (:func:`merak_sim.schedule.posting.check_postings`)
-  holds and the IR's stricter per-rank-pair send order fails;
 
-and, on our rows, each figure over torch's (ours / torch; below 1 is better). It
-writes the table to benchmarks/results/torch_schedules.md (atomically)::
+and, on our rows, each figure over torch's (ours / torch; below 1 is better). Every
+schedule is first proven by :func:`merak_sim.schedule.validate` (complete,
+deadlock-free, NCCL posting rule). It writes the table to benchmarks/results/torch_schedules.md (atomically)::
 
     .venv/bin/python benchmarks/bench_torch_schedules.py
 """
@@ -34,7 +32,6 @@ from merak_exec.torch_orders import TORCH_SCHEDULES, torch_schedule
 from merak_sim.io import atomic_write_text
 from merak_sim.schedule import SCHEDULES, ScheduleError, generate, liveness, replay, validate
 from merak_sim.schedule.liveness import ItemSizes
-from merak_sim.schedule.posting import check_postings
 
 SIZES = ((4, 8), (8, 16), (4, 4))
 #: torch class -> our counterparts (rows appear for those registered).
@@ -48,35 +45,26 @@ PAIRS = {
 }
 MODEL, CLUSTER = "gpt-8.3b", "dgx-a100-80g"
 OUT = Path(__file__).resolve().parent / "results" / "torch_schedules.md"
-HEAD = ("| S | M | torch class | schedule | unit | ms | act | GiB | proof "
+HEAD = ("| S | M | torch class | schedule | unit | ms | act | GiB "
         "| unit ratio | ms ratio | act ratio | GiB ratio |")
-
-
-def _proof(sched) -> str:
-    try:
-        validate(sched)
-        return "valid"
-    except ScheduleError:
-        check_postings(sched)  # raises if the runtime could not run it either
-        return "posting"
 
 
 def _config_schedule(sched, prefer: str) -> str:
     """A registered name whose placement and requirements fit ``sched`` (the
     configuration's schedule sets the placement the cost model prices)."""
     S, M, v = sched.num_stages, sched.num_microbatches, sched.virtual_stages
-    placement = getattr(sched, "placement", "loop")
     for name in (prefer, *SCHEDULES):
         spec = SCHEDULES.get(name)
-        if spec is not None and getattr(spec, "placement", "loop") == placement \
+        if spec is not None and spec.placement == sched.placement \
                 and not spec.violation(S, M, v):
             return name
-    raise ScheduleError(f"no registered schedule has placement {placement!r} for "
+    raise ScheduleError(f"no registered schedule has placement {sched.placement!r} for "
                         f"S={S}, M={M}, v={v}")
 
 
 def measure(sched, prefer: str) -> dict:
     """The figures of one schedule (module docstring)."""
+    validate(sched)
     S, M, v = sched.num_stages, sched.num_microbatches, sched.virtual_stages
     chunk = ItemSizes(1 / v, 1 / v, 1 / v)
     act = max(liveness(sched, r).peak(chunk) for r in range(S))
@@ -89,7 +77,7 @@ def measure(sched, prefer: str) -> dict:
     except ScheduleError:
         ms = gib = float("nan")
     return {"unit": replay(sched, f=1, b=2, w=1).makespan, "ms": ms, "act": act,
-            "GiB": gib, "proof": _proof(sched)}
+            "GiB": gib}
 
 
 def _ours(name: str, S: int, M: int, v: int):
@@ -139,10 +127,10 @@ def table(rs: list[dict]) -> str:
     for r in rs:
         if "note" in r:
             lines.append(f"| {r['S']} | {r['M']} | {r['cls']} | torch | refused: {r['note']} "
-                         "| | | | | | | | |")
+                         "| | | | | | | |")
             continue
         cells = [r["S"], r["M"], r["cls"], r["schedule"], _fmt(r["unit"], 1),
-                 _fmt(r["ms"], 1), _fmt(r["act"], 2), _fmt(r["GiB"], 1), r["proof"],
+                 _fmt(r["ms"], 1), _fmt(r["act"], 2), _fmt(r["GiB"], 1),
                  *(_fmt(r.get(f"{k} ratio"), 3) for k in ("unit", "ms", "act", "GiB"))]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
