@@ -71,7 +71,8 @@ def test_v_placed_torch_schedules_validate(cls, S, M):
 
 
 @pytest.mark.parametrize("cls,ours,v", [("Schedule1F1B", "1f1b", 1), ("ScheduleGPipe", "gpipe", 1),
-                                         ("ScheduleInterleaved1F1B", "interleaved-1f1b", 2)])
+                                         ("ScheduleInterleaved1F1B", "interleaved-1f1b", 2),
+                                         ("ScheduleDualPipeV", "dualpipev", 2)])
 @pytest.mark.parametrize("S,M", [(4, 8), (8, 16)])
 def test_torch_orders_equal_ours_where_the_schedules_coincide(cls, ours, v, S, M):
     assert torch_schedule(cls, S, M).programs == generate(ours, S, M, v).programs
