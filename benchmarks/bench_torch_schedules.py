@@ -9,7 +9,7 @@ For each schedule it prints:
   (``f=1, b=2, w=1``; a chunk of a two-chunk schedule costs half);
 - ms: iteration time from the exact evaluator (``simulate(..., engine="evaluator")``)
   with the calibrated cost model, GPT-8.3B on one DGX A100 80 GB node, tp = dp = 1,
-  micro-batch 1;
+  micro-batch 1 (a cost-aware schedule of ours built from that cost table);
 - act: peak activations held on a rank, in stage micro-batches (the liveness walk;
   a chunk's micro-batch counts 1/v);
 - GiB: the simulated peak memory of the busiest rank (weights, optimizer state and
@@ -17,7 +17,8 @@ For each schedule it prints:
 
 and, on our rows, each figure over torch's (ours / torch; below 1 is better). Every
 schedule is first proven by :func:`merak_sim.schedule.validate` (complete,
-deadlock-free, NCCL posting rule). It writes the table to benchmarks/results/torch_schedules.md (atomically)::
+deadlock-free, NCCL posting rule). It writes the table to
+benchmarks/results/torch_schedules.md (atomically)::
 
     .venv/bin/python benchmarks/bench_torch_schedules.py
 """
@@ -62,8 +63,11 @@ def _config_schedule(sched, prefer: str) -> str:
                         f"S={S}, M={M}, v={v}")
 
 
-def measure(sched, prefer: str) -> dict:
-    """The figures of one schedule (module docstring)."""
+def measure(sched, prefer: str, from_costs: bool = False) -> dict:
+    """The figures of one schedule (module docstring). With ``from_costs`` the
+    configuration builds ``prefer`` from the cost table for the evaluator (a
+    cost-aware schedule adapts its order to the profiled times); the unit figures
+    stay those of ``sched``."""
     validate(sched)
     S, M, v = sched.num_stages, sched.num_microbatches, sched.virtual_stages
     chunk = ItemSizes(1 / v, 1 / v, 1 / v)
@@ -71,8 +75,9 @@ def measure(sched, prefer: str) -> dict:
     try:
         res = merak_sim.simulate(
             MODEL, CLUSTER, dp=1, tp=1, pp=S, micro_batch_size=1, global_batch_size=M,
-            virtual_stages=v, schedule=_config_schedule(sched, prefer),
-            custom_schedule=sched, engine="evaluator", sub_cluster=True)
+            virtual_stages=v, schedule=prefer if from_costs else _config_schedule(sched, prefer),
+            custom_schedule=None if from_costs else sched, engine="evaluator",
+            sub_cluster=True)
         ms, gib = res.iteration_time_s * 1e3, max(res.peak_memory_bytes) / 2**30
     except ScheduleError:
         ms = gib = float("nan")
@@ -106,7 +111,7 @@ def rows(sizes=SIZES) -> list[dict]:
                     if name in SCHEDULES else None
                 if sched is None:
                     continue
-                o = measure(sched, name)
+                o = measure(sched, name, getattr(SCHEDULES[name], "cost_aware", False))
                 ratios = {f"{k} ratio": o[k] / t[k] if t[k] else float("nan")
                           for k in ("unit", "ms", "act", "GiB")}
                 out.append({"S": S, "M": M, "cls": cls, "schedule": name, **o, **ratios})

@@ -1,8 +1,9 @@
 """Every registered pipeline schedule with its requirements and unit-cost figures.
 
 One markdown row per name in :data:`merak_sim.schedule.SCHEDULES`: what its spec
-requires (the spec's fields that differ from the defaults) and, at S=4 M=8 and S=8 M=16 (virtual stages 2
-for the interleaved and V-placed ones, 1 otherwise; "-" where the spec refuses):
+requires (the spec's fields that differ from the defaults) and, at S=4 M=8 and
+S=8 M=16 (virtual stages 2 for the interleaved and V-placed ones, 1 otherwise; "-"
+where the spec refuses):
 
 - unit-cost makespan of :func:`merak_sim.schedule.replay` with F = I = W = 1
   (``f=1, b=2, w=1``) and no recomputation, then with full recomputation (``r=1``);

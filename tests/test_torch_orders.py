@@ -134,3 +134,11 @@ def test_benchmark_rows_pair_torch_with_ours(load_benchmark):
     assert "at least as many microbatches" in by[("ScheduleDualPipeV", "torch")]["note"]
     assert by[("ScheduleInterleavedZeroBubble", "torch")]["unit"] == 13.5
     assert "| S | M |" in bench.table(rows)
+
+
+def test_benchmark_prices_a_schedule_the_configuration_builds_alike(load_benchmark):
+    """The cost-aware path (the configuration builds the schedule from its cost table)
+    prices a fixed schedule exactly as the converted-order path does."""
+    bench = load_benchmark("bench_torch_schedules")
+    sched = generate("1f1b", 4, 4)
+    assert bench.measure(sched, "1f1b", from_costs=True) == bench.measure(sched, "1f1b")
