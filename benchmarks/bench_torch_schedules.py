@@ -9,7 +9,8 @@ For each schedule it prints:
   (``f=1, b=2, w=1``; a chunk of a two-chunk schedule costs half);
 - ms: iteration time from the exact evaluator (``simulate(..., engine="evaluator")``)
   with the calibrated cost model, GPT-8.3B on one DGX A100 80 GB node, tp = dp = 1,
-  micro-batch 1 (a cost-aware schedule of ours built from that cost table);
+  micro-batch 1 (a cost-aware schedule of ours built from that cost table, so its
+  ms and GiB are that build's while unit and act are the unit-cost build's);
 - act: peak activations held on a rank, in stage micro-batches (the liveness walk;
   a chunk's micro-batch counts 1/v);
 - GiB: the simulated peak memory of the busiest rank (weights, optimizer state and
