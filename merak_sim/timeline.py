@@ -40,14 +40,16 @@ IDLE = "IDLE"
 
 _COMM = "#C44E52"
 #: One colour per action kind (events-table kind names), in legend order. Point-to-point
-#: transfers and tensor-parallel collectives share the communication colour.
+#: transfers and tensor-parallel collectives share the communication colour. The
+#: zero-bubble halves of a backward differ in hue (I green like B, W olive) so a Gantt
+#: of a split schedule shows where the weight-gradient passes went.
 KIND_COLORS: dict[str, str] = {
     "FORWARD": "#4C72B0",
     "FORWARD_NOGRAD": "#8FB0E0",
     "RECOMPUTE": "#DD8452",
     "BACKWARD": "#55A868",
     "BACKWARD_INPUT": "#1B7837",
-    "BACKWARD_WEIGHT": "#A6D8A8",
+    "BACKWARD_WEIGHT": "#CCB974",
     "SEND_ACT": _COMM,
     "RECV_ACT": _COMM,
     "SEND_GRAD": _COMM,

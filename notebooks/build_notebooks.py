@@ -83,6 +83,51 @@ g8 = sweep[(sweep.pp == 4) & (sweep.M == 32)].set_index("schedule")
 assert g8.peak_gib["gpipe"] > g8.peak_gib["1f1b"]
 assert g8.time_s["shifted-critical-path"] < g8.time_s["1f1b"]"""),
     new_markdown_cell("""\
+## Every schedule side by side at unit costs
+
+Each registered schedule (`merak_sim.schedule.SCHEDULES`) at S = 4, M = 8 with
+F = I = W = 1 (`replay(s, f=1, b=2, w=1)`; a chunk of a two-chunk schedule costs half)
+and free communication: the makespan without and with full recomputation, the bubble
+and the peak activations a rank holds, in stage micro-batches (a chunk's micro-batch
+counts 1/v). The Gantt charts colour I (input gradient) and W (weight gradient)
+apart: the zero-bubble schedules move W into the slots where 1F1B idles. Merak's
+schedules place their re-forwards (R) into waits, so they pay off with
+recomputation. docs/schedules.md has the same figures at S = 8, M = 16 and the
+comparison with torch.distributed.pipelining's schedules."""),
+    new_code_cell("""\
+from merak_sim.schedule import SCHEDULES, generate, liveness, replay
+from merak_sim.schedule.liveness import ItemSizes
+from merak_sim.schedule.render import plot_gantt
+S, M = 4, 8
+runs, unit = {}, {}
+for name, spec in SCHEDULES.items():
+    v = 2 if spec.interleaved or spec.placement == "v" else 1
+    if spec.violation(S, M, v):
+        continue
+    s = generate(name, S, M, v)
+    runs[name] = replay(s, f=1, b=2, w=1)
+    chunk = ItemSizes(1 / v, 1 / v, 1 / v)
+    unit[name] = dict(v=v, makespan=runs[name].makespan,
+                      makespan_recompute=replay(s, f=1, b=2, w=1, recompute=1.0).makespan,
+                      bubble=round(runs[name].bubble_fraction, 3),
+                      peak_in_flight=max(liveness(s, r).peak(chunk) for r in range(S)))
+units = pd.DataFrame(unit).T
+units"""),
+    new_code_cell("""\
+fig, axes = plt.subplots(len(runs), 1, figsize=(12, 1.9 * len(runs)), sharex=True)
+for ax, (name, res) in zip(axes, runs.items()):
+    plot_gantt(res.execution, ax=ax, title=f"{name}: makespan {res.makespan:g}")
+fig.tight_layout()
+plt.show()
+# Interleaving and zero bubble shorten 1F1B's makespan; 1F1B holds S micro-batches.
+assert units.peak_in_flight["1f1b"] == S
+for name in ("interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev"):
+    if name in units.index:
+        assert units.makespan[name] < units.makespan["1f1b"], name
+for name in ("zb-v",):  # the V halves the warm-up at 1F1B's activation memory
+    if name in units.index:
+        assert units.peak_in_flight[name] <= units.peak_in_flight["1f1b"]"""),
+    new_markdown_cell("""\
 ## A straggler GPU
 
 8 GPUs (2 nodes): dp=2 x pp=4. GPU 5 (stage 2 of the second replica) runs 1.5x slower.
@@ -131,7 +176,8 @@ print("NOTEBOOK_RESULT " + json.dumps({
     "straggler_slowdown": straggler,
     "dp8_network_slowdown": float(slowdown["dp=8"]),
     "pp8_network_slowdown": float(slowdown["pp=8"]),
-    "bubble_1f1b_pp8_M8": float(one.bubble[8])}))"""),
+    "bubble_1f1b_pp8_M8": float(one.bubble[8]),
+    "unit_makespan_S4_M8": {n: float(x) for n, x in units.makespan.items()}}))"""),
 ]
 
 NB02 = [

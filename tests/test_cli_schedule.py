@@ -20,6 +20,18 @@ def test_schedule_command_prints_sequences_and_png(tmp_path, capsys):
     assert (tmp_path / "s.csv").read_text().startswith("# merak-schedule/1")
 
 
+@pytest.mark.parametrize("name,v", [("zb-h1", 1), ("zb-v", 2), ("dualpipev", 2)])
+def test_schedule_command_draws_split_backwards(tmp_path, capsys, name, v):
+    png = tmp_path / "g.png"
+    rc = main(["schedule", "--schedule", name, "--pp", "4", "--microbatches", "8",
+               "--virtual-stages", str(v), "--recompute", "none", "--gantt", str(png)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    gantt = [ln for ln in out.splitlines() if ln.startswith("S0 |")]
+    assert gantt and "I" in gantt[0] and "W" in gantt[0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize(
     "argv",
     [

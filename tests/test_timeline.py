@@ -115,6 +115,39 @@ def test_colour_map_tells_the_kinds_apart():
                                      TP_KIND)} == {KIND_COLORS["SEND_ACT"]}
 
 
+def _rgb_distance(a: str, b: str) -> float:
+    x, y = matplotlib.colors.to_rgb(a), matplotlib.colors.to_rgb(b)
+    return sum((p - q) ** 2 for p, q in zip(x, y, strict=True)) ** 0.5
+
+
+def test_zero_bubble_halves_differ_clearly_from_each_other_and_from_b():
+    """I, W and B (and F) are told apart at a glance, not only by a shade: every pair
+    at least 0.25 apart in RGB, and W's hue away from I's."""
+    kinds = ("FORWARD", "BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT")
+    for i, a in enumerate(kinds):
+        for b in kinds[i + 1:]:
+            assert _rgb_distance(KIND_COLORS[a], KIND_COLORS[b]) > 0.25, (a, b)
+    hue = [matplotlib.colors.rgb_to_hsv(matplotlib.colors.to_rgb(KIND_COLORS[k]))[0]
+           for k in ("BACKWARD_INPUT", "BACKWARD_WEIGHT")]
+    assert abs(hue[0] - hue[1]) > 0.1
+
+
+def test_schedule_gantt_of_a_split_backward_shows_i_and_w_in_the_legend(tmp_path):
+    from merak_sim.schedule import generate, replay
+    from merak_sim.schedule.render import plot_gantt
+
+    ex = replay(generate("zb-h1", 4, 8), f=1, b=2, w=1).execution
+    ax = plot_gantt(ex, tmp_path / "zb.png", title="zb-h1")
+    labels = _legend_labels(ax)
+    assert {"FORWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT", IDLE} <= set(labels)
+    handles = dict(zip(labels, ax.get_legend().legend_handles, strict=True))
+    assert matplotlib.colors.to_hex(handles["BACKWARD_INPUT"].get_facecolor()) != \
+        matplotlib.colors.to_hex(handles["BACKWARD_WEIGHT"].get_facecolor())
+    bars = {matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches}
+    assert {KIND_COLORS["BACKWARD_INPUT"].lower(), KIND_COLORS["BACKWARD_WEIGHT"].lower()} <= bars
+    assert (tmp_path / "zb.png").stat().st_size > 1000
+
+
 def test_gantt_draws_a_legend_of_every_kind_present(tmp_path):
     ax = timeline.plot_gantt(ROWS, path=tmp_path / "g.png", title="t")
     assert _legend_labels(ax) == ["FORWARD", "BACKWARD", TP_KIND, "ALL_REDUCE", IDLE]
