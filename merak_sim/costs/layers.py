@@ -195,8 +195,9 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     n_bwd = parts * (2 * len(gemms) + 2 * n_attn + n_mem + 2 + n_cast)
     fwd = eff.host_bound(fwd, n_fwd)
     bwd_dev = bwd_in + bwd_w
-    scale = eff.host_bound(bwd_dev, n_bwd) / bwd_dev
-    bwd_in, bwd_w = bwd_in * scale, bwd_w * scale
+    if bwd_dev > 0 and eff.host_op_s > 0:
+        scale = eff.host_bound(bwd_dev, n_bwd) / bwd_dev
+        bwd_in, bwd_w = bwd_in * scale, bwd_w * scale
     core = parts * (attn + softmax_t)
     flops = 3.0 * model.layer_forward_flops(mbs) / tp / cp
     ar_bytes = mbs * s_loc * h * e / parts
