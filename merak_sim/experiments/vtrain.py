@@ -29,6 +29,15 @@ i.e. the host, not the device, sets the pace; without this floor the fit can onl
 emulate it with per-kernel device costs and a penalty on small GEMMs, which also slows
 the large GEMMs of the multi-node runs.
 
+What the held-out rows still show (benchmarks/results/vtrain_validation.md): the floor
+adds nothing to them (large models are device bound), and their remaining bias comes
+from device-bound rows the single-node rows cannot inform: the 39.1B tp=2 runs reach
+about 85 TFLOP/s per GPU where tp=4 and tp=8 runs of the same model reach 124-127,
+and several series (3.6B tp=4 and tp=8, 39.1B tp=4) get slower per sample as the
+micro-batch shrinks from 4 to 2 by far more than any kernel-size effect. The
+single-node device-bound rows instead push gemm_max, attn_factor and mem_bw_eff to
+their upper bounds.
+
 The fit (:func:`fit`) moves only the efficiency curve: the single-node rows' links are
 measured (the NCCL tables), not fitted. Bounds come from physics, fixed before looking
 at any result (:data:`BOUNDS`). It minimises the mean absolute log error (a symmetric
