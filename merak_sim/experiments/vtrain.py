@@ -33,8 +33,9 @@ What the held-out rows still show (benchmarks/results/vtrain_validation.md): the
 adds nothing to them (large models are device bound), and their remaining bias comes
 from device-bound rows the single-node rows cannot inform: the 39.1B tp=2 runs reach
 about 85 TFLOP/s per GPU where tp=4 and tp=8 runs of the same model reach 124-127,
-and several series (3.6B tp=4 and tp=8, 39.1B tp=4) get slower per sample as the
-micro-batch shrinks from 4 to 2 by far more than any kernel-size effect. The
+and several series move with the micro-batch far beyond any kernel-size effect (for
+the same global batch, 3.6B at tp=4 and tp=8 runs 31 % and 58 % slower at micro-batch
+2 than at 4; 39.1B at tp=4 dp=16 pp=8 takes 16.1, 17.6, 17.4, 16.1 s at 2, 3, 4, 6). The
 single-node device-bound rows instead push gemm_max, attn_factor and mem_bw_eff to
 their upper bounds.
 
