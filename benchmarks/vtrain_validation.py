@@ -7,8 +7,9 @@ single-node row about 150 times, each row's schedule built once):
 
 Protocol (merak_sim/experiments/vtrain.py): the A100 efficiency parameters of the
 analytic cost model are fitted to ground_truth_single.csv only, within physical bounds
-(experiments.vtrain.BOUNDS: GEMM ceiling 0.80); links inside a node come from vTrain's measured NCCL tables and
-pipeline sends are Megatron's scatter-gather; every row of
+(experiments.vtrain.BOUNDS: GEMM ceiling 0.80, host seconds per kernel 10-100 us);
+links inside a node come from vTrain's measured NCCL tables and pipeline sends are
+Megatron's scatter-gather; every row of
 ground_truth_multi.csv is then predicted without refitting, by the exact fast
 evaluator (contention-free) and by the SimPy engine with link contention. Writes
 benchmarks/results/vtrain_validation.md (per-row table and MAPE per GPU count),
@@ -88,8 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     fit_s = time.perf_counter() - t0
     print(f"single-node, fitted: MAPE {_mape(single_fit):.2f} % (fit {fit_s:.0f} s)")
     single_tp: dict[str, list[float]] = {}
+    single_mbs: dict[str, list[float]] = {}
     for r, e in zip(single, single_fit, strict=True):
         single_tp.setdefault(f"tp={r.tp}", []).append(e)
+        single_tp.setdefault(f"h={r.hidden}", []).append(e)
+        # (tp, micro-batch): where the host-issue floor (small micro-batches) and the
+        # device-bound regime meet.
+        single_mbs.setdefault(f"tp={r.tp} mbs={r.micro_batch}", []).append(e)
 
     lines = []
     csv_rows = ["params_b,gpus,global_batch,micro_batch,hidden,heads,layers,seq,tp,dp,pp,"
@@ -155,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         "inter-node network vTrain's 800 Gb/s per node",
         "",
         *_group_lines("single-node group", single_tp),
+        "",
+        *_group_lines("single-node group", single_mbs),
         "",
         "## Validation (ground_truth_multi.csv, no refitting)",
         "",

@@ -36,7 +36,7 @@ def test_parameters_are_named_and_settable():
     e = Efficiency().with_(gemm_max=0.6, kernel_overhead_s=2e-5)
     assert e.to_dict()["gemm_max"] == 0.6 and e.kernel_overhead_s == 2e-5
     assert set(e.to_dict()) == {"gemm_max", "gemm_dim_half", "gemm_flops_half",
-                                "attn_factor", "mem_bw_eff", "kernel_overhead_s"}
+                                "attn_factor", "mem_bw_eff", "kernel_overhead_s", "host_op_s"}
 
 
 @pytest.mark.parametrize("kw,needle", [

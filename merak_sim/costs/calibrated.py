@@ -32,20 +32,21 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATED", "CalibratedCostModel", "calibrated_cost_model"]
 
 #: Fitted efficiency parameters per GPU family, from ``benchmarks/vtrain_validation.py``
-#: (8 rounds from the previous fit clipped into the physical bounds, 2026-12-01;
-#: single-node MAPE 12.26 %, multi-node 6.78 % without refitting,
-#: mean signed error -4.51 %). gemm_max, attn_factor and mem_bw_eff sit at
-#: their physical bounds (:data:`merak_sim.experiments.vtrain.BOUNDS`: GEMM ceiling 0.80):
-#: the small single-node models are dominated by per-kernel and latency costs, which
-#: the fit raises (~14 us per kernel) while it lowers the per-FLOP costs to the ceiling.
+#: (3 rounds from the previous fit, 2026-12-01; single-node MAPE 7.26 %, multi-node
+#: 6.95 % without refitting, mean signed error -5.20 %). The single-node runs are
+#: host bound at small micro-batches (about 70 us of host time per modelled kernel,
+#: :meth:`merak_sim.costs.efficiency.Efficiency.host_bound`); gemm_max, attn_factor and
+#: mem_bw_eff sit at their physical bounds (:data:`merak_sim.experiments.vtrain.BOUNDS`:
+#: GEMM ceiling 0.80), where the device-bound single-node rows push them.
 CALIBRATED: dict[str, dict[str, float]] = {
     "A100": {
         "gemm_max": 0.8,
-        "gemm_dim_half": 60.65552505784278,
-        "gemm_flops_half": 10095259117.508377,
+        "gemm_dim_half": 74.73880087128256,
+        "gemm_flops_half": 6162834940.331166,
         "attn_factor": 1.0,
         "mem_bw_eff": 0.92,
-        "kernel_overhead_s": 1.399170839070519e-05,
+        "kernel_overhead_s": 8.16496580927726e-06,
+        "host_op_s": 7e-05,
     },
 }
 

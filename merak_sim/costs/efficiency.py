@@ -12,7 +12,25 @@ quantisation and low arithmetic intensity); the W term charges GEMMs too small t
 the device (wave quantisation / occupancy). Batched attention GEMMs (QK^T and
 attention x V, with a head-dim side of 64-128) are further scaled by ``attn_factor``.
 Memory-bound kernels move bytes at ``mem_bw_eff`` of the device bandwidth. Every kernel
-costs ``kernel_overhead_s`` on top (launch and tail, not hidden when kernels are small).
+costs ``kernel_overhead_s`` on top (the device-side gap between back-to-back kernels:
+launch latency and tail, not hidden when kernels are small).
+
+Host issue (``host_op_s``): an eager framework's host thread issues kernels
+asynchronously, paying the Python, module and dispatcher cost of each operation; the
+device runs them from a queue. For a long run of identical layers the queue reaches a
+steady state in which one layer pass takes the longer of the device's time and the
+host's issue time (a producer-consumer pipeline; the launch-bound regime that CUDA
+Graphs exist to remove, NVIDIA "Getting Started with CUDA Graphs", 2019):
+
+    pass_time = max(device_time, kernels x host_op_s)      (:meth:`Efficiency.host_bound`)
+
+``host_op_s`` is host seconds per modelled kernel (0: never host bound). A modelled
+kernel stands for a few framework operations (views, bias adds, casts and autograd
+bookkeeping around each kernel), so the bound is 10-100 us: 10 us is eager PyTorch's
+per-op dispatch alone, 100 us about five framework ops of 20 us each. It matters for
+small models and micro-batches (vTrain's 1-8 GPU runs of 350M-1.3B models show a floor
+of about 3.5 ms per layer and micro-batch whatever the hidden size and micro-batch) and
+vanishes for large ones.
 
 Default values (per GPU type, :data:`DEFAULT_EFFICIENCY`) come from published GEMM
 efficiency figures, not from a fit:
@@ -47,7 +65,8 @@ class Efficiency:
         gemm_flops_half: a GEMM of this many FLOPs gets half from the occupancy factor.
         attn_factor: extra factor for the batched attention GEMMs.
         mem_bw_eff: fraction of memory bandwidth reached by memory-bound kernels.
-        kernel_overhead_s: fixed seconds per kernel (launch + tail).
+        kernel_overhead_s: fixed device seconds per kernel (launch + tail).
+        host_op_s: host seconds to issue one kernel (0: never host bound).
     """
 
     gemm_max: float = 0.82
@@ -56,6 +75,7 @@ class Efficiency:
     attn_factor: float = 0.7
     mem_bw_eff: float = 0.75
     kernel_overhead_s: float = 4e-6
+    host_op_s: float = 0.0
 
     def __post_init__(self) -> None:
         strict = ("gemm_max", "attn_factor", "mem_bw_eff")
@@ -94,6 +114,11 @@ class Efficiency:
     def mem_time(self, nbytes: float, bandwidth_Bps: float, kernels: int = 1) -> float:
         """Seconds for memory-bound kernels moving ``nbytes`` in total."""
         return nbytes / (bandwidth_Bps * self.mem_bw_eff) + kernels * self.kernel_overhead_s
+
+    def host_bound(self, device_s: float, kernels: float) -> float:
+        """Seconds of a pass whose kernels take ``device_s`` on the device and are
+        issued by the host at ``host_op_s`` each (module docstring)."""
+        return max(device_s, kernels * self.host_op_s)
 
     def to_dict(self) -> dict:
         """Parameter name -> value."""

@@ -13,6 +13,9 @@ Compute (one layer, one micro-batch of b sequences, on one GPU of a TP group of 
 - Backward: every GEMM becomes two of the same size (input gradient ``I``, weight
   gradient ``W``); the attention-core GEMMs and all memory-bound backward kernels
   (about twice the forward bytes) are input-gradient work. ``backward_s = I + W``.
+- Host issue floor: each pass (forward, backward) takes at least its kernel count
+  times ``host_op_s`` (:meth:`Efficiency.host_bound`; the backward's two halves are
+  stretched alike).
 - Recompute = forward of the layers (communication included: the re-forward repeats
   its TP all-reduces). Selective recompute (Korthikanti et al. 2022) adds the
   attention core's forward to every backward instead.
@@ -185,6 +188,16 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     bwd_in = parts * (g_fwd + attn_b + eff.mem_time(2 * mem_bytes, mem_bw, n_mem + 2)
                       + cast_b)
     bwd_w = parts * g_fwd
+    # Host issue floor (Efficiency.host_bound): kernels of each pass as charged above.
+    n_attn = (1 if flash else 2) * (cp if flash else 1)
+    n_cast = opts.kernels.fp8_cast_kernels * len(gemms) if fp8 else 0
+    n_fwd = parts * (len(gemms) + n_attn + n_mem + n_cast)
+    n_bwd = parts * (2 * len(gemms) + 2 * n_attn + n_mem + 2 + n_cast)
+    fwd = eff.host_bound(fwd, n_fwd)
+    bwd_dev = bwd_in + bwd_w
+    if bwd_dev > 0 and eff.host_op_s > 0:
+        scale = eff.host_bound(bwd_dev, n_bwd) / bwd_dev
+        bwd_in, bwd_w = bwd_in * scale, bwd_w * scale
     core = parts * (attn + softmax_t)
     flops = 3.0 * model.layer_forward_flops(mbs) / tp / cp
     ar_bytes = mbs * s_loc * h * e / parts
