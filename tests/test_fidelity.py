@@ -1,60 +1,40 @@
-"""Fidelity table plumbing (merak_sim.experiments.fidelity)."""
+"""Fidelity table plumbing (merak_sim.experiments.fidelity) and the Hopper fit's split."""
 
 import csv
+import glob
+from pathlib import Path
 
 import pytest
 
-from merak_sim.experiments.fidelity import (
-    Outcome,
-    public_run_outcomes,
-    public_run_setup,
-    skip_reason,
-    summarise,
-)
+from merak_sim.experiments.fidelity import Outcome, public_run_outcomes, summarise
+from merak_sim.experiments.hopper_fit import BOUNDS, FIT_MODELS, coordinate_search, role_of
+from merak_sim.experiments.public_runs import load_rows, skip_reason
 
+ROOT = Path(__file__).resolve().parents[1]
 BASE = {"task": "pretrain", "model": "Llama-toy", "n_layers": "8", "hidden_size": "1024",
         "n_heads": "16", "n_kv_heads": "4", "ffn_hidden": "2816", "vocab_size": "32000",
         "seq_len": "2048", "num_experts": "", "ep": "", "cp": "1", "dp_shard": "",
         "gpu_type": "H100 SXM 80GB (DGX-H100)", "num_gpus": "16", "dp": "1", "tp": "8",
         "pp": "2", "vp": "", "micro_batch_size": "1", "global_batch_size": "8",
         "precision": "BF16", "activation_recompute": "full", "other_flags": "",
-        "tokens_per_sec_per_gpu": "1000", "step_time_s": "", "peak_mem_gib": "20",
-        "peak_mem_bytes": "", "source_section": "toy"}
+        "framework": "torchtitan", "tokens_per_sec_per_gpu": "1000", "step_time_s": "",
+        "peak_mem_gib": "20", "peak_mem_bytes": "", "source_section": "toy"}
 
 
-@pytest.mark.parametrize("change,needle", [
-    ({"precision": "FP8"}, "FP8"),
-    ({"num_experts": "8"}, "MoE"),
-    ({"cp": "2"}, "context parallelism"),
-    ({"dp_shard": "8"}, "FSDP"),
-    ({"gpu_type": "GB200 NVL72"}, "no multi-GPU cluster preset"),
-    ({"task": "sft"}, "fine-tuning"),
-    ({"precision": ""}, "not stated"),
-    ({"vocab_size": ""}, "vocab_size not stated"),
-    ({"dp": "2"}, "GPU count"),
-])
-def test_skip_reasons_name_the_missing_feature(change, needle):
-    assert needle in skip_reason({**BASE, **change})
-
-
-def test_expressible_row_is_set_up_and_predicted(tmp_path):
-    assert skip_reason(BASE) is None
-    model, cluster, cfg = public_run_setup(BASE)
-    assert (model.kv_heads, model.ffn_hidden, model.dtype) == (4, 2816, "bf16")
-    assert cluster.name == "dgx-h100" and cluster.world_size == 16
-    assert (cfg.tp, cfg.pp, cfg.dp, cfg.recompute) == (8, 2, 1, "full")
+def test_public_run_outcomes_predict_and_skip(tmp_path):
     p = tmp_path / "toy.csv"
     with open(p, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(BASE))
         w.writeheader()
         w.writerow(BASE)
-        w.writerow({**BASE, "precision": "FP8"})
+        w.writerow({**BASE, "precision": "NVFP4"})
     done, skipped = public_run_outcomes(p)
     assert len(done) == 1 and len(skipped) == 1
-    assert "FP8" in skipped[0].reason and skipped[0].dataset == "public-runs/toy"
+    assert "FP4" in skipped[0].reason and skipped[0].dataset == "public-runs/toy"
     o = done[0]
     assert o.measured_s == pytest.approx(8 * 2048 / (1000 * 16))
     assert o.predicted_s > 0 and o.mem_err is not None
+    assert o.groups["zero"] == "0" and o.groups["cp"] == "1" and o.role == "held out"
 
 
 def test_summarise_reports_mape_bias_and_worst():
@@ -66,3 +46,29 @@ def test_summarise_reports_mape_bias_and_worst():
     assert st["all"].signed_pct == pytest.approx(100 * (0.1 - 0.2 + 0.05) / 3)
     assert st["all"].worst_pct == pytest.approx(-20) and st["all"].worst_label == "r1"
     assert st["tp=1"].rows == 2 and st["tp=2"].mem_mape_pct is None
+
+
+def test_fit_and_held_out_rows_are_disjoint_and_split_by_model():
+    fit, held = [], []
+    for path in sorted(glob.glob(str(ROOT / "data" / "public-runs" / "*.csv"))):
+        ds = f"public-runs/{Path(path).stem}"
+        for r in load_rows(path):
+            (fit if role_of(ds, r) == "fit" else held).append((ds, r["model"], r["gpu_type"],
+                                                              r["seq_len"], r["num_gpus"]))
+    assert fit and held and not set(fit) & set(held)
+    assert {m for _, m, *_ in fit} == set(FIT_MODELS)
+    assert all(ds.endswith("llmfoundry") and g.startswith("H100") for ds, _, g, *_ in fit)
+    # No held-out llm-foundry H100 row shares a model with the fit.
+    assert not {m for ds, m, g, *_ in held if ds.endswith("llmfoundry")
+                and g.startswith("H100")} & set(FIT_MODELS)
+    rows = load_rows(ROOT / "data" / "public-runs" / "llmfoundry.csv")
+    assert sum(role_of("public-runs/llmfoundry", r) == "fit" and skip_reason(r) is None
+               for r in rows) >= 30
+
+
+def test_coordinate_search_stays_in_bounds_and_improves():
+    bounds = {"a": (0.1, 2.0), "b": BOUNDS["gemm_max"]}
+    x, best = coordinate_search(lambda p: (p["a"] - 1.3) ** 2 + (p["b"] - 0.9) ** 2,
+                                {"a": 0.5, "b": 0.5}, bounds, rounds=30)
+    assert x["a"] == pytest.approx(1.3, rel=0.05) and x["b"] == BOUNDS["gemm_max"][1]
+    assert best < (0.5 - 1.3) ** 2
