@@ -72,3 +72,38 @@ def test_coordinate_search_stays_in_bounds_and_improves():
                                 {"a": 0.5, "b": 0.5}, bounds, rounds=30)
     assert x["a"] == pytest.approx(1.3, rel=0.05) and x["b"] == BOUNDS["gemm_max"][1]
     assert best < (0.5 - 1.3) ** 2
+
+
+def test_fidelity_command_runs_on_a_small_subset(capsys, tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fidelity_bench",
+                                                  ROOT / "benchmarks" / "fidelity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "f.md"
+    assert mod.main(["--limit", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "public-runs/llmfoundry (held out)" in text and "vtrain-multi" in text
+    assert "not expressible" in text and not out.exists()  # a subset writes no table
+
+
+def test_calibrated_model_serves_the_hopper_fit_as_the_fit_prices_it():
+    from merak_sim.costs.calibrated import CalibratedCostModel
+    from merak_sim.costs.calibrated_hopper import HOPPER_EFFICIENCY, HOPPER_KERNELS, \
+        hopper_calibration
+    from merak_sim.experiments.hopper_fit import HopperParams
+    from merak_sim.experiments.public_runs import row_setup
+    from merak_sim.sim.api import simulate
+
+    for gpu in ("H100-80GB", "H200-141GB", "GH200-96GB"):
+        eff, kern = hopper_calibration(gpu, None)
+        assert eff.gemm_max == HOPPER_EFFICIENCY["gemm_max"]
+        assert kern.flash_max_bwd == HOPPER_KERNELS["flash_max_bwd"]
+    assert hopper_calibration("A100-80GB", None) == (None, None)
+    row = load_rows(ROOT / "data" / "public-runs" / "llmfoundry.csv")[0]
+    model, cluster, cfg = row_setup(row)
+    served = simulate(model, cluster, cfg, cost_model=CalibratedCostModel(),
+                      engine="evaluator", sub_cluster=True, keep_trace=False)
+    fitted = simulate(model, cluster, cfg, cost_model=HopperParams.committed().cost_model(),
+                      engine="evaluator", sub_cluster=True, keep_trace=False)
+    assert served.iteration_time_s == pytest.approx(fitted.iteration_time_s, rel=1e-12)
