@@ -77,7 +77,10 @@ def test_llmfoundry_and_nemo_rows():
     ("nemo_perf.csv", {"gpu_type": "B200 (DGX-B200)"}, "no cluster preset for B200"),
     ("nemo_perf_finetune.csv", {"task": "sft"}, "fine-tuning"),
     ("sailor.csv", {"gpu_type": "heterogeneous: RTX 3090+Titan RTX"}, "heterogeneous"),
-    ("sailor.csv", {"model": "OPT-350M", "num_gpus": "4"}, "precision not stated"),
+    ("sailor.csv", {"model": "GPT-Neo-2.7B (as configured by Sailor)", "num_gpus": "16",
+                    "pp": "1"}, "copy error"),
+    ("nemo_perf.csv", {"model": "LLAMA3_8B", "precision": "",
+                       "gpu_type": "H100 SXM 80GB (DGX-H100)"}, "precision not stated"),
     ("torchtitan.csv", {"mfu_pct": "", "tokens_per_sec_per_gpu": ""}, "no measured"),
 ])
 def test_unexpressible_rows_give_their_reason(file, match, needle):
@@ -85,6 +88,17 @@ def test_unexpressible_rows_give_their_reason(file, match, needle):
     assert needle in skip_reason(r)
     with pytest.raises(ValueError, match="not expressible"):
         row_setup(r)
+
+
+def test_sailor_rows_are_fp32_with_tf32_matmuls_on_gh200():
+    r = _row("sailor.csv", model="OPT-350M", num_gpus="64", pp="4")
+    model, cluster, cfg = row_setup(r)
+    assert cluster.name == "alps-gh200" and cluster.gpus_per_node == 4 and cluster.nodes == 16
+    assert cluster.gpu.peak("fp32") == pytest.approx(cluster.gpu.peak("bf16") / 2)
+    assert (model.dtype, cfg.dtype, cfg.attention, cfg.sequence_parallel) == (
+        "fp32", "fp32", "unfused", False)
+    assert (cfg.dp, cfg.tp, cfg.pp, cfg.micro_batch_size, cfg.zero) == (4, 4, 4, 8, 0)
+    assert measured_step_s(r) == pytest.approx(2.72578)
 
 
 def test_shape_mismatch_and_block_scaled_precision_are_refused():

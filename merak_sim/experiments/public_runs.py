@@ -21,8 +21,18 @@ How a row maps (assumptions stated once, here):
   the gradient reduce and parameter gather overlapped (its performance recipes' default).
 - Precision: bf16 (also llm-foundry's amp_bf16 / PURE), FP8 with current (per-tensor)
   scaling (torchtitan Float8 tensorwise / rowwise, NeMo FP8, FP8-CS) on Hopper; the
-  block-scaled MX / NVFP4 formats are Blackwell formats, not modelled.
-- Attention: flash (every source's default kernel for 16-bit training).
+  block-scaled MX / NVFP4 formats are Blackwell formats, not modelled. Sailor's runs
+  state none: its run script passes neither --fp16 nor --bf16, so Megatron trains in
+  fp32, and the measured throughput (about 90 TFLOP/s per GPU for GPT-Neo 2.7B) exceeds
+  the GH200's 67 TFLOP/s FP32 peak: the matmuls ran on TF32 tensor cores (NVIDIA's
+  PyTorch containers enable TF32 by default), so these rows are fp32 with the GPU's
+  TF32 dense peak (494 TFLOP/s, half of the datasheet's 989 with sparsity) as its fp32
+  peak, an assumption.
+- Attention: flash (every source's default kernel for 16-bit training); unfused in fp32
+  (the flash kernels need 16-bit inputs).
+- Sequence parallelism with tp > 1 (Megatron's and torchtitan's default), except in
+  Sailor's Megatron-DeepSpeed fork; Sailor's uneven layers per stage are modelled as a
+  uniform split.
 - Recompute: "full" -> full; "selective (op ...)" -> selective; "selective layer"
   (torchtitan's every second layer) -> stage-aware with half the layers; "none"/"no" or
   unstated -> none.
@@ -30,7 +40,7 @@ How a row maps (assumptions stated once, here):
   torchtitan's default of as many micro-batches as stages. Schedules: 1F1B, or
   interleaved 1F1B with the row's virtual stages.
 Not expressible: MoE, fine-tuning, Blackwell GPUs (no preset), heterogeneous clusters,
-unstated precision or virtual stages, rows without a measured time or throughput (the
+rows the data flags as likely copy errors, unstated precision or virtual stages, rows without a measured time or throughput (the
 long-sequence NeMo table publishes model TFLOP/s only), and rows whose degrees do not
 multiply to the GPU count.
 """
@@ -40,6 +50,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from merak_sim.config import ParallelConfig
@@ -106,11 +117,15 @@ def cluster_name(gpu_type: str) -> str | None:
     return None
 
 
+def _sailor(row: dict) -> bool:
+    return row.get("framework", "").lower().startswith("sailor")
+
+
 def precision_of(row: dict) -> str | None:
     """The simulator's dtype of a row's published precision (None: not modelled)."""
     p = row.get("precision", "").lower()
     if not p:
-        return None
+        return "fp32" if _sailor(row) else None
     if "mx" in p or "fp4" in p or "block" in p:
         return None
     if p.startswith("fp8"):
@@ -176,7 +191,9 @@ def skip_reason(row: dict) -> str | None:
         return "heterogeneous cluster (mixed GPU types per pipeline) not modelled"
     if cluster_name(gpu) is None:
         return f"no cluster preset for {gpu.split(' (')[0] or '?'}"
-    if not row.get("precision", "").strip():
+    if "copy error" in row.get("notes", "").lower():
+        return "flagged in the data's notes as a likely copy error in the source"
+    if not row.get("precision", "").strip() and not _sailor(row):
         return "precision not stated"
     dtype = precision_of(row)
     if dtype is None:
@@ -243,6 +260,14 @@ def _recompute(row: dict, pp: int) -> dict:
     return {"recompute": "none"}
 
 
+def _tf32(cluster: Cluster) -> Cluster:
+    """``cluster`` with fp32 matmuls at the TF32 tensor-core rate (half the 16-bit)."""
+    gpu = replace(cluster.gpu, peak_flops={**cluster.gpu.peak_flops,
+                                           "fp32": cluster.gpu.peak("bf16") / 2})
+    return replace(cluster, gpu=gpu, notes=cluster.notes + (
+        "fp32 training with TF32 tensor-core matmuls (assumption: half the bf16 peak)",))
+
+
 def row_setup(row: dict) -> tuple[ModelSpec, Cluster, ParallelConfig]:
     """(ModelSpec, Cluster, ParallelConfig) of an expressible row (module docstring)."""
     why = skip_reason(row)
@@ -254,6 +279,8 @@ def row_setup(row: dict) -> tuple[ModelSpec, Cluster, ParallelConfig]:
     name = cluster_name(row["gpu_type"])
     per_node = get_cluster(name).gpus_per_node
     cluster = get_cluster(name, nodes=max(1, math.ceil(gpus / per_node)))
+    if model.dtype == "fp32":
+        cluster = _tf32(cluster)
     vp = _int(row.get("vp"))
     sharded = _sharded(row)
     zero = {"zero": 3, "zero_group": (_int(row.get("dp_shard")) * cp
@@ -264,7 +291,8 @@ def row_setup(row: dict) -> tuple[ModelSpec, Cluster, ParallelConfig]:
                          schedule="interleaved-1f1b" if vp > 1 else "1f1b",
                          micro_batch_size=_micro_batch(row, dp, pp),
                          global_batch_size=_int(row["global_batch_size"]),
-                         attention="flash", dtype=precision_of(row),
-                         sequence_parallel=tp > 1,
+                         attention="unfused" if model.dtype == "fp32" else "flash",
+                         dtype=precision_of(row),
+                         sequence_parallel=tp > 1 and not _sailor(row),
                          **_recompute(row, pp), **zero)
     return model, cluster, cfg
