@@ -5,13 +5,13 @@
     .venv/bin/python benchmarks/fidelity.py --limit 5  # 5 rows per file (a quick check)
 
 Prints and writes benchmarks/results/fidelity.md: per dataset and role (vTrain
-single-node = the A100 fit; llm-foundry H100 MPT-1b/7b/30b = the Hopper fit; every other
-row held out) and per group (GPU type, GPUs, tp, pp, cp, ZeRO stage, precision): rows,
-MAPE, mean signed error, worst row, and the peak-memory error where the data publishes
-peak memory; then every public-runs row the model cannot express with its reason
+single-node = the A100 fit; llm-foundry H100 MPT-1b/7b/30b and NeMo H100 GPT-3 /
+LLaMA-2 / Nemotron = the two Hopper fits; every other row held out) and per group (GPU
+type, software stack, GPUs, tp, pp, cp, ZeRO stage, precision): rows, MAPE, mean signed
+error, worst row, and the peak-memory error where the data publishes peak memory; then every public-runs row the model cannot express with its reason
 (merak_sim/experiments/fidelity.py, public_runs.py). Uses the committed calibration
-(merak_sim/costs/calibrated.py, calibrated_hopper.py); ``--fit`` refits the Hopper
-values (merak_sim/experiments/hopper_fit.py) and prints them to copy into
+(merak_sim/costs/calibrated.py, calibrated_hopper.py); ``--fit`` refits both Hopper
+profiles (merak_sim/experiments/hopper_fit.py) and prints them to copy into
 calibrated_hopper.py, without writing the table.
 """
 
@@ -31,7 +31,8 @@ from merak_sim.experiments.fidelity import (
     summarise,
     vtrain_outcomes,
 )
-from merak_sim.experiments.hopper_fit import FIT_SPLIT, fit, fit_rows
+from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES
+from merak_sim.experiments.hopper_fit import FIT_SPLIT, HopperParams, fit, fit_rows
 from merak_sim.experiments.public_runs import load_rows
 from merak_sim.io import atomic_write_text
 
@@ -70,10 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     paths = sorted((args.data / "public-runs").glob("*.csv"))
     if args.fit:
-        rows = fit_rows({f"public-runs/{p.stem}": load_rows(p) for p in paths})
-        print(f"{FIT_SPLIT}: {len(rows)} expressible rows")
-        params, loss = fit(rows, log=print)
-        print(f"fitted (mean |log error| {loss:.4f}): {params.values}")
+        data = {f"public-runs/{p.stem}": load_rows(p) for p in paths}
+        print(FIT_SPLIT)
+        for profile in HOPPER_PROFILES:
+            rows = fit_rows(data, profile)
+            print(f"{profile}: {len(rows)} expressible fit rows", flush=True)
+            params, loss = fit(rows, HopperParams.committed(profile), log=print)
+            print(f"{profile} fitted (mean |log error| {loss:.4f}): {params.values}")
         return 0
     vt = vtrain_outcomes(args.data / "vtrain", progress=print, limit=args.limit or None)
     stats = summarise(vt, VTRAIN_GROUPS)

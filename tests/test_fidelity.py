@@ -7,8 +7,15 @@ from pathlib import Path
 import pytest
 
 from merak_sim.experiments.fidelity import Outcome, public_run_outcomes, summarise
-from merak_sim.experiments.hopper_fit import BOUNDS, FIT_MODELS, coordinate_search, role_of
-from merak_sim.experiments.public_runs import load_rows, skip_reason
+from merak_sim.experiments.hopper_fit import (
+    BOUNDS,
+    FIT_MODELS,
+    coordinate_search,
+    fit_rows,
+    profile_of,
+    role_of,
+)
+from merak_sim.experiments.public_runs import load_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"task": "pretrain", "model": "Llama-toy", "n_layers": "8", "hidden_size": "1024",
@@ -53,17 +60,21 @@ def test_fit_and_held_out_rows_are_disjoint_and_split_by_model():
     for path in sorted(glob.glob(str(ROOT / "data" / "public-runs" / "*.csv"))):
         ds = f"public-runs/{Path(path).stem}"
         for r in load_rows(path):
-            (fit if role_of(ds, r) == "fit" else held).append((ds, r["model"], r["gpu_type"],
-                                                              r["seq_len"], r["num_gpus"]))
+            (fit if role_of(ds, r) == "fit" else held).append(
+                (ds, r["model"], r["gpu_type"], r["seq_len"], r["num_gpus"], r["precision"],
+                 r["source_section"]))
     assert fit and held and not set(fit) & set(held)
-    assert {m for _, m, *_ in fit} == set(FIT_MODELS)
-    assert all(ds.endswith("llmfoundry") and g.startswith("H100") for ds, _, g, *_ in fit)
-    # No held-out llm-foundry H100 row shares a model with the fit.
-    assert not {m for ds, m, g, *_ in held if ds.endswith("llmfoundry")
-                and g.startswith("H100")} & set(FIT_MODELS)
-    rows = load_rows(ROOT / "data" / "public-runs" / "llmfoundry.csv")
-    assert sum(role_of("public-runs/llmfoundry", r) == "fit" and skip_reason(r) is None
-               for r in rows) >= 30
+    assert all(g.startswith("H100") for _, _, g, *_ in fit)
+    for profile, (ds, prefixes) in FIT_MODELS.items():
+        fitted = {m for d, m, *_ in fit if d == ds}
+        assert fitted and all(m.startswith(prefixes) for m in fitted), profile
+        # No held-out H100 row of that source shares a model with the fit.
+        assert not {m for d, m, g, *_ in held if d == ds and g.startswith("H100")} & fitted
+    assert {ds for ds, *_ in fit} == {ds for ds, _ in FIT_MODELS.values()}
+    rows = {f"public-runs/{Path(p).stem}": load_rows(p)
+            for p in glob.glob(str(ROOT / "data" / "public-runs" / "*.csv"))}
+    assert len(fit_rows(rows, "pytorch")) == 32 and len(fit_rows(rows, "megatron-te")) == 10
+    assert all(profile_of(r) == "megatron-te" for r in fit_rows(rows, "megatron-te"))
 
 
 def test_coordinate_search_stays_in_bounds_and_improves():
@@ -89,17 +100,19 @@ def test_fidelity_command_runs_on_a_small_subset(capsys, tmp_path):
 
 def test_calibrated_model_serves_the_hopper_fit_as_the_fit_prices_it():
     from merak_sim.costs.calibrated import CalibratedCostModel
-    from merak_sim.costs.calibrated_hopper import HOPPER_EFFICIENCY, HOPPER_KERNELS, \
-        hopper_calibration
+    from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES, hopper_calibration
     from merak_sim.experiments.hopper_fit import HopperParams
     from merak_sim.experiments.public_runs import row_setup
     from merak_sim.sim.api import simulate
 
     for gpu in ("H100-80GB", "H200-141GB", "GH200-96GB"):
-        eff, kern = hopper_calibration(gpu, None)
-        assert eff.gemm_max == HOPPER_EFFICIENCY["gemm_max"]
-        assert kern.flash_max_bwd == HOPPER_KERNELS["flash_max_bwd"]
+        for profile, values in HOPPER_PROFILES.items():
+            eff, kern = hopper_calibration(gpu, None, profile)
+            assert eff.gemm_max == values["gemm_max"]
+            assert kern.flash_max_bwd == values["flash_max_bwd"]
     assert hopper_calibration("A100-80GB", None) == (None, None)
+    with pytest.raises(ValueError, match="unknown Hopper profile"):
+        hopper_calibration("H100-80GB", None, "jax")
     row = load_rows(ROOT / "data" / "public-runs" / "llmfoundry.csv")[0]
     model, cluster, cfg = row_setup(row)
     served = simulate(model, cluster, cfg, cost_model=CalibratedCostModel(),
@@ -107,3 +120,7 @@ def test_calibrated_model_serves_the_hopper_fit_as_the_fit_prices_it():
     fitted = simulate(model, cluster, cfg, cost_model=HopperParams.committed().cost_model(),
                       engine="evaluator", sub_cluster=True, keep_trace=False)
     assert served.iteration_time_s == pytest.approx(fitted.iteration_time_s, rel=1e-12)
+    te = simulate(model, cluster, cfg,
+                  cost_model=HopperParams.committed("megatron-te").cost_model(),
+                  engine="evaluator", sub_cluster=True, keep_trace=False)
+    assert te.iteration_time_s != pytest.approx(served.iteration_time_s, rel=1e-3)

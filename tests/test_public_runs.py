@@ -105,3 +105,4 @@ def test_shape_mismatch_and_block_scaled_precision_are_refused():
     r = _row("llmfoundry.csv", model="MPT-70b", num_gpus="512", gpu_type="H100 80GB")
     assert "differs from preset" in skip_reason({**r, "n_layers": "81"})
     assert "MX" in skip_reason({**r, "precision": "MXFP8"})
+    assert "row-wise" in skip_reason({**r, "precision": "fp8 rowwise (torchao Float8)"})

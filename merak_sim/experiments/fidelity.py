@@ -7,9 +7,10 @@ Datasets and their role (the split between fitted and held-back rows):
 - ``vtrain-multi`` (ground_truth_multi.csv, 109 rows of 64-512 GPUs): held out, never
   fitted to.
 - ``public-runs/*`` (torchtitan, NeMo / Megatron-Bridge, llm-foundry, Sailor): the rows
-  of the Hopper fit's declared subset are "fit"
-  (:data:`merak_sim.experiments.hopper_fit.FIT_SPLIT`: llm-foundry H100, MPT-1b / 7b /
-  30b); every other row is held out. A row is predicted only if the model can express
+  of the Hopper fits' declared subsets are "fit"
+  (:data:`merak_sim.experiments.hopper_fit.FIT_SPLIT`: llm-foundry H100 MPT-1b / 7b /
+  30b for the PyTorch stack, NeMo H100 GPT-3 / LLaMA-2 / Nemotron for Megatron with
+  Transformer Engine); every other row is held out. A row is predicted only if the model can express
   it (:mod:`merak_sim.experiments.public_runs` maps it: FSDP / HSDP as ZeRO 3,
   Megatron's distributed optimizer as ZeRO 1, context parallelism, FP8 on Hopper);
   every other row is listed as skipped with its one-line reason (MoE, fine-tuning,
@@ -31,7 +32,8 @@ from pathlib import Path
 from merak_sim.costs.base import CostModel
 from merak_sim.costs.calibrated import CALIBRATED, CalibratedCostModel
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.hopper_fit import role_of
+from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES, hopper_cost_model, is_hopper
+from merak_sim.experiments.hopper_fit import profile_of, role_of
 from merak_sim.experiments.public_runs import (
     load_rows,
     measured_step_s,
@@ -48,7 +50,7 @@ __all__ = ["Outcome", "Skipped", "GroupStats", "vtrain_outcomes", "public_run_ou
 
 #: Group keys reported for each kind of dataset.
 VTRAIN_GROUPS = ("gpu", "gpus", "tp", "pp")
-PUBLIC_GROUPS = ("gpu", "tp", "pp", "cp", "zero", "precision")
+PUBLIC_GROUPS = ("gpu", "stack", "tp", "pp", "cp", "zero", "precision")
 
 
 @dataclass(frozen=True)
@@ -128,19 +130,25 @@ def vtrain_outcomes(data_dir: Path, efficiency: Efficiency | None = None,
 def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
                         limit: int | None = None) -> tuple[list[Outcome], list[Skipped]]:
     """Predict the expressible rows of one public-runs CSV (the first ``limit`` when
-    given) with the calibrated model (:mod:`merak_sim.experiments.public_runs` maps
-    them); list the rest as skipped with their reason. Roles follow the Hopper fit's
-    split (:func:`merak_sim.experiments.hopper_fit.role_of`)."""
+    given) with ``cost_model``, by default the calibrated model with, on Hopper GPUs,
+    the profile of the row's software stack
+    (:func:`merak_sim.experiments.hopper_fit.profile_of`;
+    :mod:`merak_sim.experiments.public_runs` maps the rows); list the rest as skipped
+    with their reason. Roles follow the Hopper fits' split
+    (:func:`merak_sim.experiments.hopper_fit.role_of`)."""
     dataset = f"public-runs/{Path(path).stem}"
     done, skipped = [], []
-    cost_model = cost_model or CalibratedCostModel()
+    served = CalibratedCostModel()
+    by_profile = {name: hopper_cost_model(name) for name in HOPPER_PROFILES}
     for row in load_rows(path)[:limit]:
         label = row_label(row)
         why = skip_reason(row)
         if why is None:
             try:
                 model, cluster, cfg = row_setup(row)
-                res = simulate(model, cluster, cfg, cost_model=cost_model,
+                cm = cost_model or (by_profile[profile_of(row)] if is_hopper(cluster.gpu.name)
+                                    else served)
+                res = simulate(model, cluster, cfg, cost_model=cm,
                                engine="evaluator", sub_cluster=True, keep_trace=False)
             except ValueError as e:
                 why = f"configuration rejected: {e}"
@@ -151,7 +159,8 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
         mem_err = None if pub is None else max(res.peak_memory_bytes) / pub - 1
         zero = f"{cfg.zero}" + (f" (HSDP {cfg.zero_group})" if cfg.zero_group else "")
         done.append(Outcome(dataset, role_of(dataset, row), label,
-                            {"gpu": cluster.gpu.name, "tp": str(cfg.tp), "pp": str(cfg.pp),
+                            {"gpu": cluster.gpu.name, "stack": profile_of(row),
+                             "tp": str(cfg.tp), "pp": str(cfg.pp),
                              "cp": str(cfg.cp), "zero": zero, "precision": cfg.dtype},
                             measured_step_s(row), res.iteration_time_s, mem_err))
     return done, skipped

@@ -20,8 +20,9 @@ How a row maps (assumptions stated once, here):
   Megatron / NeMo DDP -> ZeRO 1 (NeMo's recipes enable the distributed optimizer) with
   the gradient reduce and parameter gather overlapped (its performance recipes' default).
 - Precision: bf16 (also llm-foundry's amp_bf16 / PURE), FP8 with current (per-tensor)
-  scaling (torchtitan Float8 tensorwise / rowwise, NeMo FP8, FP8-CS) on Hopper; the
-  block-scaled MX / NVFP4 formats are Blackwell formats, not modelled. Sailor's runs
+  scaling (torchtitan Float8 tensorwise, NeMo FP8, FP8-CS) on Hopper; torchao's
+  row-wise scaling and the block-scaled MX / NVFP4 formats (Blackwell) are not
+  modelled. Sailor's runs
   state none: its run script passes neither --fp16 nor --bf16, so Megatron trains in
   fp32, and the measured throughput (about 90 TFLOP/s per GPU for GPT-Neo 2.7B) exceeds
   the GH200's 67 TFLOP/s FP32 peak: the matmuls ran on TF32 tensor cores (NVIDIA's
@@ -126,7 +127,7 @@ def precision_of(row: dict) -> str | None:
     p = row.get("precision", "").lower()
     if not p:
         return "fp32" if _sailor(row) else None
-    if "mx" in p or "fp4" in p or "block" in p:
+    if "mx" in p or "fp4" in p or "block" in p or "rowwise" in p:
         return None
     if p.startswith("fp8"):
         return "fp8"
@@ -197,7 +198,8 @@ def skip_reason(row: dict) -> str | None:
         return "precision not stated"
     dtype = precision_of(row)
     if dtype is None:
-        return f"precision {row['precision']} (block-scaled MX / FP4 formats not modelled)"
+        return (f"precision {row['precision']} (FP8 is modelled with per-tensor scales; "
+                "row-wise, block-scaled MX and FP4 formats are not)")
     for k in ("n_layers", "hidden_size", "n_heads", "seq_len", "num_gpus",
               "global_batch_size", "tp", "pp"):
         if not row.get(k, "").strip():
