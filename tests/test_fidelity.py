@@ -10,11 +10,11 @@ from merak_sim.experiments.fidelity import Outcome, public_run_outcomes, summari
 from merak_sim.experiments.hopper_fit import (
     BOUNDS,
     FIT_MODELS,
-    coordinate_search,
     fit_rows,
     profile_of,
     role_of,
 )
+from merak_sim.experiments.fitting import coordinate_search
 from merak_sim.experiments.public_runs import load_rows
 
 ROOT = Path(__file__).resolve().parents[1]

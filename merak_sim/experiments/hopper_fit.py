@@ -32,7 +32,8 @@ figures. Bounds (:data:`BOUNDS`) come from physics, fixed before any result was 
   A100 fit's (tile and wave quantisation; H100 has 132 SMs).
 
 Method: the minimum of the mean absolute log error (symmetric relative error) by a
-derivative-free coordinate search in log space (:func:`coordinate_search`).
+derivative-free coordinate search in log space
+(:func:`merak_sim.experiments.fitting.coordinate_search`).
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ from dataclasses import dataclass
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.calibrated_hopper import DEFAULT_PROFILE, HOPPER_PROFILES, \
     hopper_cost_model
+from merak_sim.experiments.fitting import coordinate_search
 from merak_sim.experiments.public_runs import measured_step_s, row_setup, skip_reason
 from merak_sim.sim.api import simulate
 
 __all__ = ["FIT_SPLIT", "FIT_MODELS", "BOUNDS", "profile_of", "role_of", "fit_rows",
-           "HopperParams", "predict", "coordinate_search", "fit"]
+           "HopperParams", "predict", "fit"]
 
 #: Per profile: (dataset, model-name prefixes) of the H100 rows the fit sees.
 FIT_MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -114,34 +116,6 @@ def predict(row: dict, params: HopperParams) -> float:
     model, cluster, cfg = row_setup(row)
     return simulate(model, cluster, cfg, cost_model=params.cost_model(), engine="evaluator",
                     sub_cluster=True, keep_trace=False).iteration_time_s
-
-
-def coordinate_search(loss: Callable[[dict[str, float]], float], start: dict[str, float],
-                      bounds: dict[str, tuple[float, float]], *, rounds: int = 10,
-                      step: float = 1.5, log: Callable[[str], None] | None = None
-                      ) -> tuple[dict[str, float], float]:
-    """Minimise ``loss`` over the parameters of ``start`` inside ``bounds``: each round
-    multiplies every parameter by ``step`` and ``1 / step`` and keeps improvements; the
-    step shrinks (square root) after a round without one."""
-    x = {k: min(max(v, bounds[k][0]), bounds[k][1]) for k, v in start.items()}
-    best = loss(x)
-    for rnd in range(rounds):
-        improved = False
-        for name in x:
-            for mult in (step, 1.0 / step):
-                v = min(max(x[name] * mult, bounds[name][0]), bounds[name][1])
-                if v == x[name]:
-                    continue
-                cand = {**x, name: v}
-                c = loss(cand)
-                if c < best:
-                    x, best, improved = cand, c, True
-                    break
-        if log:
-            log(f"round {rnd}: step x{step:.3f} loss {best:.4f} {x}")
-        if not improved:
-            step = math.sqrt(step)
-    return x, best
 
 
 def fit(rows: Sequence[dict], start: HopperParams | None = None, *, rounds: int = 10,
