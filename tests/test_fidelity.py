@@ -100,7 +100,11 @@ def test_fidelity_command_runs_on_a_small_subset(capsys, tmp_path):
 
 def test_calibrated_model_serves_the_hopper_fit_as_the_fit_prices_it():
     from merak_sim.costs.calibrated import CalibratedCostModel
-    from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES, hopper_calibration
+    from merak_sim.costs.calibrated_hopper import (
+        DEFAULT_PROFILE,
+        HOPPER_PROFILES,
+        hopper_calibration,
+    )
     from merak_sim.experiments.hopper_fit import HopperParams
     from merak_sim.experiments.public_runs import row_setup
     from merak_sim.sim.api import simulate
@@ -115,12 +119,13 @@ def test_calibrated_model_serves_the_hopper_fit_as_the_fit_prices_it():
         hopper_calibration("H100-80GB", None, "jax")
     row = load_rows(ROOT / "data" / "public-runs" / "llmfoundry.csv")[0]
     model, cluster, cfg = row_setup(row)
-    served = simulate(model, cluster, cfg, cost_model=CalibratedCostModel(),
-                      engine="evaluator", sub_cluster=True, keep_trace=False)
-    fitted = simulate(model, cluster, cfg, cost_model=HopperParams.committed().cost_model(),
-                      engine="evaluator", sub_cluster=True, keep_trace=False)
-    assert served.iteration_time_s == pytest.approx(fitted.iteration_time_s, rel=1e-12)
-    te = simulate(model, cluster, cfg,
-                  cost_model=HopperParams.committed("megatron-te").cost_model(),
-                  engine="evaluator", sub_cluster=True, keep_trace=False)
-    assert te.iteration_time_s != pytest.approx(served.iteration_time_s, rel=1e-3)
+
+    def run(cm):
+        return simulate(model, cluster, cfg, cost_model=cm, engine="evaluator",
+                        sub_cluster=True, keep_trace=False).iteration_time_s
+
+    served = run(CalibratedCostModel())
+    assert served == pytest.approx(run(HopperParams.committed(DEFAULT_PROFILE).cost_model()),
+                                   rel=1e-12)
+    other = next(p for p in HOPPER_PROFILES if p != DEFAULT_PROFILE)
+    assert run(HopperParams.committed(other).cost_model()) != pytest.approx(served, rel=1e-3)

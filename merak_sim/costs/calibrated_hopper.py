@@ -4,9 +4,11 @@ Two software stacks reach very different fractions of the same tensor cores, so 
 keeps one profile per stack (:data:`HOPPER_PROFILES`):
 - ``pytorch``: PyTorch training loops (eager or compiled; FSDP, DTensor TP) with
   FlashAttention-2 or Triton attention: llm-foundry, torchtitan, Sailor's
-  Megatron-DeepSpeed. The default for every Hopper GPU preset.
+  Megatron-DeepSpeed.
 - ``megatron-te``: Megatron-Core with Transformer Engine (fused kernels, cuDNN
-  attention, FP8 GEMMs from cuBLASLt): NeMo / Megatron-Bridge.
+  attention, FP8 GEMMs from cuBLASLt): NeMo / Megatron-Bridge. The default for every
+  Hopper GPU preset (:data:`DEFAULT_PROFILE`): the planner's space (tp, pp, cp,
+  interleaving, the distributed optimizer) is Megatron's.
 
 Provenance: :mod:`merak_sim.experiments.hopper_fit` fits each profile to its declared
 subset of the public runs in data/public-runs
@@ -14,7 +16,7 @@ subset of the public runs in data/public-runs
 within physical bounds (:data:`merak_sim.experiments.hopper_fit.BOUNDS`), by
 ``benchmarks/fidelity.py --fit``; the values are copied here by hand so a reviewer sees
 them change. :class:`merak_sim.costs.calibrated.CalibratedCostModel` serves the
-``pytorch`` profile for every Hopper GPU preset (same tensor cores, different memory);
+default profile for every Hopper GPU preset (same tensor cores, different memory);
 :func:`hopper_cost_model` gives either profile.
 
 Fit of 2026-12-01, ``pytorch`` (llm-foundry H100 MPT-1b / 7b / 30b, 32 rows, 12 rounds
@@ -61,7 +63,7 @@ HOPPER_PROFILES: dict[str, dict[str, float]] = {
     },
 }
 #: The profile served by default.
-DEFAULT_PROFILE = "pytorch"
+DEFAULT_PROFILE = "megatron-te"
 #: Profile keys that belong to the GEMM / memory efficiency curve.
 EFFICIENCY_KEYS = ("gemm_max", "gemm_dim_half", "gemm_flops_half", "attn_factor",
                    "mem_bw_eff", "kernel_overhead_s")

@@ -74,7 +74,7 @@ def profile_of(row: dict) -> str:
     """The Hopper profile of a row's software stack (NeMo / Megatron-Bridge:
     ``megatron-te``; everything else: ``pytorch``)."""
     fw = row.get("framework", "").lower()
-    return "megatron-te" if ("nemo" in fw or "megatron-bridge" in fw) else DEFAULT_PROFILE
+    return "megatron-te" if ("nemo" in fw or "megatron-bridge" in fw) else "pytorch"
 
 
 def role_of(dataset: str, row: dict) -> str:
@@ -120,8 +120,8 @@ def predict(row: dict, params: HopperParams) -> float:
 
 def fit(rows: Sequence[dict], start: HopperParams | None = None, *, rounds: int = 10,
         log: Callable[[str], None] | None = None) -> tuple[HopperParams, float]:
-    """Fit a profile's parameters (those of ``start``, default the committed
-    ``pytorch`` values) to ``rows`` within :data:`BOUNDS`; returns the values and the
+    """Fit a profile's parameters (those of ``start``, default the committed values of
+    the default profile) to ``rows`` within :data:`BOUNDS`; returns the values and the
     mean absolute log error."""
     start = start or HopperParams.committed()
     meas = [measured_step_s(r) for r in rows]
