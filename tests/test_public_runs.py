@@ -106,3 +106,10 @@ def test_shape_mismatch_and_block_scaled_precision_are_refused():
     assert "differs from preset" in skip_reason({**r, "n_layers": "81"})
     assert "MX" in skip_reason({**r, "precision": "MXFP8"})
     assert "row-wise" in skip_reason({**r, "precision": "fp8 rowwise (torchao Float8)"})
+
+
+def test_hsdp_row_shards_inside_groups_and_replicates_across():
+    r = _row("torchtitan.csv", model="Llama 3.1 8B", num_gpus="128", precision="bf16",
+             other_flags="FSDP2")
+    _, _, cfg = row_setup({**r, "dp": "4", "dp_shard": "32"})
+    assert (cfg.dp, cfg.zero, cfg.zero_group, cfg.shard_group) == (128, 3, 32, 32)
