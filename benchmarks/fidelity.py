@@ -8,7 +8,8 @@ Prints and writes benchmarks/results/fidelity.md: per dataset and role (vTrain
 single-node = the A100 fit; llm-foundry H100 MPT-1b/7b/30b and NeMo H100 GPT-3 /
 LLaMA-2 / Nemotron = the two Hopper fits; every other row held out) and per group (GPU
 type, software stack, GPUs, tp, pp, cp, ZeRO stage, precision): rows, MAPE, mean signed
-error, worst row, and the peak-memory error where the data publishes peak memory; then every public-runs row the model cannot express with its reason
+error, worst row, and the peak-memory error where the data publishes peak memory; then
+every public-runs row the model cannot express with its reason
 (merak_sim/experiments/fidelity.py, public_runs.py). Uses the committed calibration
 (merak_sim/costs/calibrated.py, calibrated_hopper.py); ``--fit`` refits both Hopper
 profiles (merak_sim/experiments/hopper_fit.py) and prints them to copy into

@@ -41,9 +41,9 @@ How a row maps (assumptions stated once, here):
   torchtitan's default of as many micro-batches as stages. Schedules: 1F1B, or
   interleaved 1F1B with the row's virtual stages.
 Not expressible: MoE, fine-tuning, Blackwell GPUs (no preset), heterogeneous clusters,
-rows the data flags as likely copy errors, unstated precision or virtual stages, rows without a measured time or throughput (the
-long-sequence NeMo table publishes model TFLOP/s only), and rows whose degrees do not
-multiply to the GPU count.
+rows the data flags as likely copy errors, unstated precision or virtual stages, rows
+without a measured time or throughput (the long-sequence NeMo table publishes model
+TFLOP/s only), and rows whose degrees do not multiply to the GPU count.
 """
 
 from __future__ import annotations
