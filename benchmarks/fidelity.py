@@ -24,15 +24,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES
 from merak_sim.experiments.fidelity import (
-    Outcome,
     PUBLIC_GROUPS,
     VTRAIN_GROUPS,
+    Outcome,
     public_run_outcomes,
     summarise,
     vtrain_outcomes,
 )
-from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES
 from merak_sim.experiments.hopper_fit import FIT_SPLIT, HopperParams, fit, fit_rows
 from merak_sim.experiments.public_runs import load_rows
 from merak_sim.io import atomic_write_text

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from merak_sim.experiments.fidelity import Outcome, public_run_outcomes, summarise
+from merak_sim.experiments.fitting import coordinate_search
 from merak_sim.experiments.hopper_fit import (
     BOUNDS,
     FIT_MODELS,
@@ -14,7 +15,6 @@ from merak_sim.experiments.hopper_fit import (
     profile_of,
     role_of,
 )
-from merak_sim.experiments.fitting import coordinate_search
 from merak_sim.experiments.public_runs import load_rows
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from merak_sim.costs.base import CostModel
 from merak_sim.costs.calibrated import CALIBRATED, CalibratedCostModel
-from merak_sim.costs.efficiency import Efficiency
 from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES, hopper_cost_model, is_hopper
+from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.hopper_fit import profile_of, role_of
 from merak_sim.experiments.public_runs import (
     load_rows,

@@ -43,8 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from merak_sim.costs.analytic import AnalyticCostModel
-from merak_sim.costs.calibrated_hopper import DEFAULT_PROFILE, HOPPER_PROFILES, \
-    hopper_cost_model
+from merak_sim.costs.calibrated_hopper import DEFAULT_PROFILE, HOPPER_PROFILES, hopper_cost_model
 from merak_sim.experiments.fitting import coordinate_search
 from merak_sim.experiments.public_runs import measured_step_s, row_setup, skip_reason
 from merak_sim.sim.api import simulate
@@ -128,7 +127,8 @@ def fit(rows: Sequence[dict], start: HopperParams | None = None, *, rounds: int 
 
     def loss(x: dict[str, float]) -> float:
         p = HopperParams(x, start.profile)
-        return sum(abs(math.log(predict(r, p) / m)) for r, m in zip(rows, meas)) / len(rows)
+        errs = [abs(math.log(predict(r, p) / m)) for r, m in zip(rows, meas, strict=True)]
+        return sum(errs) / len(errs)
 
     x, best = coordinate_search(loss, dict(start.values), BOUNDS, rounds=rounds, log=log)
     return HopperParams(x, start.profile), best
