@@ -112,7 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         *[f"| {d} | {r} | {n} |" for (d, r), n in sorted(reasons.items())],
         "",
     ]
-    rows = ["## Every skipped row", "", "| dataset | row | reason |", "|---|---|---|",
+    rows = ["## Every predicted public-runs row", "",
+            "| dataset | role | row | measured s | predicted s | error % | memory error % |",
+            "|---|---|---|---|---|---|---|",
+            *[f"| {o.dataset} | {o.role} | {o.label} | {o.measured_s:.4g} | "
+              f"{o.predicted_s:.4g} | {100 * o.err:+.1f} | "
+              f"{'-' if o.mem_err is None else f'{100 * o.mem_err:+.1f}'} |" for o in public],
+            "", "## Every skipped row", "", "| dataset | row | reason |", "|---|---|---|",
             *[f"| {s.dataset} | {s.label.replace('|', '/')} | {s.reason} |" for s in skipped],
             ""]
     print("\n".join(doc))
