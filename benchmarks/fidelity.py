@@ -1,13 +1,19 @@
 """Fidelity over every open dataset in data/: one table per dataset and group.
 
-    .venv/bin/python benchmarks/fidelity.py
+    .venv/bin/python benchmarks/fidelity.py            # the table (about a minute)
+    .venv/bin/python benchmarks/fidelity.py --fit      # refit Hopper first, print values
+    .venv/bin/python benchmarks/fidelity.py --limit 5  # 5 rows per file (a quick check)
 
-Prints and writes benchmarks/results/fidelity.md: per dataset (vTrain single-node = the
-calibration set; vTrain multi-node and every public-runs file = held out) and per group
-(GPU type, GPUs, tp, pp, precision): rows, MAPE, mean signed error, worst row, and the
-peak-memory error where the data publishes peak memory; then every public-runs row the
-model cannot express yet with its reason (merak_sim/experiments/fidelity.py). Uses the
-committed calibration (merak_sim/costs/calibrated.py); it does not fit.
+Prints and writes benchmarks/results/fidelity.md: per dataset and role (vTrain
+single-node = the A100 fit; llm-foundry H100 MPT-1b/7b/30b and NeMo H100 GPT-3 /
+LLaMA-2 / Nemotron = the two Hopper fits; every other row held out) and per group (GPU
+type, software stack, GPUs, tp, pp, cp, ZeRO stage, precision): rows, MAPE, mean signed
+error, worst row, and the peak-memory error where the data publishes peak memory; then
+every public-runs row the model cannot express with its reason
+(merak_sim/experiments/fidelity.py, public_runs.py). Uses the committed calibration
+(merak_sim/costs/calibrated.py, calibrated_hopper.py); ``--fit`` refits both Hopper
+profiles (merak_sim/experiments/hopper_fit.py) and prints them to copy into
+calibrated_hopper.py, without writing the table.
 """
 
 from __future__ import annotations
@@ -18,13 +24,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES
 from merak_sim.experiments.fidelity import (
     PUBLIC_GROUPS,
     VTRAIN_GROUPS,
+    Outcome,
     public_run_outcomes,
     summarise,
     vtrain_outcomes,
 )
+from merak_sim.experiments.hopper_fit import FIT_SPLIT, HopperParams, fit, fit_rows
+from merak_sim.experiments.public_runs import load_rows
 from merak_sim.io import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,48 +51,80 @@ def _table(stats) -> list[str]:
     return out
 
 
+def _by_role(outs: list[Outcome]) -> list[Outcome]:
+    """Outcomes with the dataset split by role, so fitted and held-out rows of one file
+    are reported apart."""
+    return [Outcome(f"{o.dataset} ({o.role})", o.role, o.label, o.groups, o.measured_s,
+                    o.predicted_s, o.mem_err) for o in outs]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT / "data")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fidelity.md")
+    ap.add_argument("--fit", action="store_true", help="refit the Hopper values and print them")
+    ap.add_argument("--limit", type=int, default=0,
+                    help="at most this many rows per file (0: all; the table is not written)")
     args = ap.parse_args(argv)
     if not (args.data / "vtrain").is_dir():
         print(f"fidelity: error: {args.data / 'vtrain'} not found; pass --data", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    vt = vtrain_outcomes(args.data / "vtrain", progress=print)
+    paths = sorted((args.data / "public-runs").glob("*.csv"))
+    if args.fit:
+        data = {f"public-runs/{p.stem}": load_rows(p) for p in paths}
+        print(FIT_SPLIT)
+        for profile in HOPPER_PROFILES:
+            rows = fit_rows(data, profile)
+            print(f"{profile}: {len(rows)} expressible fit rows", flush=True)
+            params, loss = fit(rows, HopperParams.committed(profile), log=print)
+            print(f"{profile} fitted (mean |log error| {loss:.4f}): {params.values}")
+        return 0
+    vt = vtrain_outcomes(args.data / "vtrain", progress=print, limit=args.limit or None)
     stats = summarise(vt, VTRAIN_GROUPS)
     skipped, public = [], []
-    for path in sorted((args.data / "public-runs").glob("*.csv")):
-        done, sk = public_run_outcomes(path)
+    for path in paths:
+        done, sk = public_run_outcomes(path, limit=args.limit or None)
         public += done
         skipped += sk
-        print(f"{path.stem}: {len(done)} predicted, {len(sk)} skipped")
-    stats += summarise(public, PUBLIC_GROUPS)
+        print(f"{path.stem}: {len(done)} predicted, {len(sk)} skipped "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    stats += summarise(_by_role(public), PUBLIC_GROUPS)
     reasons = Counter((s.dataset, s.reason) for s in skipped)
     doc = [
         "# Fidelity over the open data",
         "",
         f"Command: `.venv/bin/python benchmarks/fidelity.py` ({time.strftime('%Y-%m-%d')}, "
         f"{time.perf_counter() - t0:.0f} s). Calibration: merak_sim/costs/calibrated.py "
-        "(A100, fitted to vTrain's single-node rows only: role \"fit\"); every other row "
-        "is held out (never fitted to). Error = predicted / measured iteration time - 1.",
+        "(A100, fitted to vTrain's single-node rows only) and "
+        f"merak_sim/costs/calibrated_hopper.py ({FIT_SPLIT}); role \"fit\" marks the rows "
+        "a fit saw, every other row is held out (never fitted to). Error = predicted / "
+        "measured iteration time - 1; memory error = predicted / published peak memory "
+        "- 1 (the memory model, not fitted).",
         "",
         *_table(stats),
         "",
-        f"## Public-runs rows not expressible yet ({len(skipped)} rows, none dropped)",
+        f"## Public-runs rows not expressible ({len(skipped)} of {len(skipped) + len(public)}"
+        " rows, none dropped)",
         "",
         "| dataset | reason | rows |",
         "|---|---|---|",
         *[f"| {d} | {r} | {n} |" for (d, r), n in sorted(reasons.items())],
         "",
     ]
-    rows = ["## Every skipped row", "", "| dataset | row | reason |", "|---|---|---|",
+    rows = ["## Every predicted public-runs row", "",
+            "| dataset | role | row | measured s | predicted s | error % | memory error % |",
+            "|---|---|---|---|---|---|---|",
+            *[f"| {o.dataset} | {o.role} | {o.label} | {o.measured_s:.4g} | "
+              f"{o.predicted_s:.4g} | {100 * o.err:+.1f} | "
+              f"{'-' if o.mem_err is None else f'{100 * o.mem_err:+.1f}'} |" for o in public],
+            "", "## Every skipped row", "", "| dataset | row | reason |", "|---|---|---|",
             *[f"| {s.dataset} | {s.label.replace('|', '/')} | {s.reason} |" for s in skipped],
             ""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, "\n".join(doc + rows))
     print("\n".join(doc))
+    if not args.limit:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out, "\n".join(doc + rows))
     return 0
 
 

@@ -270,6 +270,11 @@ GPU_PRESETS: dict[str, GPU] = {g.name: g for g in [
                                             "fp32": 67 * TFLOPS, "fp8": 1979 * TFLOPS},
         "NVIDIA H200 SXM datasheet via " + _HW + "; FP8 3,958 TFLOP/s with sparsity "
         "= 1,979 dense"),
+    GPU("GH200-96GB", 96 * GB, 4000 * GB, {"bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS,
+                                           "fp32": 67 * TFLOPS, "fp8": 1979 * TFLOPS},
+        "NVIDIA GH200 Grace Hopper Superchip datasheet via " + _HW + ": 96 GB HBM3 at "
+        "4 TB/s; the Hopper GPU's tensor rates (FP16/BF16 1,979, FP8 3,958 TFLOP/s with "
+        "sparsity = 989 / 1,979 dense)"),
     # Measured on this project's CPU machine (2 cores, torch 2.13, fp32 2048^3 and
     # 512^3 matmuls: 84-124 GFLOP/s, noisy; copies ~3-10 GB/s). bf16 on CPU is
     # emulated and not used for training here.
@@ -337,6 +342,25 @@ def _dgx_h100(nodes: int) -> Cluster:
                    ("DGX H100: 8 GPUs on NVSwitch (NVLink4), 8x NDR 400 Gb/s per node",))
 
 
+def _dgx_h200(nodes: int) -> Cluster:
+    return Cluster("dgx-h200", GPU_PRESETS["H200-141GB"], nodes, 8, _NVSWITCH_H100,
+                   _ib("InfiniBand NDR", 8, 400),
+                   ("8x H200 SXM per node on NVSwitch (NVLink4, as DGX/HGX H200), one "
+                    "400 Gb/s ConnectX-7 adapter per GPU",))
+
+
+def _alps_gh200(nodes: int) -> Cluster:
+    # CSCS Alps (HPE Cray EX254n blades): 4 GH200 per node joined all-to-all by NVLink4
+    # (18 links per GPU, 6 to each peer); one 200 Gb/s Slingshot-11 NIC per GPU.
+    return Cluster("alps-gh200", GPU_PRESETS["GH200-96GB"], nodes, 4,
+                   Link("NVLink4 all-to-all (4 GPUs)", 360 * GB, 5 * _us, 450 * GB,
+                        "18 NVLink4 links = 450 GB/s per direction per GPU (NVIDIA GH200 "
+                        "datasheet); 80 % achievable assumed, as NVSwitch"),
+                   _ib("Slingshot-11", 4, 200),
+                   ("CSCS Alps node: 4 GH200 on NVLink, 4x Slingshot-11 200 Gb/s "
+                    "(CSCS Alps documentation); link efficiencies are assumptions",))
+
+
 def _h200(nodes: int) -> Cluster:
     if nodes != 1:
         raise HardwareError(f"cluster h200 is one GPU (our lent machine); nodes must be 1, "
@@ -364,6 +388,8 @@ _BUILDERS = {
     "dgx-a100-40g": (lambda n: _dgx_a100(n, 40), 1),
     "vtrain-a100": (_vtrain, 8),
     "dgx-h100": (_dgx_h100, 1),
+    "dgx-h200": (_dgx_h200, 1),
+    "alps-gh200": (_alps_gh200, 1),
     "h200": (_h200, 1),
     "local-cpu": (_local_cpu, 1),
 }

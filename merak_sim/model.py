@@ -316,6 +316,24 @@ _MERAK = ("Merak (Lai et al., TPDS 2023) paper model; shape is an assumption "
 _VTRAIN = ("vTrain ground truth (Bang et al., MICRO 2024; data/vtrain); vocab "
            "51200 (Megatron's padded GPT-2 BPE) is an assumption")
 
+_MPT = ("MPT as llm-foundry benchmarks it (MosaicML llm-foundry scripts/train/yamls/"
+        "pretrain/mpt-*.yaml: d_model, n_heads, n_layers, expansion ratio 4, vocab 50368, "
+        "sequence 2048); parameters = the benchmark table's NumParams at sequence 2048")
+#: (size, layers, hidden, heads, NumParams of llm-foundry's benchmark table).
+_MPT_SHAPES = (("1b", 24, 2048, 16, 1_315_950_592), ("3b", 32, 2560, 20, 2_651_837_440),
+               ("7b", 32, 4096, 32, 6_658_859_008), ("13b", 40, 5120, 40, 12_853_954_560),
+               ("30b", 48, 7168, 56, 29_975_214_080), ("70b", 80, 8192, 64, 64_862_437_376))
+_NEMO_GPT = ("NeMo GPT-3 {0} (NVIDIA NeMo nemo/collections/llm/gpt/model/base.py "
+             "GPTConfig{0}); vocab 51200 (padded GPT-2 BPE) is an assumption")
+
+
+def _llama(name: str, L: int, h: int, a: int, kv: int, f: int, params: float,
+           source: str, s: int = 8192, V: int = 128256) -> ModelSpec:
+    return ModelSpec(name=name, family="llama", layers=L, hidden=h, heads=a, kv_heads=kv,
+                     seq_len=s, vocab=V, ffn_hidden=f, dropout=0.0, source=source,
+                     extra={"published_params": params})
+
+
 #: Presets by name. Each carries its source and, in ``extra['published_params']``, the
 #: published size its parameter count is checked against.
 MODEL_PRESETS: dict[str, ModelSpec] = {
@@ -363,6 +381,18 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                          "405B: h 16384, L 126, 128 heads, 8 kv heads (GQA), ffn 53248, "
                          "vocab 128256); sequence 8192; about 405.9B parameters",
                   extra={"published_params": 405.9e9}),
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 8.03e9, "LLaMA-3 / 3.1 8B (Meta's HF "
+               "config meta-llama/Meta-Llama-3-8B: h 4096, L 32, 32 heads, 8 kv heads, ffn "
+               "14336, vocab 128256); sequence 8192; 8.03B parameters"),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 70.55e9, "LLaMA-3 / 3.1 70B (Meta's HF "
+               "config meta-llama/Meta-Llama-3-70B: h 8192, L 80, 64 heads, 8 kv heads, ffn "
+               "28672, vocab 128256); sequence 8192; 70.55B parameters"),
+        *(_gpt(f"mpt-{n}", L, h, a, s=2048, V=50368, source=_MPT, extra={"published_params": p})
+          for n, L, h, a, p in _MPT_SHAPES),
+        _gpt("nemo-gpt3-5b", 24, 4096, 32, s=2048, V=51200, source=_NEMO_GPT.format("5B"),
+             extra={"published_params": 5e9}),
+        _gpt("nemo-gpt3-20b", 44, 6144, 48, s=2048, V=51200, source=_NEMO_GPT.format("20B"),
+             extra={"published_params": 20e9}),
         ModelSpec(name="bert-large", family="bert", layers=24, hidden=1024, heads=16,
                   seq_len=512, vocab=30522,
                   source="BERT-large (Devlin et al. 2019: L 24, h 1024, 16 heads; "

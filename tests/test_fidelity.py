@@ -1,60 +1,47 @@
-"""Fidelity table plumbing (merak_sim.experiments.fidelity)."""
+"""Fidelity table plumbing (merak_sim.experiments.fidelity) and the Hopper fit's split."""
 
 import csv
+import glob
+from pathlib import Path
 
 import pytest
 
-from merak_sim.experiments.fidelity import (
-    Outcome,
-    public_run_outcomes,
-    public_run_setup,
-    skip_reason,
-    summarise,
+from merak_sim.experiments.fidelity import Outcome, public_run_outcomes, summarise
+from merak_sim.experiments.fitting import coordinate_search
+from merak_sim.experiments.hopper_fit import (
+    BOUNDS,
+    FIT_MODELS,
+    fit_rows,
+    profile_of,
+    role_of,
 )
+from merak_sim.experiments.public_runs import load_rows
 
+ROOT = Path(__file__).resolve().parents[1]
 BASE = {"task": "pretrain", "model": "Llama-toy", "n_layers": "8", "hidden_size": "1024",
         "n_heads": "16", "n_kv_heads": "4", "ffn_hidden": "2816", "vocab_size": "32000",
         "seq_len": "2048", "num_experts": "", "ep": "", "cp": "1", "dp_shard": "",
         "gpu_type": "H100 SXM 80GB (DGX-H100)", "num_gpus": "16", "dp": "1", "tp": "8",
         "pp": "2", "vp": "", "micro_batch_size": "1", "global_batch_size": "8",
         "precision": "BF16", "activation_recompute": "full", "other_flags": "",
-        "tokens_per_sec_per_gpu": "1000", "step_time_s": "", "peak_mem_gib": "20",
-        "peak_mem_bytes": "", "source_section": "toy"}
+        "framework": "torchtitan", "tokens_per_sec_per_gpu": "1000", "step_time_s": "",
+        "peak_mem_gib": "20", "peak_mem_bytes": "", "source_section": "toy"}
 
 
-@pytest.mark.parametrize("change,needle", [
-    ({"precision": "FP8"}, "FP8"),
-    ({"num_experts": "8"}, "MoE"),
-    ({"cp": "2"}, "context parallelism"),
-    ({"dp_shard": "8"}, "FSDP"),
-    ({"gpu_type": "GB200 NVL72"}, "no multi-GPU cluster preset"),
-    ({"task": "sft"}, "fine-tuning"),
-    ({"precision": ""}, "not stated"),
-    ({"vocab_size": ""}, "vocab_size not stated"),
-    ({"dp": "2"}, "GPU count"),
-])
-def test_skip_reasons_name_the_missing_feature(change, needle):
-    assert needle in skip_reason({**BASE, **change})
-
-
-def test_expressible_row_is_set_up_and_predicted(tmp_path):
-    assert skip_reason(BASE) is None
-    model, cluster, cfg = public_run_setup(BASE)
-    assert (model.kv_heads, model.ffn_hidden, model.dtype) == (4, 2816, "bf16")
-    assert cluster.name == "dgx-h100" and cluster.world_size == 16
-    assert (cfg.tp, cfg.pp, cfg.dp, cfg.recompute) == (8, 2, 1, "full")
+def test_public_run_outcomes_predict_and_skip(tmp_path):
     p = tmp_path / "toy.csv"
     with open(p, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(BASE))
         w.writeheader()
         w.writerow(BASE)
-        w.writerow({**BASE, "precision": "FP8"})
+        w.writerow({**BASE, "precision": "NVFP4"})
     done, skipped = public_run_outcomes(p)
     assert len(done) == 1 and len(skipped) == 1
-    assert "FP8" in skipped[0].reason and skipped[0].dataset == "public-runs/toy"
+    assert "FP4" in skipped[0].reason and skipped[0].dataset == "public-runs/toy"
     o = done[0]
     assert o.measured_s == pytest.approx(8 * 2048 / (1000 * 16))
     assert o.predicted_s > 0 and o.mem_err is not None
+    assert o.groups["zero"] == "0" and o.groups["cp"] == "1" and o.role == "held out"
 
 
 def test_summarise_reports_mape_bias_and_worst():
@@ -66,3 +53,79 @@ def test_summarise_reports_mape_bias_and_worst():
     assert st["all"].signed_pct == pytest.approx(100 * (0.1 - 0.2 + 0.05) / 3)
     assert st["all"].worst_pct == pytest.approx(-20) and st["all"].worst_label == "r1"
     assert st["tp=1"].rows == 2 and st["tp=2"].mem_mape_pct is None
+
+
+def test_fit_and_held_out_rows_are_disjoint_and_split_by_model():
+    fit, held = [], []
+    for path in sorted(glob.glob(str(ROOT / "data" / "public-runs" / "*.csv"))):
+        ds = f"public-runs/{Path(path).stem}"
+        for r in load_rows(path):
+            (fit if role_of(ds, r) == "fit" else held).append(
+                (ds, r["model"], r["gpu_type"], r["seq_len"], r["num_gpus"], r["precision"],
+                 r["source_section"]))
+    assert fit and held and not set(fit) & set(held)
+    assert all(g.startswith("H100") for _, _, g, *_ in fit)
+    for profile, (ds, prefixes) in FIT_MODELS.items():
+        fitted = {m for d, m, *_ in fit if d == ds}
+        assert fitted and all(m.startswith(prefixes) for m in fitted), profile
+        # No held-out H100 row of that source shares a model with the fit.
+        assert not {m for d, m, g, *_ in held if d == ds and g.startswith("H100")} & fitted
+    assert {ds for ds, *_ in fit} == {ds for ds, _ in FIT_MODELS.values()}
+    rows = {f"public-runs/{Path(p).stem}": load_rows(p)
+            for p in glob.glob(str(ROOT / "data" / "public-runs" / "*.csv"))}
+    assert len(fit_rows(rows, "pytorch")) == 32 and len(fit_rows(rows, "megatron-te")) == 10
+    assert all(profile_of(r) == "megatron-te" for r in fit_rows(rows, "megatron-te"))
+
+
+def test_coordinate_search_stays_in_bounds_and_improves():
+    bounds = {"a": (0.1, 2.0), "b": BOUNDS["gemm_max"]}
+    x, best = coordinate_search(lambda p: (p["a"] - 1.3) ** 2 + (p["b"] - 0.9) ** 2,
+                                {"a": 0.5, "b": 0.5}, bounds, rounds=30)
+    assert x["a"] == pytest.approx(1.3, rel=0.05) and x["b"] == BOUNDS["gemm_max"][1]
+    assert best < (0.5 - 1.3) ** 2
+
+
+def test_fidelity_command_runs_on_a_small_subset(capsys, tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fidelity_bench",
+                                                  ROOT / "benchmarks" / "fidelity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "f.md"
+    assert mod.main(["--limit", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "public-runs/llmfoundry (held out)" in text and "vtrain-multi" in text
+    assert "not expressible" in text and not out.exists()  # a subset writes no table
+
+
+def test_calibrated_model_serves_the_hopper_fit_as_the_fit_prices_it():
+    from merak_sim.costs.calibrated import CalibratedCostModel
+    from merak_sim.costs.calibrated_hopper import (
+        DEFAULT_PROFILE,
+        HOPPER_PROFILES,
+        hopper_calibration,
+    )
+    from merak_sim.experiments.hopper_fit import HopperParams
+    from merak_sim.experiments.public_runs import row_setup
+    from merak_sim.sim.api import simulate
+
+    for gpu in ("H100-80GB", "H200-141GB", "GH200-96GB"):
+        for profile, values in HOPPER_PROFILES.items():
+            eff, kern = hopper_calibration(gpu, None, profile)
+            assert eff.gemm_max == values["gemm_max"]
+            assert kern.flash_max_bwd == values["flash_max_bwd"]
+    assert hopper_calibration("A100-80GB", None) == (None, None)
+    with pytest.raises(ValueError, match="unknown Hopper profile"):
+        hopper_calibration("H100-80GB", None, "jax")
+    row = load_rows(ROOT / "data" / "public-runs" / "llmfoundry.csv")[0]
+    model, cluster, cfg = row_setup(row)
+
+    def run(cm):
+        return simulate(model, cluster, cfg, cost_model=cm, engine="evaluator",
+                        sub_cluster=True, keep_trace=False).iteration_time_s
+
+    served = run(CalibratedCostModel())
+    assert served == pytest.approx(run(HopperParams.committed(DEFAULT_PROFILE).cost_model()),
+                                   rel=1e-12)
+    other = next(p for p in HOPPER_PROFILES if p != DEFAULT_PROFILE)
+    assert run(HopperParams.committed(other).cost_model()) != pytest.approx(served, rel=1e-3)

@@ -40,7 +40,7 @@ from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, collective_time, group_ranks
 from merak_sim.costs.comm import pipeline_send_time, stage_placement
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
-from merak_sim.costs.kernels import default_kernels
+from merak_sim.costs.kernels import KernelEfficiency, default_kernels
 from merak_sim.costs.layers import LayerCost, LayerOptions, edge_costs, layer_cost
 from merak_sim.costs.ring import check_cp, ring_pass
 from merak_sim.costs.sharded_dp import fsdp_pass, fsdp_working_bytes, grad_sync_seconds
@@ -104,13 +104,15 @@ class AnalyticCostModel:
         pipeline_send: how activations cross a pipeline boundary, "full" or
             "scatter-gather" (:func:`~merak_sim.costs.comm.pipeline_send_time`;
             scatter-gather applies without sequence parallelism only).
+        kernels: flash-attention / FP8 efficiency; None = the GPU type's default.
     """
 
     def __init__(self, efficiency: Efficiency | None = None,
                  profile: ActivationProfile | None = None,
                  partition_method: str = "uniform",
                  collectives: CollectiveTime | None = None,
-                 pipeline_send: str = "full") -> None:
+                 pipeline_send: str = "full",
+                 kernels: KernelEfficiency | None = None) -> None:
         if partition_method not in ("uniform", "time", "parameters"):
             raise CostModelError(f"unknown partition method {partition_method!r}; choose "
                                  "uniform, parameters or time")
@@ -122,11 +124,12 @@ class AnalyticCostModel:
             raise CostModelError(f"unknown pipeline send {pipeline_send!r}; choose one of: "
                                  f"{', '.join(PIPELINE_SENDS)}")
         self.pipeline_send = pipeline_send
+        self.kernels = kernels
 
     def with_collectives(self, collectives: CollectiveTime) -> AnalyticCostModel:
         """The same model with collectives priced by ``collectives``."""
         return AnalyticCostModel(self.efficiency, self.profile, self.partition_method,
-                                 collectives, self.pipeline_send)
+                                 collectives, self.pipeline_send, self.kernels)
 
     # -- helpers shared with TraceCostModel
     def efficiency_for(self, cluster: Cluster) -> Efficiency:
@@ -169,7 +172,7 @@ class AnalyticCostModel:
         opts = LayerOptions(attention=self.attention_kernel(config), cp=config.cp,
                             fp8_peak=(cluster.gpu.peak("fp8") if config.dtype == "fp8"
                                       else 0.0),
-                            kernels=default_kernels(cluster.gpu.name))
+                            kernels=self.kernels or default_kernels(cluster.gpu.name))
         if opts == LayerOptions(kernels=opts.kernels):
             lay = layer_cost(model, peak, bw, eff, e, config.micro_batch_size, config.tp,
                              config.sequence_parallel, parts)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.base import CostTable
+from merak_sim.costs.calibrated_hopper import hopper_calibration
 from merak_sim.costs.comm import measured_collectives
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.costs.nccl import nccl_table_for
@@ -65,10 +66,11 @@ class CalibratedCostModel:
             key = "A100" if name.startswith("A100") else name
             eff = (Efficiency(**{**default_efficiency(name).to_dict(), **CALIBRATED[key]})
                    if key in CALIBRATED else None)
+            eff, kernels = hopper_calibration(name, eff)
             table = nccl_table_for(cluster.name)
-            m = (AnalyticCostModel(efficiency=eff) if table is None else
+            m = (AnalyticCostModel(efficiency=eff, kernels=kernels) if table is None else
                  AnalyticCostModel(efficiency=eff, collectives=measured_collectives(table),
-                                   pipeline_send="scatter-gather"))
+                                   pipeline_send="scatter-gather", kernels=kernels))
             self._by_gpu[(name, cluster.name)] = m
         return m
 

@@ -6,42 +6,51 @@ Datasets and their role (the split between fitted and held-back rows):
   (:mod:`merak_sim.experiments.vtrain`). Reported as "fit".
 - ``vtrain-multi`` (ground_truth_multi.csv, 109 rows of 64-512 GPUs): held out, never
   fitted to.
-- ``public-runs/*`` (torchtitan, NeMo / Megatron-Bridge, llm-foundry, Sailor): held out,
-  never fitted to. A row is predicted only if the model can express it
-  (:func:`skip_reason`); every other row is listed as skipped with its reason (FP8,
-  MoE, context parallelism, FSDP / sharded data parallelism, GPUs or clusters without a
-  preset, fine-tuning, unstated precision or shape), never dropped silently.
+- ``public-runs/*`` (torchtitan, NeMo / Megatron-Bridge, llm-foundry, Sailor): the rows
+  of the Hopper fits' declared subsets are "fit"
+  (:data:`merak_sim.experiments.hopper_fit.FIT_SPLIT`: llm-foundry H100 MPT-1b / 7b /
+  30b for the PyTorch stack, NeMo H100 GPT-3 / LLaMA-2 / Nemotron for Megatron with
+  Transformer Engine); every other row is held out. A row is predicted only if the model can express
+  it (:mod:`merak_sim.experiments.public_runs` maps it: FSDP / HSDP as ZeRO 3,
+  Megatron's distributed optimizer as ZeRO 1, context parallelism, FP8 on Hopper);
+  every other row is listed as skipped with its one-line reason (MoE, fine-tuning,
+  Blackwell GPUs, heterogeneous clusters, unstated precision...), never dropped.
 
 Errors are relative, (predicted - measured) / measured, of the iteration time; memory
 error (predicted peak memory vs published) where the row publishes peak memory
-(torchtitan GiB, Sailor bytes). Per dataset and group (GPU type, tp, pp, GPUs, ...):
+(torchtitan GiB, Sailor bytes). Per dataset and group (GPU type, tp, pp, cp, ZeRO
+stage, precision, ...):
 rows, MAPE, mean signed error and the worst row (:func:`summarise`).
 """
 
 from __future__ import annotations
 
-import csv
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from merak_sim.config import ParallelConfig
+from merak_sim.costs.base import CostModel
 from merak_sim.costs.calibrated import CALIBRATED, CalibratedCostModel
+from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES, hopper_cost_model, is_hopper
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.experiments.hopper_fit import profile_of, role_of
+from merak_sim.experiments.public_runs import (
+    load_rows,
+    measured_step_s,
+    published_peak_bytes,
+    row_label,
+    row_setup,
+    skip_reason,
+)
 from merak_sim.experiments.vtrain import load_vtrain, predict_row
-from merak_sim.hardware import Cluster, get_cluster
-from merak_sim.model import ModelSpec
 from merak_sim.sim.api import simulate
 
 __all__ = ["Outcome", "Skipped", "GroupStats", "vtrain_outcomes", "public_run_outcomes",
-           "skip_reason", "public_run_setup", "summarise", "VTRAIN_GROUPS", "PUBLIC_GROUPS"]
-
-GiB = 1 << 30
+           "summarise", "VTRAIN_GROUPS", "PUBLIC_GROUPS"]
 
 #: Group keys reported for each kind of dataset.
 VTRAIN_GROUPS = ("gpu", "gpus", "tp", "pp")
-PUBLIC_GROUPS = ("gpu", "tp", "pp", "precision")
+PUBLIC_GROUPS = ("gpu", "stack", "tp", "pp", "cp", "zero", "precision")
 
 
 @dataclass(frozen=True)
@@ -97,13 +106,15 @@ class GroupStats:
 
 
 def vtrain_outcomes(data_dir: Path, efficiency: Efficiency | None = None,
-                    progress: Callable[[str], None] | None = None) -> list[Outcome]:
-    """Predict every vTrain row (single-node: "fit", multi-node: "held out") with the
-    calibrated A100 efficiency (default :data:`~merak_sim.costs.calibrated.CALIBRATED`)."""
+                    progress: Callable[[str], None] | None = None,
+                    limit: int | None = None) -> list[Outcome]:
+    """Predict every vTrain row (single-node: "fit", multi-node: "held out"; the first
+    ``limit`` of each file when given) with the calibrated A100 efficiency (default
+    :data:`~merak_sim.costs.calibrated.CALIBRATED`)."""
     eff = efficiency or Efficiency(**{**Efficiency().to_dict(), **CALIBRATED["A100"]})
     out = []
     for name, role in (("single", "fit"), ("multi", "held out")):
-        rows = load_vtrain(Path(data_dir) / f"ground_truth_{name}.csv")
+        rows = load_vtrain(Path(data_dir) / f"ground_truth_{name}.csv")[:limit]
         for r in rows:
             label = (f"h{r.hidden} L{r.layers} s{r.seq_len} gpus{r.gpus} tp{r.tp} dp{r.dp} "
                      f"pp{r.pp} mbs{r.micro_batch} gbs{r.global_batch}")
@@ -116,125 +127,42 @@ def vtrain_outcomes(data_dir: Path, efficiency: Efficiency | None = None,
     return out
 
 
-def _int(v: str, default: int = 1) -> int:
-    v = (v or "").strip()
-    return int(float(v)) if v else default
-
-
-def _cluster_name(gpu_type: str) -> str | None:
-    g = gpu_type.upper()
-    if "H100" in g and "GH" not in g:
-        return "dgx-h100"
-    if "A100" in g:
-        return "dgx-a100-40g" if "40" in g else "dgx-a100-80g"
-    return None
-
-
-def _precision(p: str) -> str | None:
-    p = p.lower()
-    if "bf16" in p:
-        return "bf16"
-    if "fp16" in p:
-        return "fp16"
-    return None
-
-
-def skip_reason(row: dict) -> str | None:
-    """Why the model cannot express a public-runs row yet (None: it can)."""
-    prec = row.get("precision", "").lower()
-    if row.get("task", "pretrain") != "pretrain":
-        return f"task {row['task']} (fine-tuning is not modelled)"
-    if row.get("num_experts") or _int(row.get("ep", ""), 1) > 1:
-        return "MoE (experts / expert parallelism not modelled)"
-    if "fp8" in prec or "fp4" in prec or "mx" in prec:
-        return f"precision {row['precision']} (FP8 / FP4 GEMMs not modelled)"
-    if _int(row.get("cp", ""), 1) > 1:
-        return "context parallelism (cp > 1) not modelled"
-    if _int(row.get("dp_shard", ""), 1) > 1 or "fsdp" in row.get("other_flags", "").lower():
-        return "FSDP / sharded data parallelism not modelled"
-    if _cluster_name(row.get("gpu_type", "")) is None:
-        return f"no multi-GPU cluster preset for {row.get('gpu_type', '?')}"
-    if _precision(prec) is None:
-        return f"precision {row.get('precision') or 'not stated'}"
-    for k in ("n_layers", "hidden_size", "n_heads", "seq_len", "vocab_size", "num_gpus",
-              "micro_batch_size", "global_batch_size"):
-        if not row.get(k, "").strip():
-            return f"{k} not stated"
-    if _measured_s(row) is None:
-        return "no measured step time or throughput"
-    if _int(row.get("tp", ""), 1) * _int(row.get("pp", ""), 1) * _int(row.get("dp", ""), 1) \
-            != _int(row["num_gpus"]):
-        return "tp x pp x dp does not equal the GPU count"
-    return None
-
-
-def _measured_s(row: dict) -> float | None:
-    if row.get("step_time_s", "").strip():
-        return float(row["step_time_s"])
-    tps = row.get("tokens_per_sec_per_gpu", "").strip()
-    if tps and row.get("global_batch_size") and row.get("seq_len") and row.get("num_gpus"):
-        return (_int(row["global_batch_size"]) * _int(row["seq_len"])
-                / (float(tps) * _int(row["num_gpus"])))
-    return None
-
-
-def public_run_setup(row: dict) -> tuple[ModelSpec, Cluster, ParallelConfig]:
-    """(ModelSpec, Cluster, ParallelConfig) of an expressible public-runs row."""
-    h, heads = _int(row["hidden_size"]), _int(row["n_heads"])
-    llama = "llama" in row.get("model", "").lower()
-    model = ModelSpec(name=row.get("model", "run"), family="llama" if llama else "gpt",
-                      layers=_int(row["n_layers"]), hidden=h, heads=heads,
-                      seq_len=_int(row["seq_len"]), vocab=_int(row["vocab_size"]),
-                      ffn_hidden=_int(row.get("ffn_hidden", ""), 0),
-                      kv_heads=_int(row.get("n_kv_heads", ""), 0),
-                      dtype=_precision(row["precision"]), source="public-runs row")
-    gpus = _int(row["num_gpus"])
-    cluster = get_cluster(_cluster_name(row["gpu_type"]), nodes=max(1, math.ceil(gpus / 8)))
-    vp = _int(row.get("vp", ""), 1)
-    rc = row.get("activation_recompute", "").lower()
-    recompute = "full" if "full" in rc else "selective" if "selective" in rc else "none"
-    cfg = ParallelConfig(dp=_int(row["dp"]), tp=_int(row["tp"]), pp=_int(row["pp"]),
-                         virtual_stages=vp,
-                         schedule="interleaved-1f1b" if vp > 1 else "1f1b",
-                         micro_batch_size=_int(row["micro_batch_size"]),
-                         global_batch_size=_int(row["global_batch_size"]),
-                         recompute=recompute, dtype=model.dtype)
-    return model, cluster, cfg
-
-
-def _published_mem_bytes(row: dict) -> float | None:
-    if row.get("peak_mem_gib", "").strip():
-        return float(row["peak_mem_gib"]) * GiB
-    if row.get("peak_mem_bytes", "").strip():
-        return float(row["peak_mem_bytes"])
-    return None
-
-
-def public_run_outcomes(path: Path) -> tuple[list[Outcome], list[Skipped]]:
-    """Predict the expressible rows of one public-runs CSV; list the rest as skipped."""
+def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
+                        limit: int | None = None) -> tuple[list[Outcome], list[Skipped]]:
+    """Predict the expressible rows of one public-runs CSV (the first ``limit`` when
+    given) with ``cost_model``, by default the calibrated model with, on Hopper GPUs,
+    the profile of the row's software stack
+    (:func:`merak_sim.experiments.hopper_fit.profile_of`;
+    :mod:`merak_sim.experiments.public_runs` maps the rows); list the rest as skipped
+    with their reason. Roles follow the Hopper fits' split
+    (:func:`merak_sim.experiments.hopper_fit.role_of`)."""
     dataset = f"public-runs/{Path(path).stem}"
     done, skipped = [], []
-    cost_model = CalibratedCostModel()
-    with open(path, encoding="utf-8", newline="") as f:
-        for row in csv.DictReader(f):
-            label = f"{row.get('model', '?')} | {row.get('source_section', '')}"
-            why = skip_reason(row)
-            if why is None:
-                try:
-                    model, cluster, cfg = public_run_setup(row)
-                    res = simulate(model, cluster, cfg, cost_model=cost_model,
-                                   engine="evaluator", sub_cluster=True, keep_trace=False)
-                except ValueError as e:
-                    why = f"configuration rejected: {e}"
-            if why is not None:
-                skipped.append(Skipped(dataset, label, why))
-                continue
-            pub = _published_mem_bytes(row)
-            mem_err = None if pub is None else max(res.peak_memory_bytes) / pub - 1
-            done.append(Outcome(dataset, "held out", label,
-                                {"gpu": cluster.gpu.name, "tp": str(cfg.tp), "pp": str(cfg.pp),
-                                 "precision": cfg.dtype},
-                                _measured_s(row), res.iteration_time_s, mem_err))
+    served = CalibratedCostModel()
+    by_profile = {name: hopper_cost_model(name) for name in HOPPER_PROFILES}
+    for row in load_rows(path)[:limit]:
+        label = row_label(row)
+        why = skip_reason(row)
+        if why is None:
+            try:
+                model, cluster, cfg = row_setup(row)
+                cm = cost_model or (by_profile[profile_of(row)] if is_hopper(cluster.gpu.name)
+                                    else served)
+                res = simulate(model, cluster, cfg, cost_model=cm,
+                               engine="evaluator", sub_cluster=True, keep_trace=False)
+            except ValueError as e:
+                why = f"configuration rejected: {e}"
+        if why is not None:
+            skipped.append(Skipped(dataset, label, why))
+            continue
+        pub = published_peak_bytes(row)
+        mem_err = None if pub is None else max(res.peak_memory_bytes) / pub - 1
+        zero = f"{cfg.zero}" + (f" (HSDP {cfg.zero_group})" if cfg.zero_group else "")
+        done.append(Outcome(dataset, role_of(dataset, row), label,
+                            {"gpu": cluster.gpu.name, "stack": profile_of(row),
+                             "tp": str(cfg.tp), "pp": str(cfg.pp),
+                             "cp": str(cfg.cp), "zero": zero, "precision": cfg.dtype},
+                            measured_step_s(row), res.iteration_time_s, mem_err))
     return done, skipped
 
 

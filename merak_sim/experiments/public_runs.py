@@ -1,0 +1,300 @@
+"""Mapping of published training runs (data/public-runs) onto the simulator's inputs.
+
+Each CSV row is one published measurement (torchtitan, NeMo / Megatron-Bridge,
+llm-foundry, Sailor). :func:`skip_reason` says why a row cannot be expressed (one line;
+None when it can), :func:`row_setup` turns an expressible row into (ModelSpec, Cluster,
+ParallelConfig), :func:`measured_step_s` and :func:`published_peak_bytes` read what was
+measured.
+
+How a row maps (assumptions stated once, here):
+- Model: the preset named by the row's model (:data:`PRESET_BY_NAME`: LLaMA 2 / 3,
+  MPT, NeMo GPT-3), with the row's sequence length and vocabulary where stated; the
+  row's shape must equal the preset's. Rows without a preset take the row's shape
+  (SwiGLU for LLaMA names, a GELU MLP otherwise; Nemotron: 256k vocabulary, Nemotron-4
+  technical report; its squared-ReLU MLP has the FLOPs of a GELU one).
+- Cluster: H100 -> ``dgx-h100`` (torchtitan's power-capped 96 GB Grand Teton H100s
+  included: their lower clock is not modelled), H200 -> ``dgx-h200``, A100 40/80 GB ->
+  ``dgx-a100-40g`` / ``-80g``, GH200 -> ``alps-gh200``; nodes = GPUs / GPUs per node.
+- Sharding: FSDP / Megatron FSDP (``dp_shard`` > 1, llm-foundry FULL_SHARD) -> ZeRO 3
+  over dp_shard x cp ranks (HSDP when ``dp`` replicates across shard groups);
+  Megatron / NeMo DDP -> ZeRO 1 (NeMo's recipes enable the distributed optimizer) with
+  the gradient reduce and parameter gather overlapped (its performance recipes' default).
+- Precision: bf16 (also llm-foundry's amp_bf16 / PURE), FP8 with current (per-tensor)
+  scaling (torchtitan Float8 tensorwise, NeMo FP8, FP8-CS) on Hopper; torchao's
+  row-wise scaling and the block-scaled MX / NVFP4 formats (Blackwell) are not
+  modelled. Sailor's runs
+  state none: its run script passes neither --fp16 nor --bf16, so Megatron trains in
+  fp32, and the measured throughput (about 90 TFLOP/s per GPU for GPT-Neo 2.7B) exceeds
+  the GH200's 67 TFLOP/s FP32 peak: the matmuls ran on TF32 tensor cores (NVIDIA's
+  PyTorch containers enable TF32 by default), so these rows are fp32 with the GPU's
+  TF32 dense peak (494 TFLOP/s, half of the datasheet's 989 with sparsity) as its fp32
+  peak, an assumption.
+- Attention: flash (every source's default kernel for 16-bit training); unfused in fp32
+  (the flash kernels need 16-bit inputs).
+- Sequence parallelism with tp > 1 (Megatron's and torchtitan's default), except in
+  Sailor's Megatron-DeepSpeed fork; Sailor's uneven layers per stage are modelled as a
+  uniform split.
+- Recompute: "full" -> full; "selective (op ...)" -> selective; "selective layer"
+  (torchtitan's every second layer) -> stage-aware with half the layers; "none"/"no" or
+  unstated -> none.
+- Batch: micro-batch from the row; a pipelined torchtitan row without one uses
+  torchtitan's default of as many micro-batches as stages. Schedules: 1F1B, or
+  interleaved 1F1B with the row's virtual stages.
+Not expressible: MoE, fine-tuning, Blackwell GPUs (no preset), heterogeneous clusters,
+rows the data flags as likely copy errors, unstated precision or virtual stages, rows
+without a measured time or throughput (the long-sequence NeMo table publishes model
+TFLOP/s only), and rows whose degrees do not multiply to the GPU count.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from merak_sim.config import ParallelConfig
+from merak_sim.hardware import Cluster, get_cluster
+from merak_sim.model import ModelSpec, get_model
+
+__all__ = ["PRESET_BY_NAME", "load_rows", "skip_reason", "row_setup", "measured_step_s",
+           "published_peak_bytes", "preset_for", "cluster_name", "precision_of",
+           "row_label"]
+
+GiB = 1 << 30
+
+#: Model-name patterns (lower case, regular expressions) -> model preset.
+PRESET_BY_NAME: tuple[tuple[str, str], ...] = (
+    (r"llama[ _-]?3(\.1)?[ _-]+8b", "llama3-8b"),
+    (r"llama[ _-]?3(\.1)?[ _-]+70b", "llama3-70b"),
+    (r"llama[ _-]?3(\.1)?[ _-]+405b", "llama3-405b-like"),
+    (r"llama[ _-]?2[ _-]+7b", "llama2-7b"),
+    (r"llama[ _-]?2[ _-]+13b", "llama2-13b"),
+    (r"llama[ _-]?2[ _-]+70b", "llama2-70b"),
+    (r"mpt-(1b|3b|7b|13b|30b|70b)$", "mpt-{0}"),
+    (r"gpt3-5b$", "nemo-gpt3-5b"),
+    (r"gpt3-20b$", "nemo-gpt3-20b"),
+    (r"gpt3-175b$", "gpt3-175b"),
+)
+_NEMOTRON_VOCAB = 256000
+_SHAPE = (("n_layers", "layers"), ("hidden_size", "hidden"), ("n_heads", "heads"),
+          ("n_kv_heads", "kv_heads"), ("ffn_hidden", "ffn_hidden"))
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    """The rows of one public-runs CSV as dicts of strings."""
+    with open(path, encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _int(v: str | None, default: int = 1) -> int:
+    v = (v or "").strip()
+    return int(float(v)) if v else default
+
+
+def row_label(row: dict) -> str:
+    """What a row is, for tables: model, GPUs, degrees, sequence, precision, flags."""
+    flags = row.get("other_flags", "")
+    extra = "".join(f" {k}" for k, pat in (("compile", "compile"), ("asyncTP", "asynctp"))
+                    if pat in flags.lower())
+    return (f"{row.get('model', '?')} {row.get('gpu_type', '?').split(' (')[0]} "
+            f"x{row.get('num_gpus', '?')} tp{row.get('tp') or 1} pp{row.get('pp') or 1} "
+            f"cp{row.get('cp') or 1} s{row.get('seq_len', '?')} "
+            f"{precision_of(row) or row.get('precision', '?')}{extra}")
+
+
+def cluster_name(gpu_type: str) -> str | None:
+    """Cluster preset of a row's GPU type (None: no preset)."""
+    g = gpu_type.upper()
+    if g.startswith("GH200"):
+        return "alps-gh200"
+    if g.startswith("H100"):
+        return "dgx-h100"
+    if g.startswith("H200"):
+        return "dgx-h200"
+    if g.startswith("A100"):
+        return "dgx-a100-40g" if "40GB" in g.replace(" ", "") else "dgx-a100-80g"
+    return None
+
+
+def _sailor(row: dict) -> bool:
+    return row.get("framework", "").lower().startswith("sailor")
+
+
+def precision_of(row: dict) -> str | None:
+    """The simulator's dtype of a row's published precision (None: not modelled)."""
+    p = row.get("precision", "").lower()
+    if not p:
+        return "fp32" if _sailor(row) else None
+    if "mx" in p or "fp4" in p or "block" in p or "rowwise" in p:
+        return None
+    if p.startswith("fp8"):
+        return "fp8"
+    if "bf16" in p:
+        return "bf16"
+    if "fp16" in p:
+        return "fp16"
+    return None
+
+
+def preset_for(model_name: str) -> str | None:
+    """The model preset a published model name maps to (None: none)."""
+    name = model_name.strip().lower()
+    for pat, preset in PRESET_BY_NAME:
+        m = re.search(pat, name)
+        if m:
+            return preset.format(*m.groups())
+    return None
+
+
+def measured_step_s(row: dict) -> float | None:
+    """Measured iteration seconds: the published step time, else global batch x sequence
+    / (tokens per second per GPU x GPUs)."""
+    if row.get("step_time_s", "").strip():
+        return float(row["step_time_s"])
+    tps = row.get("tokens_per_sec_per_gpu", "").strip()
+    if tps and row.get("global_batch_size") and row.get("seq_len") and row.get("num_gpus"):
+        return (_int(row["global_batch_size"]) * _int(row["seq_len"])
+                / (float(tps) * _int(row["num_gpus"])))
+    return None
+
+
+def published_peak_bytes(row: dict) -> float | None:
+    """Published peak memory per GPU in bytes (torchtitan GiB, Sailor bytes)."""
+    if row.get("peak_mem_gib", "").strip():
+        return float(row["peak_mem_gib"]) * GiB
+    if row.get("peak_mem_bytes", "").strip():
+        return float(row["peak_mem_bytes"])
+    return None
+
+
+def _sharded(row: dict) -> bool:
+    flags = row.get("other_flags", "").lower()
+    return _int(row.get("dp_shard")) > 1 or ("fsdp" in flags and "fsdp=0" not in flags)
+
+
+def _degrees(row: dict) -> tuple[int, int, int, int]:
+    """(data-parallel ranks, tp, pp, cp) with FSDP's shard degree in the data ranks."""
+    dp = _int(row.get("dp")) * _int(row.get("dp_shard"))
+    return dp, _int(row.get("tp")), _int(row.get("pp")), _int(row.get("cp"))
+
+
+def skip_reason(row: dict) -> str | None:
+    """Why a row cannot be expressed (module docstring); None when it can."""
+    flags = row.get("other_flags", "").lower()
+    if row.get("task", "pretrain") != "pretrain":
+        return f"task {row['task']} (fine-tuning is not modelled)"
+    if row.get("num_experts") or _int(row.get("ep")) > 1:
+        return "MoE (experts / expert parallelism not modelled)"
+    gpu = row.get("gpu_type", "")
+    if gpu.lower().startswith("heterogeneous"):
+        return "heterogeneous cluster (mixed GPU types per pipeline) not modelled"
+    if cluster_name(gpu) is None:
+        return f"no cluster preset for {gpu.split(' (')[0] or '?'}"
+    if "copy error" in row.get("notes", "").lower():
+        return "flagged in the data's notes as a likely copy error in the source"
+    if not row.get("precision", "").strip() and not _sailor(row):
+        return "precision not stated"
+    dtype = precision_of(row)
+    if dtype is None:
+        return (f"precision {row['precision']} (FP8 is modelled with per-tensor scales; "
+                "row-wise, block-scaled MX and FP4 formats are not)")
+    for k in ("n_layers", "hidden_size", "n_heads", "seq_len", "num_gpus",
+              "global_batch_size", "tp", "pp"):
+        if not row.get(k, "").strip():
+            return f"{k} not stated"
+    if measured_step_s(row) is None:
+        return "no measured step time or throughput (model TFLOP/s only)"
+    dp, tp, pp, cp = _degrees(row)
+    if dp * tp * pp * cp != _int(row["num_gpus"]):
+        return "dp x tp x pp x cp does not equal the GPU count"
+    if "interleaved" in flags and not row.get("vp", "").strip():
+        return "interleaved 1F1B with unstated virtual stages"
+    if _micro_batch(row, dp, pp) is None:
+        return "micro-batch size not stated"
+    name = preset_for(row.get("model", ""))
+    if name is not None:
+        pre = get_model(name)
+        for col, attr in _SHAPE:
+            if row.get(col, "").strip() and _int(row[col]) != getattr(pre, attr):
+                return f"{col} {row[col]} differs from preset {name} ({getattr(pre, attr)})"
+    elif not row.get("vocab_size", "").strip() and "nemotron" not in row["model"].lower():
+        return "vocab_size not stated and no preset"
+    return None
+
+
+def _micro_batch(row: dict, dp: int, pp: int) -> int | None:
+    if row.get("micro_batch_size", "").strip():
+        return _int(row["micro_batch_size"])
+    gbs = _int(row["global_batch_size"])
+    if pp > 1 and "torchtitan" in row.get("framework", "").lower() and gbs % (dp * pp) == 0:
+        return gbs // (dp * pp)
+    return None
+
+
+def _model(row: dict) -> ModelSpec:
+    dtype = "bf16" if precision_of(row) == "fp8" else precision_of(row)
+    seq = _int(row["seq_len"])
+    name = preset_for(row["model"])
+    if name is not None:
+        pre = get_model(name)
+        return pre.with_(seq_len=seq, vocab=_int(row.get("vocab_size"), pre.vocab),
+                         max_positions=seq if pre.family == "gpt" else 0, dtype=dtype)
+    llama = "llama" in row["model"].lower()
+    return ModelSpec(name=row["model"], family="llama" if llama else "gpt",
+                     layers=_int(row["n_layers"]), hidden=_int(row["hidden_size"]),
+                     heads=_int(row["n_heads"]), seq_len=seq,
+                     vocab=_int(row.get("vocab_size"), _NEMOTRON_VOCAB),
+                     ffn_hidden=_int(row.get("ffn_hidden"), 0),
+                     kv_heads=_int(row.get("n_kv_heads"), 0), dtype=dtype,
+                     dropout=0.0, source=f"public-runs row ({row.get('shape_source', '')})")
+
+
+def _recompute(row: dict, pp: int) -> dict:
+    rc = row.get("activation_recompute", "").lower()
+    if rc.startswith("full"):
+        return {"recompute": "full"}
+    if rc.startswith("selective layer"):
+        return {"recompute": "stage-aware", "recompute_fractions": (0.5,) * pp}
+    if rc.startswith("selective"):
+        return {"recompute": "selective"}
+    return {"recompute": "none"}
+
+
+def _tf32(cluster: Cluster) -> Cluster:
+    """``cluster`` with fp32 matmuls at the TF32 tensor-core rate (half the 16-bit)."""
+    gpu = replace(cluster.gpu, peak_flops={**cluster.gpu.peak_flops,
+                                           "fp32": cluster.gpu.peak("bf16") / 2})
+    return replace(cluster, gpu=gpu, notes=cluster.notes + (
+        "fp32 training with TF32 tensor-core matmuls (assumption: half the bf16 peak)",))
+
+
+def row_setup(row: dict) -> tuple[ModelSpec, Cluster, ParallelConfig]:
+    """(ModelSpec, Cluster, ParallelConfig) of an expressible row (module docstring)."""
+    why = skip_reason(row)
+    if why is not None:
+        raise ValueError(f"row not expressible: {why}")
+    model = _model(row)
+    dp, tp, pp, cp = _degrees(row)
+    gpus = _int(row["num_gpus"])
+    name = cluster_name(row["gpu_type"])
+    per_node = get_cluster(name).gpus_per_node
+    cluster = get_cluster(name, nodes=max(1, math.ceil(gpus / per_node)))
+    if model.dtype == "fp32":
+        cluster = _tf32(cluster)
+    vp = _int(row.get("vp"))
+    sharded = _sharded(row)
+    zero = {"zero": 3, "zero_group": (_int(row.get("dp_shard")) * cp
+                                      if _int(row.get("dp")) > 1 else 0)} if sharded else (
+        {"zero": 1, "overlap_param_gather": True} if "nemo" in row.get("framework", "").lower()
+        else {})
+    cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, virtual_stages=vp,
+                         schedule="interleaved-1f1b" if vp > 1 else "1f1b",
+                         micro_batch_size=_micro_batch(row, dp, pp),
+                         global_batch_size=_int(row["global_batch_size"]),
+                         attention="unfused" if model.dtype == "fp32" else "flash",
+                         dtype=precision_of(row),
+                         sequence_parallel=tp > 1 and not _sailor(row),
+                         **_recompute(row, pp), **zero)
+    return model, cluster, cfg
