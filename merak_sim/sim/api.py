@@ -8,6 +8,7 @@ SimPy engine or the exact fast evaluator.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,11 @@ from .gpu import EngineOptions
 from .program import OP_POST, Compiled, compile_program
 from .result import SimResult, build_result
 
-__all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config"]
+__all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config", "schedule_of"]
+
+#: How many generated schedules :func:`schedule_of` keeps (least recently used out).
+SCHEDULES_KEPT = 64
+_SCHEDULES: OrderedDict[tuple, Schedule] = OrderedDict()
 
 
 class SimulationError(ValueError):
@@ -50,6 +55,22 @@ def resolve_config(config: ParallelConfig | dict | None, **kwargs: Any) -> Paral
         return ParallelConfig.from_dict(d)
     except TypeError as e:
         raise SimulationError(f"bad parallel configuration: {e}") from None
+
+
+def schedule_of(cfg: ParallelConfig) -> Schedule:
+    """``cfg.build_schedule()``, kept per (schedule, pp, micro-batches, virtual stages):
+    generators are pure functions of those, and handing out the same object lets
+    :func:`~merak_sim.sim.program.compile_program` and the evaluator reuse its
+    structure and dependency order for every configuration of that shape."""
+    key = (cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.virtual_stages)
+    sched = _SCHEDULES.get(key)
+    if sched is None:
+        sched = _SCHEDULES[key] = cfg.build_schedule()
+        while len(_SCHEDULES) > SCHEDULES_KEPT:
+            _SCHEDULES.popitem(last=False)
+    else:
+        _SCHEDULES.move_to_end(key)
+    return sched
 
 
 def _load_schedule(schedule: Schedule | str | Path) -> Schedule:
@@ -226,7 +247,7 @@ def simulate(
     if engine not in ("simpy", "evaluator"):
         raise SimulationError(f"unknown engine {engine!r}; choose simpy or evaluator")
     spec, clus = _resolve_model_cluster(model, cluster, nodes, cfg, sub_cluster)
-    sched = (cfg.build_schedule() if custom_schedule is None
+    sched = (schedule_of(cfg) if custom_schedule is None
              else _load_schedule(custom_schedule))
     if (sched.num_stages, sched.num_microbatches, sched.virtual_stages) != (
             cfg.pp, cfg.num_microbatches, cfg.virtual_stages):
