@@ -48,7 +48,7 @@ from functools import cached_property, reduce
 from operator import add, itemgetter
 
 from merak_sim.costs.base import CostTable
-from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, ScheduleError, iter_actions
+from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, ScheduleError
 from merak_sim.schedule.liveness import Held, liveness, stash_sizes
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
@@ -183,17 +183,31 @@ def program_structure(sched: Schedule) -> ProgramStructure:
     return ps
 
 
-def _transfer_ends(sched: Schedule) -> tuple[dict, list, list]:
-    """(comm key -> transfer id, per id (key, src, dst, send, recv), per id boundary)."""
+def _first_pass(sched: Schedule) -> tuple[dict, list, list, list, set, list]:
+    """One pass over every action: (comm key -> transfer id, per rank the transfer id
+    of each send and receive in program order, per transfer id (key, src, dst, send,
+    recv) and the boundary it crosses, the (rank, chunk, micro-batch) of explicit
+    re-forwards, per rank its chunks with per-micro-batch actions)."""
     tid: dict = {}
     sends: dict = {}
     recvs: dict = {}
-    for p in sched.programs:
-        for a in iter_actions(p):
-            if a.kind.is_comm:
-                key = comm_key(sched, a)
-                (sends if a.kind.is_send else recvs)[key] = a
-                tid.setdefault(key, len(tid))
+    posted, explicit_r, chunks = [], set(), []
+    for prog in sched.programs:
+        ids = []
+        used = set()
+        for step in prog:
+            for a in step.parts:
+                k = a.kind
+                if k.is_comm:
+                    key = comm_key(sched, a)
+                    (sends if k.is_send else recvs)[key] = a
+                    ids.append(tid.setdefault(key, len(tid)))
+                elif k is Kind.RECOMPUTE:
+                    explicit_r.add((a.stage, a.chunk, a.microbatch))
+                if k.per_microbatch:
+                    used.add(a.chunk)
+        posted.append(ids)
+        chunks.append(tuple(sorted(used)))
     ends, bounds = [], []
     for key in tid:  # insertion order is id order
         s, r = sends.get(key), recvs.get(key)
@@ -203,18 +217,12 @@ def _transfer_ends(sched: Schedule) -> tuple[dict, list, list]:
                                 f"{'receive' if a.kind.is_send else 'send'}")
         ends.append((key, s.stage, r.stage, s, r))
         bounds.append(key[1] if key[0] == "A" else key[1] - 1)
-    return tid, ends, bounds
+    return tid, posted, ends, bounds, explicit_r, chunks
 
 
 def _build_structure(sched: Schedule) -> ProgramStructure:
     """One walk of ``sched``: everything :func:`compile_program` needs but the costs."""
-    explicit_r = {
-        (a.stage, a.chunk, a.microbatch)
-        for p in sched.programs
-        for a in iter_actions(p)
-        if a.kind is Kind.RECOMPUTE
-    }
-    tid, ends, bounds = _transfer_ends(sched)
+    tid, posted, ends, bounds, explicit_r, chunks_all = _first_pass(sched)
     rules: dict[tuple, int] = {}
     mem_rules: dict = {None: 0}
     actions: list[Action] = []
@@ -222,10 +230,11 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     rule_of: list[int] = []
     alloc_of: list[int] = []
     free_of: list[int] = []
-    ops_all, flops_r, rec_r, chunks_all, ar_order, last_bwd = [], [], [], [], [], []
+    ops_all, flops_r, rec_r, ar_order, last_bwd = [], [], [], [], []
     n_actions = 0
     for rank, prog in enumerate(sched.programs):
         ops = []
+        post = iter(posted[rank])
         steps = iter(liveness(sched, rank).steps)
         history: dict[tuple[int, int], tuple[Held, ...]] = {}
         last_b: dict[int, int] = {}
@@ -235,7 +244,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             n_actions += len(step.parts)
             if isinstance(step, Fused) or step.kind.is_comm:
                 for p in step.parts:
-                    ops.append((OP_POST, tid[comm_key(sched, p)], int(p.kind.is_send)))
+                    ops.append((OP_POST, next(post), int(p.kind.is_send)))
                 continue
             a = step
             k = a.kind
@@ -273,8 +282,6 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 ck = consumed_key(sched, a)
                 ops.append((OP_COMPUTE, aid, tid[ck] if ck is not None else -1))
         ops_all.append(tuple(ops))
-        chunks_all.append(tuple(sorted({a.chunk for a in iter_actions(prog)
-                                        if a.kind.per_microbatch})))
         order = sorted(last_b, key=lambda ch: last_b[ch])
         ar_order.append(tuple(order))
         last_bwd.append(tuple(last_b[ch] for ch in order))
@@ -302,10 +309,14 @@ class Compiled:
         actions: every compute action (AR and OPT included), indexed by action id.
         rank_of_action: pipeline rank of each action id.
         duration_s: contention-free duration of each action id.
-        recompute_s: the part of each action's duration that is recomputation.
-        mem_alloc / mem_free: bytes allocated at the action's start / freed at its end.
-        transfer_s / transfer_bytes: per transfer id, contention-free time and bytes
-            moved per GPU (:attr:`transfers` pairs them with the ends).
+        transfer_s: per transfer id, contention-free time (:attr:`transfers` pairs it
+            with the ends and the bytes).
+        rule_values: per cost rule of the structure, (duration, recompute part, TP
+            total, TP exposed, TP recompute exposed, TP bytes, FLOPs added), from which
+            the per-action attributes below are gathered on first use (the evaluator
+            reads only ``duration_s`` and ``transfer_s``).
+        memory_values: bytes of each memory rule of the structure.
+        boundary_bytes: per model stage, bytes a transfer leaving it moves per GPU.
         state_bytes: per rank, resident model-state bytes (weights, grads, optimizer).
         grad_bytes: per rank, gradient bytes (the data-parallel reduction's payload).
         ar_chunks: per rank, (chunk, all-reduce seconds) in the order the chunks' last
@@ -315,12 +326,6 @@ class Compiled:
         recompute_flops: per rank, extra FLOPs of recomputation in one iteration.
         recompute_fraction: per rank, the checkpointed fraction c_s used.
         num_actions: total IR actions (fused parts counted, every send and receive).
-        tp_s: per action id, seconds of its tensor-parallel collectives (alone,
-            synchronous; module docstring); empty when compiled elsewhere (all 0).
-        tp_exposed_s: per action id, the part of ``tp_s`` included in ``duration_s``.
-        tp_recompute_exposed_s: per action id, the part of ``tp_exposed_s`` that
-            belongs to recomputation (included in ``recompute_s``).
-        tp_bytes: per action id, bytes one GPU sends for those collectives.
         tied_ar: action ids of the AR steps of the first and the last pipeline rank
             when the table's model ties its embeddings across them (a two-rank
             collective both must reach, :mod:`merak_sim.schedule.ir` rule 6); else
@@ -333,11 +338,10 @@ class Compiled:
     actions: tuple[Action, ...]
     rank_of_action: tuple[int, ...]
     duration_s: tuple[float, ...]
-    recompute_s: tuple[float, ...]
-    mem_alloc: tuple[float, ...]
-    mem_free: tuple[float, ...]
     transfer_s: tuple[float, ...]
-    transfer_bytes: tuple[float, ...]
+    rule_values: tuple[tuple[float, ...], ...]
+    memory_values: tuple[float, ...]
+    boundary_bytes: tuple[float, ...]
     state_bytes: tuple[float, ...]
     grad_bytes: tuple[float, ...]
     ar_chunks: tuple[tuple[tuple[int, float], ...], ...]
@@ -346,16 +350,57 @@ class Compiled:
     recompute_flops: tuple[float, ...]
     recompute_fraction: tuple[float, ...]
     num_actions: int
-    tp_s: tuple[float, ...] = ()
-    tp_exposed_s: tuple[float, ...] = ()
-    tp_recompute_exposed_s: tuple[float, ...] = ()
-    tp_bytes: tuple[float, ...] = ()
     tied_ar: tuple[int, ...] = ()
 
     @property
     def num_ranks(self) -> int:
         """Pipeline ranks."""
         return self.schedule.num_stages
+
+    def _per_action(self, column: int) -> tuple[float, ...]:
+        return self.structure.gathers["action"](self.rule_values[column])
+
+    @cached_property
+    def recompute_s(self) -> tuple[float, ...]:
+        """Per action id, the part of its duration that is recomputation."""
+        return self._per_action(1)
+
+    @cached_property
+    def tp_s(self) -> tuple[float, ...]:
+        """Per action id, seconds of its tensor-parallel collectives (alone,
+        synchronous; module docstring)."""
+        return self._per_action(2)
+
+    @cached_property
+    def tp_exposed_s(self) -> tuple[float, ...]:
+        """Per action id, the part of ``tp_s`` included in ``duration_s``."""
+        return self._per_action(3)
+
+    @cached_property
+    def tp_recompute_exposed_s(self) -> tuple[float, ...]:
+        """Per action id, the part of ``tp_exposed_s`` that belongs to recomputation
+        (included in ``recompute_s``)."""
+        return self._per_action(4)
+
+    @cached_property
+    def tp_bytes(self) -> tuple[float, ...]:
+        """Per action id, bytes one GPU sends for its TP collectives."""
+        return self._per_action(5)
+
+    @cached_property
+    def mem_alloc(self) -> tuple[float, ...]:
+        """Per action id, bytes allocated when it starts."""
+        return self.structure.gathers["alloc"](self.memory_values)
+
+    @cached_property
+    def mem_free(self) -> tuple[float, ...]:
+        """Per action id, bytes freed when it ends."""
+        return self.structure.gathers["free"](self.memory_values)
+
+    @cached_property
+    def transfer_bytes(self) -> tuple[float, ...]:
+        """Per transfer id, bytes moved per GPU."""
+        return self.structure.gathers["transfer"](self.boundary_bytes)
 
     @cached_property
     def transfers(self) -> tuple[Transfer, ...]:
@@ -415,23 +460,19 @@ def compile_program(
     if not cols:
         cols = [()] * 7
     get = ps.gathers
-    by_rule = get["action"]
     sizes = [[stash_sizes(st[ch * S + r], c[r]) for ch in range(v)] for r in range(S)]
-    mem = [memory_value(m, sizes) for m in ps.memory_rules]
     fl = cols[6]
-    by_boundary = get["transfer"]
     return Compiled(
         schedule=sched,
         structure=ps,
         ops=ps.ops,
         actions=ps.actions,
         rank_of_action=ps.rank_of_action,
-        duration_s=by_rule(cols[0]),
-        recompute_s=by_rule(cols[1]),
-        mem_alloc=get["alloc"](mem),
-        mem_free=get["free"](mem),
-        transfer_s=by_boundary([float(s.send_activation_s) for s in st]),
-        transfer_bytes=by_boundary([float(s.p2p_bytes) for s in st]),
+        duration_s=get["action"](cols[0]),
+        transfer_s=get["transfer"]([float(s.send_activation_s) for s in st]),
+        rule_values=tuple(cols),
+        memory_values=tuple(memory_value(m, sizes) for m in ps.memory_rules),
+        boundary_bytes=tuple(float(s.p2p_bytes) for s in st),
         state_bytes=tuple(float(sum(st[ch * S + r].state_bytes for ch in range(v)))
                           for r in range(S)),
         grad_bytes=tuple(float(sum(st[ch * S + r].grad_bytes for ch in range(v)))
@@ -443,9 +484,5 @@ def compile_program(
         recompute_flops=tuple(reduce(add, get[f"recompute {r}"](fl), 0.0) for r in range(S)),
         recompute_fraction=tuple(c),
         num_actions=ps.num_actions,
-        tp_s=by_rule(cols[2]),
-        tp_exposed_s=by_rule(cols[3]),
-        tp_recompute_exposed_s=by_rule(cols[4]),
-        tp_bytes=by_rule(cols[5]),
         tied_ar=ps.tied_candidates if table.tied_embeddings else (),
     )
