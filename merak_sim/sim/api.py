@@ -94,17 +94,21 @@ def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
     replayed per rank in program order, which is time order on each rank)."""
     ev = evaluate(prog, pl or plan(prog), overlap_dp=overlap_dp, buckets=buckets, zero=zero)
     S = prog.num_ranks
-    acts = [[] for _ in range(S)]
+    start, end = ev.start, ev.end
+    alloc, free = prog.mem_alloc, prog.mem_free
+    acts = []
     mems = []
     for r in range(S):
         hbm = HBM(capacity, prog.state_bytes[r], record_memory)
-        for code, x, _y in prog.ops[r]:
-            if code == OP_POST:
-                continue
-            st, en = ev.start[x], ev.end[x]
-            hbm.alloc(st, prog.mem_alloc[x], x)
-            hbm.free(en, prog.mem_free[x])
-            acts[r].append((x, st, en))
+        ids = [x for code, x, _y in prog.ops[r] if code != OP_POST]
+        for x in ids:
+            # HBM ignores zero-byte changes; most actions either allocate or free
+            if alloc[x]:
+                hbm.alloc(start[x], alloc[x], x)
+            if free[x]:
+                hbm.free(end[x], free[x])
+        acts.append(list(zip(ids, map(start.__getitem__, ids), map(end.__getitem__, ids),
+                             strict=True)))
         mems.append(hbm)
     return EventLog(prog=prog, placement=placement, mode="representative",
                  ranks=[placement.rank(s) for s in range(S)], stage_of=list(range(S)),
