@@ -199,3 +199,14 @@ def test_simulate_unchanged_by_the_reused_schedule():
         ParallelConfig.from_dict(kw["config"])).to_json()))
     assert (a.iteration_time_s, a.ranks, a.peak_memory_bytes) == (
         ref.iteration_time_s, ref.ranks, ref.peak_memory_bytes)
+
+
+def test_compiled_program_pickles_after_use():
+    import pickle
+
+    sched = generate("1f1b", 1, 1)  # one-action gathers too
+    prog = compile_program(sched, uneven_table(1, 0))
+    ev = evaluate(prog)
+    _ = prog.mem_alloc, prog.transfers
+    back = pickle.loads(pickle.dumps(prog))
+    assert evaluate(back) == ev and back.mem_alloc == prog.mem_alloc

@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import cached_property, reduce
+from functools import cached_property, partial, reduce
 from operator import add, itemgetter
 
 from merak_sim.costs.base import CostTable
@@ -90,11 +90,16 @@ class Transfer:
     nbytes: float
 
 
+def _pick(ids: tuple[int, ...], values: list) -> tuple:
+    return tuple(values[i] for i in ids)
+
+
 def _getter(ids: tuple[int, ...]) -> Callable[[list], tuple]:
-    """A function ``values -> tuple(values[i] for i in ids)``, at C speed."""
+    """A function ``values -> tuple(values[i] for i in ids)``, at C speed (picklable,
+    so a structure can travel to worker processes)."""
     if len(ids) > 1:
         return itemgetter(*ids)
-    return lambda values: tuple(values[i] for i in ids)
+    return partial(_pick, ids)
 
 
 @dataclass(frozen=True, eq=False)
