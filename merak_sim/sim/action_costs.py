@@ -1,5 +1,6 @@
 """Cost rules of compiled actions: what one action of a given kind on a given model
-stage costs, and what one liveness history allocates or frees.
+stage costs, what one liveness history allocates or frees, and the gathers that
+spread per-rule values over the actions.
 
 :func:`~merak_sim.sim.program.compile_program` evaluates each distinct rule of a
 schedule once per cost table (:class:`~merak_sim.sim.program.ProgramStructure` lists
@@ -9,11 +10,15 @@ that module's docstring.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from operator import itemgetter
+
 from merak_sim.costs.base import StageCost
 from merak_sim.schedule.ir import Kind
 from merak_sim.schedule.liveness import Held, ItemSizes
 
-__all__ = ["rule_costs", "memory_value"]
+__all__ = ["rule_costs", "memory_value", "gatherer"]
 
 
 def rule_costs(rule: tuple, st: tuple[StageCost, ...], c: list[float], S: int,
@@ -79,3 +84,15 @@ def memory_value(rule: tuple[int, int, tuple[Held, ...], bool] | None,
         else:
             alloc = held = new
     return float(held if frees else alloc)
+
+
+def _pick(ids: tuple[int, ...], values: list) -> tuple:
+    return tuple(values[i] for i in ids)
+
+
+def gatherer(ids: tuple[int, ...]) -> Callable[[list], tuple]:
+    """A function ``values -> tuple(values[i] for i in ids)``, at C speed (picklable,
+    so a structure can travel to worker processes)."""
+    if len(ids) > 1:
+        return itemgetter(*ids)
+    return partial(_pick, ids)

@@ -26,7 +26,7 @@ from .engine import EventLog, run_engine
 from .entities import HBM, Topology, topology_from_cluster
 from .evaluator import DependencyGraph, evaluate, plan
 from .gpu import EngineOptions
-from .program import OP_POST, Compiled, compile_program
+from .program import Compiled, compile_program
 from .result import SimResult, build_result
 
 __all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config", "schedule_of"]
@@ -100,7 +100,7 @@ def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
     mems = []
     for r in range(S):
         hbm = HBM(capacity, prog.state_bytes[r], record_memory)
-        ids = [x for code, x, _y in prog.ops[r] if code != OP_POST]
+        ids = prog.structure.compute_ids[r]
         for x in ids:
             # HBM ignores zero-byte changes; most actions either allocate or free
             if alloc[x]:

@@ -44,15 +44,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import cached_property, partial, reduce
-from operator import add, itemgetter
+from functools import cached_property, reduce
+from operator import add
 
 from merak_sim.costs.base import CostTable
 from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, ScheduleError
 from merak_sim.schedule.liveness import Held, liveness, stash_sizes
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
-from .action_costs import memory_value, rule_costs
+from .action_costs import gatherer, memory_value, rule_costs
 
 __all__ = ["Compiled", "Transfer", "ProgramStructure", "program_structure", "compile_program",
            "OP_COMPUTE", "OP_POST", "OP_AR"]
@@ -88,18 +88,6 @@ class Transfer:
     recv: Action
     duration_s: float
     nbytes: float
-
-
-def _pick(ids: tuple[int, ...], values: list) -> tuple:
-    return tuple(values[i] for i in ids)
-
-
-def _getter(ids: tuple[int, ...]) -> Callable[[list], tuple]:
-    """A function ``values -> tuple(values[i] for i in ids)``, at C speed (picklable,
-    so a structure can travel to worker processes)."""
-    if len(ids) > 1:
-        return itemgetter(*ids)
-    return partial(_pick, ids)
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,12 +141,23 @@ class ProgramStructure:
         """Per-action gathers from per-rule values ("action", "alloc", "free"), per
         transfer from per-boundary values ("transfer"), and per rank from per-rule
         values ("flops r", "recompute r"), built once."""
-        out = {"action": _getter(self.rule_of_action), "alloc": _getter(self.alloc_rule),
-               "free": _getter(self.free_rule), "transfer": _getter(self.transfer_boundary)}
+        out = {"action": gatherer(self.rule_of_action), "alloc": gatherer(self.alloc_rule),
+               "free": gatherer(self.free_rule), "transfer": gatherer(self.transfer_boundary)}
         for r, (f, rc) in enumerate(zip(self.flops_rules, self.recompute_rules, strict=True)):
-            out[f"flops {r}"] = _getter(f)
-            out[f"recompute {r}"] = _getter(rc)
+            out[f"flops {r}"] = gatherer(f)
+            out[f"recompute {r}"] = gatherer(rc)
         return out
+
+    @cached_property
+    def compute_ids(self) -> tuple[tuple[int, ...], ...]:
+        """Per rank, the ids of its compute actions (AR, OPT too), program order."""
+        return tuple(tuple(x for code, x, _y in ops if code != OP_POST) for ops in self.ops)
+
+    @cached_property
+    def consumed(self) -> tuple[dict[int, int], ...]:
+        """Per rank, action id -> id of the transfer it waits for."""
+        return tuple({x: y for code, x, y in ops if code == OP_COMPUTE and y >= 0}
+                     for ops in self.ops)
 
     @cached_property
     def tied_candidates(self) -> tuple[int, ...]:
@@ -372,8 +371,7 @@ class Compiled:
 
     @cached_property
     def tp_s(self) -> tuple[float, ...]:
-        """Per action id, seconds of its tensor-parallel collectives (alone,
-        synchronous; module docstring)."""
+        """Per action id, seconds of its TP collectives (alone; module docstring)."""
         return self._per_action(2)
 
     @cached_property
@@ -383,8 +381,7 @@ class Compiled:
 
     @cached_property
     def tp_recompute_exposed_s(self) -> tuple[float, ...]:
-        """Per action id, the part of ``tp_exposed_s`` that belongs to recomputation
-        (included in ``recompute_s``)."""
+        """Per action id, the recomputation's part of ``tp_exposed_s``."""
         return self._per_action(4)
 
     @cached_property
@@ -409,8 +406,7 @@ class Compiled:
 
     @cached_property
     def transfers(self) -> tuple[Transfer, ...]:
-        """Every transfer, indexed by transfer id (built on first use: the evaluator
-        reads only :attr:`transfer_s`)."""
+        """Every transfer by id (built on first use; the evaluator reads transfer_s)."""
         return tuple(Transfer(key, s, d, snd, rcv, x, n) for (key, s, d, snd, rcv), x, n
                      in zip(self.structure.transfer_ends, self.transfer_s,
                             self.transfer_bytes, strict=True))
