@@ -300,6 +300,18 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         ar_order=tuple(ar_order), last_backward=tuple(last_bwd))
 
 
+def _gathered(gather: str, source: str, column: int | None, doc: str) -> cached_property:
+    """A :class:`Compiled` attribute gathered on first use: the structure's gather
+    ``gather`` applied to field ``source`` (its ``column`` when given)."""
+
+    def get(self: Compiled) -> tuple:
+        values = getattr(self, source)
+        return self.structure.gathers[gather](values if column is None else values[column])
+
+    get.__doc__ = doc
+    return cached_property(get)
+
+
 @dataclass(frozen=True)
 class Compiled:
     """Flat, integer-indexed form of a schedule with its costs.
@@ -361,48 +373,22 @@ class Compiled:
         """Pipeline ranks."""
         return self.schedule.num_stages
 
-    def _per_action(self, column: int) -> tuple[float, ...]:
-        return self.structure.gathers["action"](self.rule_values[column])
-
-    @cached_property
-    def recompute_s(self) -> tuple[float, ...]:
-        """Per action id, the part of its duration that is recomputation."""
-        return self._per_action(1)
-
-    @cached_property
-    def tp_s(self) -> tuple[float, ...]:
-        """Per action id, seconds of its TP collectives (alone; module docstring)."""
-        return self._per_action(2)
-
-    @cached_property
-    def tp_exposed_s(self) -> tuple[float, ...]:
-        """Per action id, the part of ``tp_s`` included in ``duration_s``."""
-        return self._per_action(3)
-
-    @cached_property
-    def tp_recompute_exposed_s(self) -> tuple[float, ...]:
-        """Per action id, the recomputation's part of ``tp_exposed_s``."""
-        return self._per_action(4)
-
-    @cached_property
-    def tp_bytes(self) -> tuple[float, ...]:
-        """Per action id, bytes one GPU sends for its TP collectives."""
-        return self._per_action(5)
-
-    @cached_property
-    def mem_alloc(self) -> tuple[float, ...]:
-        """Per action id, bytes allocated when it starts."""
-        return self.structure.gathers["alloc"](self.memory_values)
-
-    @cached_property
-    def mem_free(self) -> tuple[float, ...]:
-        """Per action id, bytes freed when it ends."""
-        return self.structure.gathers["free"](self.memory_values)
-
-    @cached_property
-    def transfer_bytes(self) -> tuple[float, ...]:
-        """Per transfer id, bytes moved per GPU."""
-        return self.structure.gathers["transfer"](self.boundary_bytes)
+    recompute_s = _gathered("action", "rule_values", 1, "Per action id, the part of its "
+                            "duration that is recomputation.")
+    tp_s = _gathered("action", "rule_values", 2, "Per action id, seconds of its TP "
+                     "collectives (alone, synchronous; module docstring).")
+    tp_exposed_s = _gathered("action", "rule_values", 3, "Per action id, the part of "
+                             "``tp_s`` included in ``duration_s``.")
+    tp_recompute_exposed_s = _gathered("action", "rule_values", 4, "Per action id, the part "
+                                       "of ``tp_exposed_s`` that belongs to recomputation.")
+    tp_bytes = _gathered("action", "rule_values", 5, "Per action id, bytes one GPU sends "
+                         "for its TP collectives.")
+    mem_alloc = _gathered("alloc", "memory_values", None, "Per action id, bytes allocated "
+                          "when it starts.")
+    mem_free = _gathered("free", "memory_values", None, "Per action id, bytes freed when "
+                         "it ends.")
+    transfer_bytes = _gathered("transfer", "boundary_bytes", None, "Per transfer id, bytes "
+                               "moved per GPU.")
 
     @cached_property
     def transfers(self) -> tuple[Transfer, ...]:
