@@ -16,6 +16,7 @@ from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.layout import RankLayout
 from merak_sim.schedule import (
     SCHEDULES,
+    Action,
     Kind,
     Schedule,
     ScheduleError,
@@ -86,6 +87,9 @@ def check_documented_prices(sched: Schedule, table: CostTable, c) -> None:
     explicit = {(a.stage, a.chunk, a.microbatch) for p in sched.programs
                 for a in iter_actions(p) if a.kind is Kind.RECOMPUTE}
     for rank in range(S):
+        # the model stage each chunk holds, as the schedule places it
+        at = [sched.model_stage(Action(Kind.FORWARD, rank, 0, ch))
+              for ch in range(sched.virtual_stages)]
         ids = [x for code, x, _y in prog.ops[rank] if code != OP_POST]
         chunks = sorted({a.chunk for a in iter_actions(sched.programs[rank])
                          if a.kind.per_microbatch})
@@ -100,10 +104,9 @@ def check_documented_prices(sched: Schedule, table: CostTable, c) -> None:
                     flops += sc.flops
             else:
                 field = "grad_allreduce_s" if a.kind is Kind.ALL_REDUCE else "optimizer_s"
-                assert prog.duration_s[x] == sum(getattr(st[ch * S + rank], field)
-                                                 for ch in chunks)
+                assert prog.duration_s[x] == sum(getattr(st[at[ch]], field) for ch in chunks)
         assert prog.flops[rank] == flops
-        sizes = [stash_sizes(st[ch * S + rank], cc[rank]) for ch in range(sched.virtual_stages)]
+        sizes = [stash_sizes(st[g], cc[rank]) for g in at]
         assert [(prog.mem_alloc[x], prog.mem_free[x]) for x in ids] == list(
             liveness(sched, rank).deltas(sizes))
     for t, d, n in zip(prog.transfers, prog.transfer_s, prog.transfer_bytes, strict=True):

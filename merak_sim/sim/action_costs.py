@@ -21,21 +21,23 @@ from merak_sim.schedule.liveness import Held, ItemSizes
 __all__ = ["rule_costs", "memory_value", "gatherer"]
 
 
-def rule_costs(rule: tuple, st: tuple[StageCost, ...], c: list[float], S: int,
-                chunks: tuple[tuple[int, ...], ...]) -> tuple[float, ...]:
+def rule_costs(rule: tuple, st: tuple[StageCost, ...], c: list[float],
+               chunks: tuple[tuple[int, ...], ...], chunk_stages: tuple[tuple[int, ...], ...]
+               ) -> tuple[float, ...]:
     """(duration, recompute part, TP total, TP exposed, TP recompute exposed, TP bytes,
     FLOPs added) of an action following ``rule``: ``(kind, model stage, explicit R
-    ran)`` or ``(AR or OPT, rank)``; ``c`` the checkpointed fraction per rank and
-    ``chunks`` per rank the chunks AR and OPT sum over."""
+    ran, rank)`` or ``(AR or OPT, rank)``; ``c`` the checkpointed fraction per rank,
+    ``chunks`` per rank the chunks AR and OPT sum over and ``chunk_stages`` the model
+    stage of each of a rank's chunks."""
     k = rule[0]
     if not k.per_microbatch:
         rank = rule[1]
         field = "grad_allreduce_s" if k is Kind.ALL_REDUCE else "optimizer_s"
-        d = sum(getattr(st[ch * S + rank], field) for ch in chunks[rank])
+        d = sum(getattr(st[chunk_stages[rank][ch]], field) for ch in chunks[rank])
         return (float(d), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    g, explicit = rule[1], rule[2]
+    g, explicit, rank = rule[1], rule[2], rule[3]
     sc = st[g]
-    cs = 0.0 if explicit else c[g % S]
+    cs = 0.0 if explicit else c[rank]
     fwd_flops = sc.flops / 3.0  # forward ~ 1/3 of forward+backward FLOPs
     d = r_s = fl = 0.0
     tt = tx = trx = tb = 0.0

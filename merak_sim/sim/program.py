@@ -102,8 +102,8 @@ class ProgramStructure:
         transfer_boundary: per transfer id, the model-stage boundary g it crosses
             (between g and g+1; its time is ``stages[g].send_activation_s``).
         rules: the distinct cost rules: ``(kind, model stage, explicit R ran for the
-            micro-batch)`` of a per-micro-batch action (the flag only for B and I,
-            the two that read it), ``(kind, rank)`` of AR and OPT.
+            micro-batch, rank)`` of a per-micro-batch action (the flag only for B and
+            I, the two that read it), ``(kind, rank)`` of AR and OPT.
         rule_of_action: per action id, its index in ``rules``.
         memory_rules: the distinct memory rules ``(rank, chunk, history, frees)``:
             the states a live item entered so far (liveness history, program order),
@@ -114,6 +114,8 @@ class ProgramStructure:
         flops_rules, recompute_rules: per rank, rule ids of the actions adding model
             FLOPs (F, F*) and recompute FLOPs (R, B, I), in program order.
         chunks: per rank, chunks with per-micro-batch actions (AR and OPT sum them).
+        chunk_stages: per rank, the model stage each of its chunks holds (as the
+            schedule places it, :meth:`~merak_sim.schedule.ir.Schedule.model_stage`).
         ar_order: per rank, those chunks in the order their last backward comes.
         last_backward: per rank, action id of each of them (B or W).
     """
@@ -133,6 +135,7 @@ class ProgramStructure:
     flops_rules: tuple[tuple[int, ...], ...]
     recompute_rules: tuple[tuple[int, ...], ...]
     chunks: tuple[tuple[int, ...], ...]
+    chunk_stages: tuple[tuple[int, ...], ...]
     ar_order: tuple[tuple[int, ...], ...]
     last_backward: tuple[tuple[int, ...], ...]
 
@@ -161,12 +164,15 @@ class ProgramStructure:
 
     @cached_property
     def tied_candidates(self) -> tuple[int, ...]:
-        """AR action ids of the first and the last rank when both are distinct and
-        end in an AR (the ranks a tied embedding joins), else ()."""
-        if len(self.ops) < 2:
+        """AR action ids of the distinct ranks holding the first and the last model
+        stage (the ranks a tied embedding joins) when there are two and both end in
+        an AR, else ()."""
+        last = len(self.ops) * len(self.chunk_stages[0]) - 1 if self.ops else -1
+        ranks = sorted({r for r, stages in enumerate(self.chunk_stages)
+                        for g in stages if g in (0, last)})
+        if len(ranks) < 2:
             return ()
-        ids = [x for r in (0, len(self.ops) - 1) for code, x, _y in self.ops[r]
-               if code == OP_AR]
+        ids = [x for r in ranks for code, x, _y in self.ops[r] if code == OP_AR]
         return tuple(ids) if len(ids) == 2 else ()
 
 
@@ -269,7 +275,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             if k.per_microbatch:
                 reads_explicit = k in (Kind.BACKWARD, Kind.BACKWARD_INPUT)
                 rule = (k, sched.model_stage(a),
-                        reads_explicit and (rank, a.chunk, a.microbatch) in explicit_r)
+                        reads_explicit and (rank, a.chunk, a.microbatch) in explicit_r, rank)
             else:
                 rule = (k, rank)
             rid = rules.setdefault(rule, len(rules))
@@ -297,6 +303,9 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         transfer_boundary=tuple(bounds), rules=tuple(rules), rule_of_action=tuple(rule_of),
         memory_rules=tuple(mem_rules), alloc_rule=tuple(alloc_of), free_rule=tuple(free_of),
         flops_rules=tuple(flops_r), recompute_rules=tuple(rec_r), chunks=tuple(chunks_all),
+        chunk_stages=tuple(tuple(sched.model_stage(Action(Kind.FORWARD, r, 0, ch))
+                                 for ch in range(sched.virtual_stages))
+                           for r in range(sched.num_stages)),
         ar_order=tuple(ar_order), last_backward=tuple(last_bwd))
 
 
@@ -441,13 +450,14 @@ def compile_program(
         raise ValueError(f"recompute has {len(c)} fractions for pp={S}")
     c = [0.0 if s in sched.no_recompute_stages else float(x) for s, x in enumerate(c)]
     st = table.stages
-    v = sched.virtual_stages
     ps = program_structure(sched)
-    cols = list(zip(*(rule_costs(r, st, c, S, ps.chunks) for r in ps.rules), strict=True))
+    cols = list(zip(*(rule_costs(r, st, c, ps.chunks, ps.chunk_stages) for r in ps.rules),
+                    strict=True))
     if not cols:
         cols = [()] * 7
     get = ps.gathers
-    sizes = [[stash_sizes(st[ch * S + r], c[r]) for ch in range(v)] for r in range(S)]
+    at = ps.chunk_stages
+    sizes = [[stash_sizes(st[g], c[r]) for g in at[r]] for r in range(S)]
     fl = cols[6]
     return Compiled(
         schedule=sched,
@@ -460,11 +470,9 @@ def compile_program(
         rule_values=tuple(cols),
         memory_values=tuple(memory_value(m, sizes) for m in ps.memory_rules),
         boundary_bytes=tuple(float(s.p2p_bytes) for s in st),
-        state_bytes=tuple(float(sum(st[ch * S + r].state_bytes for ch in range(v)))
-                          for r in range(S)),
-        grad_bytes=tuple(float(sum(st[ch * S + r].grad_bytes for ch in range(v)))
-                         for r in range(S)),
-        ar_chunks=tuple(tuple((ch, float(st[ch * S + r].grad_allreduce_s)) for ch in order)
+        state_bytes=tuple(float(sum(st[g].state_bytes for g in at[r])) for r in range(S)),
+        grad_bytes=tuple(float(sum(st[g].grad_bytes for g in at[r])) for r in range(S)),
+        ar_chunks=tuple(tuple((ch, float(st[at[r][ch]].grad_allreduce_s)) for ch in order)
                         for r, order in enumerate(ps.ar_order)),
         last_backward=ps.last_backward,
         flops=tuple(reduce(add, get[f"flops {r}"](fl), 0.0) for r in range(S)),
