@@ -89,17 +89,18 @@ def lower(sched: Schedule) -> Schedule:
         return sched
     programs = []
     for prog in sched.programs:
-        explicit = {a for a in iter_actions(prog) if a.kind.is_comm}
+        # Most generators place no communication: then nothing needs hashing.
+        explicit = {a for a in iter_actions(prog) if a.kind.is_comm} or None
         # (step, inserted?) pairs; inserted ones are candidates for fusion.
         seq: list[tuple[Step, bool]] = []
         for step in prog:
             if isinstance(step, Action) and step.kind.is_compute:
                 recv = _recv_for(sched, step)
-                if recv is not None and recv not in explicit:
+                if recv is not None and (explicit is None or recv not in explicit):
                     seq.append((recv, True))
                 seq.append((step, False))
                 send = _send_for(sched, step)
-                if send is not None and send not in explicit:
+                if send is not None and (explicit is None or send not in explicit):
                     seq.append((send, True))
             else:
                 seq.append((step, False))

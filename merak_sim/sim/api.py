@@ -8,6 +8,7 @@ SimPy engine or the exact fast evaluator.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,14 @@ from .engine import EventLog, run_engine
 from .entities import HBM, Topology, topology_from_cluster
 from .evaluator import DependencyGraph, evaluate, plan
 from .gpu import EngineOptions
-from .program import OP_POST, Compiled, compile_program
+from .program import Compiled, compile_program
 from .result import SimResult, build_result
 
-__all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config"]
+__all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config", "schedule_of"]
+
+#: How many generated schedules :func:`schedule_of` keeps (least recently used out).
+SCHEDULES_KEPT = 64
+_SCHEDULES: OrderedDict[tuple, Schedule] = OrderedDict()
 
 
 class SimulationError(ValueError):
@@ -52,6 +57,22 @@ def resolve_config(config: ParallelConfig | dict | None, **kwargs: Any) -> Paral
         raise SimulationError(f"bad parallel configuration: {e}") from None
 
 
+def schedule_of(cfg: ParallelConfig) -> Schedule:
+    """``cfg.build_schedule()``, kept per (schedule, pp, micro-batches, virtual stages):
+    generators are pure functions of those, and handing out the same object lets
+    :func:`~merak_sim.sim.program.compile_program` and the evaluator reuse its
+    structure and dependency order for every configuration of that shape."""
+    key = (cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.virtual_stages)
+    sched = _SCHEDULES.get(key)
+    if sched is None:
+        sched = _SCHEDULES[key] = cfg.build_schedule()
+        while len(_SCHEDULES) > SCHEDULES_KEPT:
+            _SCHEDULES.popitem(last=False)
+    else:
+        _SCHEDULES.move_to_end(key)
+    return sched
+
+
 def _load_schedule(schedule: Schedule | str | Path) -> Schedule:
     if isinstance(schedule, Schedule):
         return schedule
@@ -73,17 +94,21 @@ def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
     replayed per rank in program order, which is time order on each rank)."""
     ev = evaluate(prog, pl or plan(prog), overlap_dp=overlap_dp, buckets=buckets, zero=zero)
     S = prog.num_ranks
-    acts = [[] for _ in range(S)]
+    start, end = ev.start, ev.end
+    alloc, free = prog.mem_alloc, prog.mem_free
+    acts = []
     mems = []
     for r in range(S):
         hbm = HBM(capacity, prog.state_bytes[r], record_memory)
-        for code, x, _y in prog.ops[r]:
-            if code == OP_POST:
-                continue
-            st, en = ev.start[x], ev.end[x]
-            hbm.alloc(st, prog.mem_alloc[x], x)
-            hbm.free(en, prog.mem_free[x])
-            acts[r].append((x, st, en))
+        ids = prog.structure.compute_ids[r]
+        for x in ids:
+            # HBM ignores zero-byte changes; most actions either allocate or free
+            if alloc[x]:
+                hbm.alloc(start[x], alloc[x], x)
+            if free[x]:
+                hbm.free(end[x], free[x])
+        acts.append(list(zip(ids, map(start.__getitem__, ids), map(end.__getitem__, ids),
+                             strict=True)))
         mems.append(hbm)
     return EventLog(prog=prog, placement=placement, mode="representative",
                  ranks=[placement.rank(s) for s in range(S)], stage_of=list(range(S)),
@@ -226,7 +251,7 @@ def simulate(
     if engine not in ("simpy", "evaluator"):
         raise SimulationError(f"unknown engine {engine!r}; choose simpy or evaluator")
     spec, clus = _resolve_model_cluster(model, cluster, nodes, cfg, sub_cluster)
-    sched = (cfg.build_schedule() if custom_schedule is None
+    sched = (schedule_of(cfg) if custom_schedule is None
              else _load_schedule(custom_schedule))
     if (sched.num_stages, sched.num_microbatches, sched.virtual_stages) != (
             cfg.pp, cfg.num_microbatches, cfg.virtual_stages):

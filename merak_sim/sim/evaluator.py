@@ -18,13 +18,14 @@ event with contention off, which is why the two agree to rounding.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from merak_sim.schedule.execute import execute
 from merak_sim.schedule.ir import Kind, ScheduleError
 
 from .buckets import chunk_buckets, overlapped_share
-from .program import OP_AR, OP_POST, Compiled
+from .program import OP_AR, OP_POST, Compiled, ProgramStructure
 
 __all__ = ["DependencyGraph", "Evaluation", "plan", "evaluate", "ar_buckets"]
 
@@ -70,11 +71,26 @@ class Evaluation:
     buckets: tuple[tuple[tuple[int, float, float], ...], ...]
 
 
+#: Dependency graphs by program structure: the order is a property of the schedule.
+_GRAPHS: weakref.WeakKeyDictionary[ProgramStructure, DependencyGraph] = \
+    weakref.WeakKeyDictionary()
+
+
 def plan(prog: Compiled) -> DependencyGraph:
     """Order the compute actions so that every dependency comes first (a rank runs
-    until it needs a transfer whose send is not posted yet)."""
+    until it needs a transfer whose send is not posted yet); computed once per
+    :class:`~merak_sim.sim.program.ProgramStructure`, so every pricing of one
+    schedule object shares it."""
+    pl = _GRAPHS.get(prog.structure)
+    if pl is None:
+        pl = _GRAPHS[prog.structure] = _order(prog)
+    return pl
+
+
+def _order(prog: Compiled) -> DependencyGraph:
+    """:func:`plan`'s walk."""
     S = prog.num_ranks
-    nx = len(prog.transfers)
+    nx = len(prog.transfer_s)
     send_prev = [None] * nx
     recv_prev = [-1] * nx
     pcs = [0] * S
@@ -220,7 +236,7 @@ def evaluate(
         pl = plan(prog)
     n = len(prog.actions)
     dur = prog.duration_s
-    xdur = [t.duration_s for t in prog.transfers]
+    xdur = prog.transfer_s
     nx = len(xdur)
     # Index -1 reads the extra last slot, which stays 0.0: "no predecessor".
     start = [0.0] * (n + 1)

@@ -29,21 +29,44 @@ activation deltas of each compute action are those of the rank's
 ``kept_bytes(c_s)`` when it starts, F* ``input_bytes``, R grows the micro-batch to
 ``activation_bytes``; B, or W after I, frees what it held when it ends). Transient
 buffers are not counted (see that module).
+
+Compiling has two halves. The schedule's structure (:class:`ProgramStructure`: ops,
+actions, transfers, which cost rule every action follows and which liveness history
+its memory delta has) depends on the schedule alone, so :func:`program_structure`
+builds it once per schedule object and keeps the most recent ones. Pricing a cost
+table then evaluates each distinct rule once (a few per model stage) and gathers
+the per-action tuples, with the same float operations in the same order as pricing
+action by action, so the result does not depend on whether the structure was cached.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property, reduce
+from operator import add
 
 from merak_sim.costs.base import CostTable
-from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, ScheduleError, iter_actions
-from merak_sim.schedule.liveness import liveness, stash_sizes
+from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, ScheduleError
+from merak_sim.schedule.liveness import Held, liveness, stash_sizes
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
-__all__ = ["Compiled", "Transfer", "compile_program", "OP_COMPUTE", "OP_POST", "OP_AR"]
+from .action_costs import gatherer, memory_value, rule_costs
+
+__all__ = ["Compiled", "Transfer", "ProgramStructure", "program_structure", "compile_program",
+           "OP_COMPUTE", "OP_POST", "OP_AR"]
 
 #: Op codes of a compiled program step.
 OP_COMPUTE, OP_POST, OP_AR = 0, 1, 2
+
+_FORWARDS = (Kind.FORWARD, Kind.FORWARD_NOGRAD)
+_RECOMPUTING = (Kind.RECOMPUTE, Kind.BACKWARD, Kind.BACKWARD_INPUT)
+
+#: How many schedules' structures :func:`program_structure` keeps (least recently
+#: used dropped first): enough for a fit's rows or a planner's shapes in flight.
+STRUCTURES_KEPT = 64
+_STRUCTURES: OrderedDict[int, ProgramStructure] = OrderedDict()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,20 +90,258 @@ class Transfer:
     nbytes: float
 
 
+@dataclass(frozen=True, eq=False)
+class ProgramStructure:
+    """The cost-independent half of a compiled schedule (module docstring); one per
+    schedule object, hashed by identity.
+
+    Attributes:
+        schedule: the lowered schedule.
+        ops, actions, rank_of_action, num_actions: as in :class:`Compiled`.
+        transfer_ends: per transfer id, (comm key, src rank, dst rank, send, recv).
+        transfer_boundary: per transfer id, the model-stage boundary g it crosses
+            (between g and g+1; its time is ``stages[g].send_activation_s``).
+        rules: the distinct cost rules: ``(kind, model stage, explicit R ran for the
+            micro-batch, rank)`` of a per-micro-batch action (the flag only for B and
+            I, the two that read it), ``(kind, rank)`` of AR and OPT.
+        rule_of_action: per action id, its index in ``rules``.
+        memory_rules: the distinct memory rules ``(rank, chunk, history, frees)``:
+            the states a live item entered so far (liveness history, program order),
+            and whether the rule is the item's release (all it holds) rather than the
+            growth at its last entry; index 0 is None, no change.
+        alloc_rule, free_rule: per action id, index in ``memory_rules`` of what it
+            allocates at its start and frees at its end.
+        flops_rules, recompute_rules: per rank, rule ids of the actions adding model
+            FLOPs (F, F*) and recompute FLOPs (R, B, I), in program order.
+        chunks: per rank, chunks with per-micro-batch actions (AR and OPT sum them).
+        chunk_stages: per rank, the model stage each of its chunks holds (as the
+            schedule places it, :meth:`~merak_sim.schedule.ir.Schedule.model_stage`).
+        ar_order: per rank, those chunks in the order their last backward comes.
+        last_backward: per rank, action id of each of them (B or W).
+    """
+
+    schedule: Schedule
+    ops: tuple[tuple[tuple[int, int, int], ...], ...]
+    actions: tuple[Action, ...]
+    rank_of_action: tuple[int, ...]
+    num_actions: int
+    transfer_ends: tuple[tuple[tuple[str, int, int], int, int, Action, Action], ...]
+    transfer_boundary: tuple[int, ...]
+    rules: tuple[tuple, ...]
+    rule_of_action: tuple[int, ...]
+    memory_rules: tuple[tuple[int, int, tuple[Held, ...], bool] | None, ...]
+    alloc_rule: tuple[int, ...]
+    free_rule: tuple[int, ...]
+    flops_rules: tuple[tuple[int, ...], ...]
+    recompute_rules: tuple[tuple[int, ...], ...]
+    chunks: tuple[tuple[int, ...], ...]
+    chunk_stages: tuple[tuple[int, ...], ...]
+    ar_order: tuple[tuple[int, ...], ...]
+    last_backward: tuple[tuple[int, ...], ...]
+
+    @cached_property
+    def gathers(self) -> dict[str, Callable[[list], tuple]]:
+        """Per-action gathers from per-rule values ("action", "alloc", "free"), per
+        transfer from per-boundary values ("transfer"), and per rank from per-rule
+        values ("flops r", "recompute r"), built once."""
+        out = {"action": gatherer(self.rule_of_action), "alloc": gatherer(self.alloc_rule),
+               "free": gatherer(self.free_rule), "transfer": gatherer(self.transfer_boundary)}
+        for r, (f, rc) in enumerate(zip(self.flops_rules, self.recompute_rules, strict=True)):
+            out[f"flops {r}"] = gatherer(f)
+            out[f"recompute {r}"] = gatherer(rc)
+        return out
+
+    @cached_property
+    def compute_ids(self) -> tuple[tuple[int, ...], ...]:
+        """Per rank, the ids of its compute actions (AR, OPT too), program order."""
+        return tuple(tuple(x for code, x, _y in ops if code != OP_POST) for ops in self.ops)
+
+    @cached_property
+    def consumed(self) -> tuple[dict[int, int], ...]:
+        """Per rank, action id -> id of the transfer it waits for."""
+        return tuple({x: y for code, x, y in ops if code == OP_COMPUTE and y >= 0}
+                     for ops in self.ops)
+
+    @cached_property
+    def tied_candidates(self) -> tuple[int, ...]:
+        """AR action ids of the distinct ranks holding the first and the last model
+        stage (the ranks a tied embedding joins) when there are two and both end in
+        an AR, else ()."""
+        last = len(self.ops) * len(self.chunk_stages[0]) - 1 if self.ops else -1
+        ranks = sorted({r for r, stages in enumerate(self.chunk_stages)
+                        for g in stages if g in (0, last)})
+        if len(ranks) < 2:
+            return ()
+        ids = [x for r in ranks for code, x, _y in self.ops[r] if code == OP_AR]
+        return tuple(ids) if len(ids) == 2 else ()
+
+
+def program_structure(sched: Schedule) -> ProgramStructure:
+    """The :class:`ProgramStructure` of the lowered schedule ``sched``, built once per
+    schedule object (the :data:`STRUCTURES_KEPT` most recent are kept): pricing the
+    same schedule object again (a fit, a planner, a cached generator) skips the walk."""
+    key = id(sched)
+    ps = _STRUCTURES.get(key)
+    if ps is not None and ps.schedule is sched:
+        _STRUCTURES.move_to_end(key)
+        return ps
+    ps = _build_structure(sched)
+    # The entry holds the schedule, so its id cannot be reused while it is kept.
+    _STRUCTURES[key] = ps
+    while len(_STRUCTURES) > STRUCTURES_KEPT:
+        _STRUCTURES.popitem(last=False)
+    return ps
+
+
+def _first_pass(sched: Schedule) -> tuple[dict, list, list, list, set, list]:
+    """One pass over every action: (comm key -> transfer id, per rank the transfer id
+    of each send and receive in program order, per transfer id (key, src, dst, send,
+    recv) and the boundary it crosses, the (rank, chunk, micro-batch) of explicit
+    re-forwards, per rank its chunks with per-micro-batch actions)."""
+    tid: dict = {}
+    sends: dict = {}
+    recvs: dict = {}
+    posted, explicit_r, chunks = [], set(), []
+    for prog in sched.programs:
+        ids = []
+        used = set()
+        for step in prog:
+            for a in step.parts:
+                k = a.kind
+                if k.is_comm:
+                    key = comm_key(sched, a)
+                    (sends if k.is_send else recvs)[key] = a
+                    ids.append(tid.setdefault(key, len(tid)))
+                elif k is Kind.RECOMPUTE:
+                    explicit_r.add((a.stage, a.chunk, a.microbatch))
+                if k.per_microbatch:
+                    used.add(a.chunk)
+        posted.append(ids)
+        chunks.append(tuple(sorted(used)))
+    ends, bounds = [], []
+    for key in tid:  # insertion order is id order
+        s, r = sends.get(key), recvs.get(key)
+        if s is None or r is None:
+            a = s or r
+            raise ScheduleError(f"{a} on rank {a.stage} has no matching "
+                                f"{'receive' if a.kind.is_send else 'send'}")
+        ends.append((key, s.stage, r.stage, s, r))
+        bounds.append(key[1] if key[0] == "A" else key[1] - 1)
+    return tid, posted, ends, bounds, explicit_r, chunks
+
+
+def _build_structure(sched: Schedule) -> ProgramStructure:
+    """One walk of ``sched``: everything :func:`compile_program` needs but the costs."""
+    tid, posted, ends, bounds, explicit_r, chunks_all = _first_pass(sched)
+    rules: dict[tuple, int] = {}
+    mem_rules: dict = {None: 0}
+    actions: list[Action] = []
+    rank_of: list[int] = []
+    rule_of: list[int] = []
+    alloc_of: list[int] = []
+    free_of: list[int] = []
+    ops_all, flops_r, rec_r, ar_order, last_bwd = [], [], [], [], []
+    n_actions = 0
+    for rank, prog in enumerate(sched.programs):
+        ops = []
+        post = iter(posted[rank])
+        steps = iter(liveness(sched, rank).steps)
+        history: dict[tuple[int, int], tuple[Held, ...]] = {}
+        last_b: dict[int, int] = {}
+        fl: list[int] = []
+        rf: list[int] = []
+        for step in prog:
+            n_actions += len(step.parts)
+            if isinstance(step, Fused) or step.kind.is_comm:
+                for p in step.parts:
+                    ops.append((OP_POST, next(post), int(p.kind.is_send)))
+                continue
+            a = step
+            k = a.kind
+            aid = len(actions)
+            actions.append(a)
+            rank_of.append(rank)
+            live = next(steps)
+            item = (a.chunk, a.microbatch)
+            al = fr = 0
+            if live.enters is not None:
+                h = history[item] = history.get(item, ()) + (live.enters,)
+                al = mem_rules.setdefault((rank, a.chunk, h, False), len(mem_rules))
+            elif live.leaves is not None:
+                h = history.pop(item, ())
+                fr = mem_rules.setdefault((rank, a.chunk, h, True), len(mem_rules))
+            alloc_of.append(al)
+            free_of.append(fr)
+            if k.per_microbatch:
+                reads_explicit = k in (Kind.BACKWARD, Kind.BACKWARD_INPUT)
+                rule = (k, sched.model_stage(a),
+                        reads_explicit and (rank, a.chunk, a.microbatch) in explicit_r, rank)
+            else:
+                rule = (k, rank)
+            rid = rules.setdefault(rule, len(rules))
+            rule_of.append(rid)
+            if k in _FORWARDS:
+                fl.append(rid)
+            elif k in _RECOMPUTING:
+                rf.append(rid)
+            if k is Kind.BACKWARD or k is Kind.BACKWARD_WEIGHT:
+                last_b[a.chunk] = aid
+            if k is Kind.ALL_REDUCE:
+                ops.append((OP_AR, aid, -1))
+            else:
+                ck = consumed_key(sched, a)
+                ops.append((OP_COMPUTE, aid, tid[ck] if ck is not None else -1))
+        ops_all.append(tuple(ops))
+        order = sorted(last_b, key=lambda ch: last_b[ch])
+        ar_order.append(tuple(order))
+        last_bwd.append(tuple(last_b[ch] for ch in order))
+        flops_r.append(tuple(fl))
+        rec_r.append(tuple(rf))
+    return ProgramStructure(
+        schedule=sched, ops=tuple(ops_all), actions=tuple(actions),
+        rank_of_action=tuple(rank_of), num_actions=n_actions, transfer_ends=tuple(ends),
+        transfer_boundary=tuple(bounds), rules=tuple(rules), rule_of_action=tuple(rule_of),
+        memory_rules=tuple(mem_rules), alloc_rule=tuple(alloc_of), free_rule=tuple(free_of),
+        flops_rules=tuple(flops_r), recompute_rules=tuple(rec_r), chunks=tuple(chunks_all),
+        chunk_stages=tuple(tuple(sched.model_stage(Action(Kind.FORWARD, r, 0, ch))
+                                 for ch in range(sched.virtual_stages))
+                           for r in range(sched.num_stages)),
+        ar_order=tuple(ar_order), last_backward=tuple(last_bwd))
+
+
+def _gathered(gather: str, source: str, column: int | None, doc: str) -> cached_property:
+    """A :class:`Compiled` attribute gathered on first use: the structure's gather
+    ``gather`` applied to field ``source`` (its ``column`` when given)."""
+
+    def get(self: Compiled) -> tuple:
+        values = getattr(self, source)
+        return self.structure.gathers[gather](values if column is None else values[column])
+
+    get.__doc__ = doc
+    return cached_property(get)
+
+
 @dataclass(frozen=True)
 class Compiled:
     """Flat, integer-indexed form of a schedule with its costs.
 
     Attributes:
         schedule: the lowered schedule.
+        structure: its cost-independent half (:class:`ProgramStructure`), shared by
+            every pricing of the same schedule object.
         ops: per rank, a tuple of ops: ``(OP_COMPUTE, action_id, consumed_transfer or
             -1)``, ``(OP_POST, transfer_id, is_send)`` or ``(OP_AR, action_id, -1)``.
         actions: every compute action (AR and OPT included), indexed by action id.
         rank_of_action: pipeline rank of each action id.
         duration_s: contention-free duration of each action id.
-        recompute_s: the part of each action's duration that is recomputation.
-        mem_alloc / mem_free: bytes allocated at the action's start / freed at its end.
-        transfers: every transfer, indexed by transfer id.
+        transfer_s: per transfer id, contention-free time (:attr:`transfers` pairs it
+            with the ends and the bytes).
+        rule_values: per cost rule of the structure, (duration, recompute part, TP
+            total, TP exposed, TP recompute exposed, TP bytes, FLOPs added), from which
+            the per-action attributes below are gathered on first use (the evaluator
+            reads only ``duration_s`` and ``transfer_s``).
+        memory_values: bytes of each memory rule of the structure.
+        boundary_bytes: per model stage, bytes a transfer leaving it moves per GPU.
         state_bytes: per rank, resident model-state bytes (weights, grads, optimizer).
         grad_bytes: per rank, gradient bytes (the data-parallel reduction's payload).
         ar_chunks: per rank, (chunk, all-reduce seconds) in the order the chunks' last
@@ -90,12 +351,6 @@ class Compiled:
         recompute_flops: per rank, extra FLOPs of recomputation in one iteration.
         recompute_fraction: per rank, the checkpointed fraction c_s used.
         num_actions: total IR actions (fused parts counted, every send and receive).
-        tp_s: per action id, seconds of its tensor-parallel collectives (alone,
-            synchronous; module docstring); empty when compiled elsewhere (all 0).
-        tp_exposed_s: per action id, the part of ``tp_s`` included in ``duration_s``.
-        tp_recompute_exposed_s: per action id, the part of ``tp_exposed_s`` that
-            belongs to recomputation (included in ``recompute_s``).
-        tp_bytes: per action id, bytes one GPU sends for those collectives.
         tied_ar: action ids of the AR steps of the first and the last pipeline rank
             when the table's model ties its embeddings across them (a two-rank
             collective both must reach, :mod:`merak_sim.schedule.ir` rule 6); else
@@ -103,14 +358,15 @@ class Compiled:
     """
 
     schedule: Schedule
+    structure: ProgramStructure
     ops: tuple[tuple[tuple[int, int, int], ...], ...]
     actions: tuple[Action, ...]
     rank_of_action: tuple[int, ...]
     duration_s: tuple[float, ...]
-    recompute_s: tuple[float, ...]
-    mem_alloc: tuple[float, ...]
-    mem_free: tuple[float, ...]
-    transfers: tuple[Transfer, ...]
+    transfer_s: tuple[float, ...]
+    rule_values: tuple[tuple[float, ...], ...]
+    memory_values: tuple[float, ...]
+    boundary_bytes: tuple[float, ...]
     state_bytes: tuple[float, ...]
     grad_bytes: tuple[float, ...]
     ar_chunks: tuple[tuple[tuple[int, float], ...], ...]
@@ -119,16 +375,36 @@ class Compiled:
     recompute_flops: tuple[float, ...]
     recompute_fraction: tuple[float, ...]
     num_actions: int
-    tp_s: tuple[float, ...] = ()
-    tp_exposed_s: tuple[float, ...] = ()
-    tp_recompute_exposed_s: tuple[float, ...] = ()
-    tp_bytes: tuple[float, ...] = ()
     tied_ar: tuple[int, ...] = ()
 
     @property
     def num_ranks(self) -> int:
         """Pipeline ranks."""
         return self.schedule.num_stages
+
+    recompute_s = _gathered("action", "rule_values", 1, "Per action id, the part of its "
+                            "duration that is recomputation.")
+    tp_s = _gathered("action", "rule_values", 2, "Per action id, seconds of its TP "
+                     "collectives (alone, synchronous; module docstring).")
+    tp_exposed_s = _gathered("action", "rule_values", 3, "Per action id, the part of "
+                             "``tp_s`` included in ``duration_s``.")
+    tp_recompute_exposed_s = _gathered("action", "rule_values", 4, "Per action id, the part "
+                                       "of ``tp_exposed_s`` that belongs to recomputation.")
+    tp_bytes = _gathered("action", "rule_values", 5, "Per action id, bytes one GPU sends "
+                         "for its TP collectives.")
+    mem_alloc = _gathered("alloc", "memory_values", None, "Per action id, bytes allocated "
+                          "when it starts.")
+    mem_free = _gathered("free", "memory_values", None, "Per action id, bytes freed when "
+                         "it ends.")
+    transfer_bytes = _gathered("transfer", "boundary_bytes", None, "Per transfer id, bytes "
+                               "moved per GPU.")
+
+    @cached_property
+    def transfers(self) -> tuple[Transfer, ...]:
+        """Every transfer by id (built on first use; the evaluator reads transfer_s)."""
+        return tuple(Transfer(key, s, d, snd, rcv, x, n) for (key, s, d, snd, rcv), x, n
+                     in zip(self.structure.transfer_ends, self.transfer_s,
+                            self.transfer_bytes, strict=True))
 
     def repriced(self, duration_s: tuple[float, ...], transfer_s: list[float],
                  ar_chunks: tuple[tuple[tuple[int, float], ...], ...],
@@ -138,23 +414,14 @@ class Compiled:
         compiled schedule for many cost tables without compiling it again. Transfer
         byte counts are kept as compiled (the evaluator reads only times); ``tied``
         (the new table's ``tied_embeddings``) resets :attr:`tied_ar`, None keeps it."""
-        xfers = tuple(Transfer(t.key, t.src, t.dst, t.send, t.recv, d, t.nbytes)
-                      for t, d in zip(self.transfers, transfer_s, strict=True))
-        tied_ar = self.tied_ar if tied is None else _tied_ar(self.schedule, self.ops, tied)
-        return replace(self, duration_s=duration_s, transfers=xfers,
+        if len(transfer_s) != len(self.transfer_s):
+            raise ValueError(f"{len(transfer_s)} transfer times for "
+                             f"{len(self.transfer_s)} transfers")
+        tied_ar = self.tied_ar if tied is None else (
+            self.structure.tied_candidates if tied else ())
+        return replace(self, duration_s=duration_s,
+                       transfer_s=tuple(float(x) for x in transfer_s),
                        ar_chunks=ar_chunks, tied_ar=tied_ar)
-
-
-def _tied_ar(sched: Schedule, ops: tuple[tuple[tuple[int, int, int], ...], ...], tied: bool
-             ) -> tuple[int, ...]:
-    """AR action ids of the ranks holding the first and the last model stage when they
-    meet (``tied`` and both ranks distinct and ending in an AR; under the ``"v"``
-    placement both stages live on rank 0 and the tie is local)."""
-    ranks = sched.tied_ranks()
-    if not tied or len(ranks) < 2:
-        return ()
-    ids = [x for r in ranks for code, x, _y in ops[r] if code == OP_AR]
-    return tuple(ids) if len(ids) == 2 else ()
 
 
 def compile_program(
@@ -183,153 +450,34 @@ def compile_program(
         raise ValueError(f"recompute has {len(c)} fractions for pp={S}")
     c = [0.0 if s in sched.no_recompute_stages else float(x) for s, x in enumerate(c)]
     st = table.stages
-    explicit_r = {
-        (a.stage, a.chunk, a.microbatch)
-        for p in sched.programs
-        for a in iter_actions(p)
-        if a.kind is Kind.RECOMPUTE
-    }
-
-    # Transfers, keyed by the IR's comm key.
-    tid: dict = {}
-    sends: dict = {}
-    recvs: dict = {}
-    for p in sched.programs:
-        for a in iter_actions(p):
-            if a.kind.is_comm:
-                key = comm_key(sched, a)
-                (sends if a.kind.is_send else recvs)[key] = a
-                tid.setdefault(key, len(tid))
-    transfers = []
-    for key, _i in sorted(tid.items(), key=lambda kv: kv[1]):
-        s, r = sends.get(key), recvs.get(key)
-        if s is None or r is None:
-            a = s or r
-            raise ScheduleError(f"{a} on rank {a.stage} has no matching "
-                                f"{'receive' if a.kind.is_send else 'send'}")
-        boundary = key[1] if key[0] == "A" else key[1] - 1
-        transfers.append(Transfer(key, s.stage, r.stage, s, r,
-                                  float(st[boundary].send_activation_s),
-                                  float(st[boundary].p2p_bytes)))
-
-    actions: list[Action] = []
-    rank_of: list[int] = []
-    dur: list[float] = []
-    rec: list[float] = []
-    alloc: list[float] = []
-    free: list[float] = []
-    tp_t: list[float] = []
-    tp_x: list[float] = []
-    tp_rx: list[float] = []
-    tp_b: list[float] = []
-    ops_all = []
-    ar_chunks = []
-    last_bwd = []
-    flops, rflops = [], []
-    n_actions = 0
-    for rank, prog in enumerate(sched.programs):
-        ops = []
-        mem = iter(liveness(sched, rank).deltas(
-            [stash_sizes(st[sched.stage_of(rank, ch)], c[rank]) for ch in range(sched.virtual_stages)]))
-        chunks = sorted({a.chunk for a in iter_actions(prog) if a.kind.per_microbatch})
-        last_b: dict[int, int] = {}
-        rank_flops = rank_rflops = 0.0
-        for step in prog:
-            n_actions += len(step.parts)
-            if isinstance(step, Fused) or step.kind.is_comm:
-                for p in step.parts:
-                    ops.append((OP_POST, tid[comm_key(sched, p)], int(p.kind.is_send)))
-                continue
-            a = step
-            k = a.kind
-            aid = len(actions)
-            actions.append(a)
-            rank_of.append(rank)
-            al, fr = next(mem)
-            d = r_s = 0.0
-            tt = tx = trx = tb = 0.0
-            if k.per_microbatch:
-                sc = st[sched.model_stage(a)]
-                cs = 0.0 if (rank, a.chunk, a.microbatch) in explicit_r else c[rank]
-                fwd_flops = sc.flops / 3.0  # forward ~ 1/3 of forward+backward FLOPs
-                if k in (Kind.FORWARD, Kind.FORWARD_NOGRAD, Kind.RECOMPUTE):
-                    tt, tx, tb = sc.tp_comm_fwd_s, sc.tp_exposed_fwd_s, sc.tp_bytes_fwd
-                elif k in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
-                    tt = sc.tp_comm_bwd_s + cs * sc.tp_comm_recompute_s
-                    trx = cs * sc.tp_exposed_recompute_s
-                    tx = sc.tp_exposed_bwd_s + trx
-                    tb = sc.tp_bytes_bwd + cs * sc.tp_bytes_recompute
-                if k in (Kind.FORWARD, Kind.FORWARD_NOGRAD):
-                    d = sc.forward_s
-                    rank_flops += sc.flops
-                elif k is Kind.RECOMPUTE:
-                    d = r_s = sc.forward_s
-                    trx = tx
-                    rank_rflops += fwd_flops
-                elif k is Kind.BACKWARD:
-                    r_s = cs * sc.recompute_s
-                    d = sc.backward_s + r_s
-                    last_b[a.chunk] = aid
-                    rank_rflops += cs * fwd_flops
-                elif k is Kind.BACKWARD_INPUT:
-                    r_s = cs * sc.recompute_s
-                    d = sc.backward_input_s + r_s
-                    rank_rflops += cs * fwd_flops
-                elif k is Kind.BACKWARD_WEIGHT:
-                    d = sc.backward_weight_s
-                    last_b[a.chunk] = aid
-            elif k is Kind.ALL_REDUCE:
-                d = sum(st[sched.stage_of(rank, ch)].grad_allreduce_s for ch in chunks)
-            elif k is Kind.OPTIMIZER:
-                d = sum(st[sched.stage_of(rank, ch)].optimizer_s for ch in chunks)
-            dur.append(float(d))
-            rec.append(float(r_s))
-            alloc.append(float(al))
-            free.append(float(fr))
-            tp_t.append(float(tt))
-            tp_x.append(float(tx))
-            tp_rx.append(float(trx))
-            tp_b.append(float(tb))
-            if k is Kind.ALL_REDUCE:
-                ops.append((OP_AR, aid, -1))
-            else:
-                ck = consumed_key(sched, a)
-                ops.append((OP_COMPUTE, aid, tid[ck] if ck is not None else -1))
-        ops_all.append(tuple(ops))
-        order = sorted(last_b, key=lambda ch: last_b[ch])
-        ar_chunks.append(tuple((ch, float(st[sched.stage_of(rank, ch)].grad_allreduce_s)) for ch in order))
-        last_bwd.append(tuple(last_b[ch] for ch in order))
-        flops.append(rank_flops)
-        rflops.append(rank_rflops)
-    state = tuple(
-        float(sum(st[sched.stage_of(r, ch)].state_bytes for ch in range(sched.virtual_stages)))
-        for r in range(S)
-    )
-    grads = tuple(
-        float(sum(st[sched.stage_of(r, ch)].grad_bytes for ch in range(sched.virtual_stages)))
-        for r in range(S)
-    )
+    ps = program_structure(sched)
+    cols = list(zip(*(rule_costs(r, st, c, ps.chunks, ps.chunk_stages) for r in ps.rules),
+                    strict=True))
+    if not cols:
+        cols = [()] * 7
+    get = ps.gathers
+    at = ps.chunk_stages
+    sizes = [[stash_sizes(st[g], c[r]) for g in at[r]] for r in range(S)]
+    fl = cols[6]
     return Compiled(
         schedule=sched,
-        ops=tuple(ops_all),
-        actions=tuple(actions),
-        rank_of_action=tuple(rank_of),
-        duration_s=tuple(dur),
-        recompute_s=tuple(rec),
-        mem_alloc=tuple(alloc),
-        mem_free=tuple(free),
-        transfers=tuple(transfers),
-        state_bytes=state,
-        grad_bytes=grads,
-        ar_chunks=tuple(ar_chunks),
-        last_backward=tuple(last_bwd),
-        flops=tuple(flops),
-        recompute_flops=tuple(rflops),
+        structure=ps,
+        ops=ps.ops,
+        actions=ps.actions,
+        rank_of_action=ps.rank_of_action,
+        duration_s=get["action"](cols[0]),
+        transfer_s=get["transfer"]([float(s.send_activation_s) for s in st]),
+        rule_values=tuple(cols),
+        memory_values=tuple(memory_value(m, sizes) for m in ps.memory_rules),
+        boundary_bytes=tuple(float(s.p2p_bytes) for s in st),
+        state_bytes=tuple(float(sum(st[g].state_bytes for g in at[r])) for r in range(S)),
+        grad_bytes=tuple(float(sum(st[g].grad_bytes for g in at[r])) for r in range(S)),
+        ar_chunks=tuple(tuple((ch, float(st[at[r][ch]].grad_allreduce_s)) for ch in order)
+                        for r, order in enumerate(ps.ar_order)),
+        last_backward=ps.last_backward,
+        flops=tuple(reduce(add, get[f"flops {r}"](fl), 0.0) for r in range(S)),
+        recompute_flops=tuple(reduce(add, get[f"recompute {r}"](fl), 0.0) for r in range(S)),
         recompute_fraction=tuple(c),
-        num_actions=n_actions,
-        tp_s=tuple(tp_t),
-        tp_exposed_s=tuple(tp_x),
-        tp_recompute_exposed_s=tuple(tp_rx),
-        tp_bytes=tuple(tp_b),
-        tied_ar=_tied_ar(sched, tuple(ops_all), table.tied_embeddings),
+        num_actions=ps.num_actions,
+        tied_ar=ps.tied_candidates if table.tied_embeddings else (),
     )

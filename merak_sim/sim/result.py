@@ -39,7 +39,6 @@ from merak_sim.schedule.ir import Kind
 from merak_sim.timeline import EVENT_COLUMNS, TP_KIND
 
 from .engine import EventLog
-from .program import OP_COMPUTE
 
 __all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "build_result"]
 
@@ -311,16 +310,14 @@ def _breakdown(tr: EventLog, e: int) -> tuple[float, float, float]:
     tpx = prog.tp_exposed_s
     tprx = prog.tp_recompute_exposed_s
     sim_tp = tr.tp_comm[e] if tr.tp_comm else {}
-    consumed = {}
-    for code, x, y in prog.ops[s]:
-        if code == OP_COMPUTE and y >= 0:
-            consumed[x] = y
+    consumed = prog.structure.consumed[s]
+    all_reduce, optimizer = Kind.ALL_REDUCE, Kind.OPTIMIZER
     comp = recomp = comm = 0.0
     prev_end = 0.0
     for aid, st, en in tr.acts[e]:
         a = acts[aid]
         wait = st - prev_end
-        if a.kind is Kind.ALL_REDUCE:
+        if a.kind is all_reduce:
             if tr.buckets[e]:
                 pass  # overlapped: its exposed part is the optimizer's wait below
             else:
@@ -332,7 +329,7 @@ def _breakdown(tr: EventLog, e: int) -> tuple[float, float, float]:
             if y is not None:
                 lo = max(prev_end, xs[y])
                 comm += min(wait, max(0.0, min(xe[y], st) - lo))
-            elif a.kind is Kind.OPTIMIZER and tr.buckets[e]:
+            elif a.kind is optimizer and tr.buckets[e]:
                 comm += wait
         d = en - st
         x_tp = tpx[aid] if tpx else 0.0
