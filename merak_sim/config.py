@@ -168,10 +168,13 @@ class ParallelConfig:
                 f"({interleaving}), not {self.schedule}"
             )
 
-    def build_schedule(self) -> Schedule:
+    def build_schedule(self, costs=None) -> Schedule:
         """The lowered pipeline schedule for this configuration (ScheduleError, a
-        ValueError, if the schedule's requirements are violated)."""
-        return generate(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
+        ValueError, if the schedule's requirements are violated). ``costs``
+        (:class:`~merak_sim.schedule.zero_bubble.ZeroBubbleCosts`) reaches a cost-aware
+        schedule only; without it such a schedule assumes unit costs."""
+        return generate(self.schedule, self.pp, self.num_microbatches, self.virtual_stages,
+                        costs)
 
     def recompute_per_stage(self, schedule: Schedule | None = None) -> tuple[float, ...]:
         """Checkpointed fraction c_s of each pipeline rank's layers.

@@ -18,8 +18,9 @@ from merak_sim.hardware import GPU, Cluster, get_gpu
 from merak_sim.layout import RankLayout
 from merak_sim.model import ModelSpec
 from merak_sim.resolve import resolve_cluster, resolve_model
-from merak_sim.schedule import lower
+from merak_sim.schedule import SCHEDULES, lower
 from merak_sim.schedule.ir import Schedule
+from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 
 from .engine import EventLog, run_engine
 from .entities import HBM, Topology, topology_from_cluster
@@ -226,20 +227,25 @@ def simulate(
     if engine not in ("simpy", "evaluator"):
         raise SimulationError(f"unknown engine {engine!r}; choose simpy or evaluator")
     spec, clus = _resolve_model_cluster(model, cluster, nodes, cfg, sub_cluster)
-    sched = (cfg.build_schedule() if custom_schedule is None
-             else _load_schedule(custom_schedule))
-    if (sched.num_stages, sched.num_microbatches, sched.virtual_stages) != (
-            cfg.pp, cfg.num_microbatches, cfg.virtual_stages):
-        raise SimulationError(
-            f"schedule has pp={sched.num_stages}, microbatches={sched.num_microbatches}, "
-            f"virtual stages={sched.virtual_stages} but the configuration needs "
-            f"{cfg.pp}, {cfg.num_microbatches}, {cfg.virtual_stages}")
     if cost_table is None:
         if spec is None or clus is None:
             raise SimulationError("give a model and a cluster (or a cost_table)")
         if cost_model is None:
             cost_model = CalibratedCostModel()
         cost_table = cost_model.cost_table(spec, clus, cfg)
+    if custom_schedule is not None:
+        sched = _load_schedule(custom_schedule)
+    elif SCHEDULES[cfg.schedule].cost_aware:  # its order adapts to this table's times
+        sched = cfg.build_schedule(ZeroBubbleCosts.from_stage_costs(
+            cost_table.stages, cfg.recompute_per_stage(), cost_table.memory_capacity_bytes))
+    else:
+        sched = cfg.build_schedule()
+    if (sched.num_stages, sched.num_microbatches, sched.virtual_stages) != (
+            cfg.pp, cfg.num_microbatches, cfg.virtual_stages):
+        raise SimulationError(
+            f"schedule has pp={sched.num_stages}, microbatches={sched.num_microbatches}, "
+            f"virtual stages={sched.virtual_stages} but the configuration needs "
+            f"{cfg.pp}, {cfg.num_microbatches}, {cfg.virtual_stages}")
     prog = compile_program(sched, cost_table, cfg.recompute_per_stage(sched))
     placement = RankLayout.of(cfg)
     capacity = float(cost_table.memory_capacity_bytes)
