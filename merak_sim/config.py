@@ -7,9 +7,14 @@ configuration evaluated in simulation is exactly the one dispatched to a cluster
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from merak_sim.schedule import SCHEDULES, generate
 from merak_sim.schedule.ir import Schedule
+from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
+
+if TYPE_CHECKING:
+    from merak_sim.costs.base import CostTable
 
 __all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES", "ATTENTIONS",
            "ZERO_STAGES"]
@@ -168,11 +173,16 @@ class ParallelConfig:
                 f"({interleaving}), not {self.schedule}"
             )
 
-    def build_schedule(self, costs=None) -> Schedule:
+    def build_schedule(self, table: CostTable | None = None) -> Schedule:
         """The lowered pipeline schedule for this configuration (ScheduleError, a
-        ValueError, if the schedule's requirements are violated). ``costs``
-        (:class:`~merak_sim.schedule.zero_bubble.ZeroBubbleCosts`) reaches a cost-aware
-        schedule only; without it such a schedule assumes unit costs."""
+        ValueError, if the schedule's requirements are violated). A cost-aware
+        schedule (:attr:`~merak_sim.schedule.ScheduleSpec.cost_aware`) adapts its
+        order to ``table``'s per-rank times and memory (unit costs without one);
+        the others ignore it."""
+        costs = None
+        if table is not None and SCHEDULES[self.schedule].cost_aware:
+            costs = ZeroBubbleCosts.from_stage_costs(
+                table.stages, self.recompute_per_stage(), table.memory_capacity_bytes)
         return generate(self.schedule, self.pp, self.num_microbatches, self.virtual_stages,
                         costs)
 

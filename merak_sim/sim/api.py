@@ -18,9 +18,8 @@ from merak_sim.hardware import GPU, Cluster, get_gpu
 from merak_sim.layout import RankLayout
 from merak_sim.model import ModelSpec
 from merak_sim.resolve import resolve_cluster, resolve_model
-from merak_sim.schedule import SCHEDULES, lower
+from merak_sim.schedule import lower
 from merak_sim.schedule.ir import Schedule
-from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 
 from .engine import EventLog, run_engine
 from .entities import HBM, Topology, topology_from_cluster
@@ -233,13 +232,8 @@ def simulate(
         if cost_model is None:
             cost_model = CalibratedCostModel()
         cost_table = cost_model.cost_table(spec, clus, cfg)
-    if custom_schedule is not None:
-        sched = _load_schedule(custom_schedule)
-    elif SCHEDULES[cfg.schedule].cost_aware:  # its order adapts to this table's times
-        sched = cfg.build_schedule(ZeroBubbleCosts.from_stage_costs(
-            cost_table.stages, cfg.recompute_per_stage(), cost_table.memory_capacity_bytes))
-    else:
-        sched = cfg.build_schedule()
+    sched = (cfg.build_schedule(cost_table) if custom_schedule is None
+             else _load_schedule(custom_schedule))
     if (sched.num_stages, sched.num_microbatches, sched.virtual_stages) != (
             cfg.pp, cfg.num_microbatches, cfg.virtual_stages):
         raise SimulationError(
