@@ -220,6 +220,16 @@ def list_schedule(S: int, M: int, times: Sequence[StageTimes],
     return orders
 
 
+def _peak_held(order: Order) -> int:
+    """Most micro-batches a rank's order holds (F or F* to W)."""
+    cur = top = 0
+    for k, _m in order:
+        cur += k in (F, FN)
+        cur -= k is W
+        top = max(top, cur)
+    return top
+
+
 def _programs(S: int, orders: Sequence[Order]) -> list[list[Step]]:
     return [[Action(k, s, m) for k, m in orders[s]] for s in range(S)]
 
@@ -273,6 +283,8 @@ def zb_auto(S: int, M: int, costs: ZeroBubbleCosts | None = None) -> list[list[S
         cands.append(list_schedule(S, M, times, hold))
     best, best_t = None, float("inf")
     for orders in cands:
+        if any(_peak_held(o) > lim[s] for s, o in enumerate(orders)):
+            continue
         progs = _programs(S, orders)
         t = order_makespan(S, M, progs, times)
         if t < best_t - 1e-12:
@@ -281,33 +293,55 @@ def zb_auto(S: int, M: int, costs: ZeroBubbleCosts | None = None) -> list[list[S
     return best
 
 
-def zb_scp(S: int, M: int) -> list[list[Step]]:
-    """ZB-H1 with Merak's recomputation placed into waits: on every rank but the last,
-    a micro-batch whose I would start after waiting for its gradient (in ZB-H1 at
-    unit costs: the first micro-batch after the warm-up, and those whose gradient
-    is still travelling) runs its forward as F* (keeping only its input) and its
-    backward as R then I, so the lowering puts the gradient receive between them
-    and the re-forward overlaps the wait, as in the shifted critical path schedule.
-    The last rank never recomputes (its I follows its F at once)."""
-    orders = _lagged(S, M, range(S))
-    sched = lower(Schedule("zb-h1", S, M, 1, tuple(tuple(p) for p in _programs(S, orders)),
-                           lowered=False))
-    ex = execute(sched, lambda a: 1.0 if a.kind.per_microbatch else 0.0)
+def _with_recompute(S: int, orders: Sequence[Order], waits: Sequence[set[int]]
+                    ) -> list[list[Step]]:
+    """Rank s's micro-batches in ``waits[s]`` run F* and re-forward (R) before their I."""
     progs: list[list[Step]] = []
     for s in range(S):
-        waits: set[int] = set()
-        prev_end = 0.0
-        for a, start, end in ex.compute[s]:
-            if a.kind is I and start > prev_end and s < S - 1:
-                waits.add(a.microbatch)
-            prev_end = end
         prog: list[Step] = []
         for k, m in orders[s]:
-            if m in waits and k is F:
+            if m in waits[s] and k is F:
                 prog.append(Action(FN, s, m))
-            elif m in waits and k is I:
+            elif m in waits[s] and k is I:
                 prog += [Action(R, s, m), Action(I, s, m)]
             else:
                 prog.append(Action(k, s, m))
         progs.append(prog)
     return progs
+
+
+def zb_scp(S: int, M: int) -> list[list[Step]]:
+    """ZB-H1 with Merak's recomputation placed into waits: on every rank but the last,
+    a micro-batch whose backward would start after waiting for its gradient runs its
+    forward as F* (keeping only its input) and its backward as R then I, so the
+    lowering puts the gradient receive between them and the re-forward overlaps the
+    wait, as in the shifted critical path schedule. The waits are found at unit costs
+    with a full re-forward (F = R = I = W = 1, an I paying its recompute unless an R
+    ran for it): marking a micro-batch moves later ones, so the marking repeats until
+    no new wait appears (at most M rounds; marks are only added). The last rank
+    never recomputes (its I follows its F at once). At r = 1 with full recompute:
+    34 for S=4, M=8 and 70 for S=8, M=16 (shifted critical path: 38, 82)."""
+    orders = _lagged(S, M, range(S))
+    waits: list[set[int]] = [set() for _ in range(S)]
+    for _ in range(M + 1):
+        progs = _with_recompute(S, orders, waits)
+        sched = lower(Schedule("zb-scp", S, M, 1, tuple(tuple(p) for p in progs),
+                               lowered=False))
+
+        def cost(a: Action) -> float:
+            if a.kind is I and a.stage < S - 1 and a.microbatch not in waits[a.stage]:
+                return 2.0  # the backward re-forwards the checkpointed stage
+            return 1.0 if a.kind.per_microbatch else 0.0
+        ex = execute(sched, cost)
+        grown = False
+        for s in range(S - 1):
+            prev = 0.0
+            for a, start, end in ex.compute[s]:
+                if (a.kind in (I, R) and start > prev + 1e-9
+                        and a.microbatch not in waits[s]):
+                    waits[s].add(a.microbatch)
+                    grown = True
+                prev = end
+        if not grown:
+            return progs
+    return _with_recompute(S, orders, waits)
