@@ -74,7 +74,11 @@ def test_zb_h2_states_its_activation_memory():
 
 
 def _times(sched, times):
-    return execute(sched, lambda a: times[a.stage].of(a.kind)).makespan
+    """Makespan under per-rank times, transfers over the link after rank s taking
+    ``times[s].send``."""
+    def send(a):
+        return times[a.stage if a.kind is Kind.SEND_ACT else a.stage - 1].send
+    return execute(sched, lambda a: times[a.stage].of(a.kind), send).makespan
 
 
 def test_zb_auto_strictly_faster_with_a_heavy_last_stage():
@@ -91,8 +95,8 @@ def test_zb_auto_strictly_faster_with_a_heavy_last_stage():
        extra=st.integers(0, 8))
 def test_zb_auto_no_slower_than_zb_h1_within_its_memory(S, M, seed, extra):
     rng = random.Random(seed)
-    t = tuple(StageTimes(rng.uniform(0.5, 2), rng.uniform(0.5, 2), rng.uniform(0.2, 2))
-              for _ in range(S))
+    t = tuple(StageTimes(rng.uniform(0.5, 2), rng.uniform(0.5, 2), rng.uniform(0.2, 2),
+                         send=rng.uniform(0, 0.5)) for _ in range(S))
     limit = tuple(min(S, M) + rng.randint(0, extra) for _ in range(S))
     auto = generate("zb-auto", S, M, costs=ZeroBubbleCosts(t, limit))
     assert _times(auto, t) <= _times(generate("zb-h1", S, M), t) + 1e-9

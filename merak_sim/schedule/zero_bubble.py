@@ -64,17 +64,20 @@ class StageTimes:
         backward_input: I (input gradient).
         backward_weight: W (weight gradient).
         recompute: R (re-forward); the forward time if not given.
+        send: transfer time of this rank's output activation to the next rank (and
+            of the gradient coming back over the same link).
     """
 
     forward: float = 1.0
     backward_input: float = 1.0
     backward_weight: float = 1.0
     recompute: float | None = None
+    send: float = 0.0
 
     def __post_init__(self) -> None:
         times = (self.forward, self.backward_input, self.backward_weight,
                  self.forward if self.recompute is None else self.recompute)
-        if min(times) < 0 or min(times[:3]) <= 0:
+        if min(times) < 0 or min(times[:3]) <= 0 or self.send < 0:
             raise ScheduleError(f"stage times must be positive, got {self}")
 
     def of(self, kind: Kind) -> float:
@@ -113,7 +116,8 @@ class ZeroBubbleCosts:
         times, limit = [], []
         for sc, c in zip(stages, fractions, strict=True):
             times.append(StageTimes(sc.forward_s, sc.backward_input_s + c * sc.recompute_s,
-                                    sc.backward_weight_s, sc.forward_s))
+                                    sc.backward_weight_s, sc.forward_s,
+                                    sc.send_activation_s))
             per = sc.kept_bytes(c)
             free = capacity_bytes - sc.state_bytes
             limit.append(int(free // per) if per > 0 and free > 0 else 1)
@@ -161,7 +165,7 @@ def list_schedule(S: int, M: int, times: Sequence[StageTimes],
     the next I whose gradient has arrived, else the next F whose input has arrived if
     it holds fewer than its limit, else its oldest pending W, else waits. Ranks decide
     in time order (ties by rank), so the result is a pure function of its arguments.
-    Communication is taken as free."""
+    A transfer over the link after rank s takes ``times[s].send``."""
     inf = float("inf")
     clock = [0.0] * S
     blocked: list[float | None] = [None] * S
@@ -204,14 +208,14 @@ def list_schedule(S: int, M: int, times: Sequence[StageTimes],
             nf[s] += 1
             held[s] += 1
             if s + 1 < S:
-                arrive(act[s + 1], s + 1, m, end)
+                arrive(act[s + 1], s + 1, m, end + times[s].send)
             else:
                 grad[s][m] = end
         elif kind is I:
             ni[s] += 1
             pending[s].append(m)
             if s > 0:
-                arrive(grad[s - 1], s - 1, m, end)
+                arrive(grad[s - 1], s - 1, m, end + times[s - 1].send)
         else:
             pending[s].pop(0)
             held[s] -= 1
@@ -236,10 +240,14 @@ def _programs(S: int, orders: Sequence[Order]) -> list[list[Step]]:
 
 def order_makespan(S: int, M: int, programs: Sequence[Sequence[Step]],
                    times: Sequence[StageTimes]) -> float:
-    """Makespan of per-rank compute programs run under ``times`` (free transfers)."""
+    """Makespan of per-rank compute programs run under ``times`` (activations and
+    gradients cross the link after rank s in ``times[s].send``)."""
     sched = lower(Schedule("candidate", S, M, 1, tuple(tuple(p) for p in programs),
                            lowered=False))
-    return execute(sched, lambda a: times[a.stage].of(a.kind)).makespan
+
+    def transfer(a: Action) -> float:
+        return times[a.stage if a.kind is Kind.SEND_ACT else a.stage - 1].send
+    return execute(sched, lambda a: times[a.stage].of(a.kind), transfer).makespan
 
 
 def zb_h1(S: int, M: int) -> list[list[Step]]:
