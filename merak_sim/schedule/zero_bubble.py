@@ -9,8 +9,9 @@ postponed W holds one more micro-batch.
 
 Unit costs below mean F = I = W = 1 (``replay(s, f=1, b=2, w=1)``). No single-chunk
 schedule beats ``max(3M + S - 1, 2M + 2S - 1)`` there: the last rank cannot start
-before S - 1 and has 3M of work, and with M < S the last micro-batch's forward and
-input-gradient chains (2S) plus the last rank's own 2M - 2 passes and one W bound it.
+before S - 1 and has 3M of work; and its last I ends no earlier than S - 1 + 2M (all
+its F and I passes), after which that gradient crosses S - 1 ranks and rank 0 still
+runs one W (the larger term when M < S).
 ``zb-h1`` and ``zb-h2`` reach that bound for every (S, M) (tests check the grid).
 
 Memory: 1F1B holds S - s micro-batches on rank s, so its memory-limiting rank 0
@@ -18,7 +19,7 @@ holds S. ``zb-h1`` holds min(S, M) on every rank: the rank that limits 1F1B hold
 exactly what it holds under 1F1B, the others up to s more. Equality on every rank
 is impossible at the bound: a last rank holding one micro-batch must run F I W of
 each micro-batch back to back, so its last I ends at S - 2 + 3M and rank S-2's last
-I and W end one unit past the bound. ``zb-h2`` holds 2S - 1 (about 2x) and, for
+I and W end one unit past the bound. ``zb-h2`` holds min(2S - 1, M) (about 2x) and, for
 M >= 2S - 1, keeps every rank busy without a gap from its first forward at time s
 to 3M + s: the idle time is the parallelogram's two corners only.
 
