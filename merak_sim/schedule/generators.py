@@ -21,7 +21,7 @@ from .ir import Action, Kind, Schedule, ScheduleError, Step
 from .lowering import lower
 from .replay import stage_aware_fractions
 from .spec import ScheduleSpec
-from .zero_bubble import zb_auto, zb_h1, zb_h2, zb_scp
+from .zero_bubble import uniform_fractions, zb_auto, zb_h1, zb_h2, zb_scp
 
 __all__ = ["SCHEDULES", "generate"]
 
@@ -229,10 +229,11 @@ SCHEDULES: dict[str, ScheduleSpec] = {
         ScheduleSpec("interleaved-1f1b", interleaved_1f1b, interleaved=True,
                      microbatches_multiple_of_pp=True),
         ScheduleSpec("1f1b-split", one_f_one_b_split),
-        ScheduleSpec("zb-h1", zb_h1),
-        ScheduleSpec("zb-h2", zb_h2),
-        ScheduleSpec("zb-auto", zb_auto, cost_aware=True),
-        ScheduleSpec("zb-scp", zb_scp, last_stage_never_recomputes=True, **_MERAK),
+        ScheduleSpec("zb-h1", zb_h1, stage_fractions=uniform_fractions),
+        ScheduleSpec("zb-h2", zb_h2, stage_fractions=uniform_fractions),
+        ScheduleSpec("zb-auto", zb_auto, cost_aware=True, stage_fractions=uniform_fractions),
+        ScheduleSpec("zb-scp", zb_scp, last_stage_never_recomputes=True,
+                     **dict(_MERAK, stage_fractions=uniform_fractions)),
         ScheduleSpec("pre-recompute", pre_recompute, **_MERAK),
         ScheduleSpec("last-no-recompute", last_no_recompute, last_stage_never_recomputes=True,
                      **_MERAK),

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from merak_sim.costs.base import StageCost
 
 __all__ = ["StageTimes", "ZeroBubbleCosts", "list_schedule", "zb_h1", "zb_h2",
-           "zb_auto", "zb_scp", "order_makespan"]
+           "zb_auto", "zb_scp", "order_makespan", "uniform_fractions"]
 
 F, FN, R, I, W = (  # noqa: E741 - the IR's own letters
     Kind.FORWARD, Kind.FORWARD_NOGRAD, Kind.RECOMPUTE, Kind.BACKWARD_INPUT,
@@ -136,6 +136,16 @@ class ZeroBubbleCosts:
         if len(per) != S:
             raise ScheduleError(f"memory_limit has {len(per)} entries for pp={S}")
         return tuple(max(1, min(int(x), M)) for x in per)
+
+
+def uniform_fractions(num_stages: int, c0: float) -> tuple[float, ...]:
+    """Merak T2's stage-aware rule for the zero-bubble family: T2 holds (1 - c_s) x
+    (micro-batches rank s holds) equal to rank 0's, and these schedules hold rank
+    0's count on every rank, so every rank checkpoints rank 0's fraction c0 (ranks
+    a spec marks as never recomputing still get 0)."""
+    if not 0.0 <= c0 <= 1.0:
+        raise ScheduleError(f"c0 must lie in [0, 1], got {c0}")
+    return (float(c0),) * num_stages
 
 
 def _unit(S: int) -> tuple[StageTimes, ...]:
