@@ -1,6 +1,7 @@
 """Zero-bubble schedules: unit-cost targets, memory, validity and the cost-aware and
 recompute variants (:mod:`merak_sim.schedule.zero_bubble`)."""
 
+import json
 import random
 
 import pytest
@@ -191,3 +192,23 @@ def test_stage_aware_fractions_balance_zero_bubble_memory(name):
     peaks = [m.activation_peak_bytes for m in peak_memory(uniform_table(4), cfg)]
     if name != "zb-scp":  # zb-scp's F* micro-batches hold only their input
         assert peaks == pytest.approx([peaks[0]] * 4)
+
+
+def test_cli_schedule_and_simulate_take_the_new_names(capsys):
+    from merak_sim.cli import main
+
+    assert main(["schedule", "--schedule", "zb-h1", "--pp", "4", "--microbatches", "8",
+                 "--recompute", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "peak in-flight micro-batches per rank: [4, 4, 4, 4]" in out
+    assert "makespan (f=1, b=2, recompute=0): 27" in out
+    base = ["simulate", "--model", "gpt-1.5b", "--cluster", "paper-3090", "--dp", "1",
+            "--tp", "1", "--pp", "4", "--micro-batch-size", "1", "--global-batch-size", "16",
+            "--sub-cluster",
+            "--recompute", "none", "--engine", "evaluator", "--json"]
+    times = {}
+    for name in ("1f1b", "zb-h1", "zb-h2", "zb-auto"):
+        assert main([*base, "--schedule", name]) == 0
+        out = capsys.readouterr().out
+        times[name] = json.loads(out)["iteration_time_s"]
+    assert times["zb-h2"] < times["zb-auto"] < times["zb-h1"] < times["1f1b"]
