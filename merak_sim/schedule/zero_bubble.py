@@ -287,9 +287,11 @@ def zb_auto(S: int, M: int, costs: ZeroBubbleCosts | None = None) -> list[list[S
     (when the memory limit allows it), lagged-W orders that postpone each rank's W
     as far as its limit allows, and greedy list schedules at the given times with
     the limits and with ZB-H1's; never holds more than ``costs.memory_limit``
-    micro-batches on a rank. Without costs: unit times and ZB-H1's memory (ZB-H1's
-    makespan). Ties keep the earlier candidate, ZB-H1's order first."""
-    costs = costs or ZeroBubbleCosts(_unit(S))
+    micro-batches on a rank. Ties keep the earlier candidate, ZB-H1's order first.
+    Without costs (unit times, ZB-H1's memory) that is ZB-H1's order, which reaches
+    the unit-cost bound, so it is returned without building the others."""
+    if costs is None:
+        return zb_h1(S, M)
     times, lim = costs.times, costs.limits(S, M)
     cands: list[list[Order]] = []
     if all(x >= min(S, M) for x in lim):
@@ -334,33 +336,20 @@ def zb_scp(S: int, M: int) -> list[list[Step]]:
     a micro-batch whose backward would start after waiting for its gradient runs its
     forward as F* (keeping only its input) and its backward as R then I, so the
     lowering puts the gradient receive between them and the re-forward overlaps the
-    wait, as in the shifted critical path schedule. The waits are found at unit costs
-    with a full re-forward (F = R = I = W = 1, an I paying its recompute unless an R
-    ran for it): marking a micro-batch moves later ones, so the marking repeats until
-    no new wait appears (at most M rounds; marks are only added). The last rank
-    never recomputes (its I follows its F at once). At r = 1 with full recompute:
-    34 for S=4, M=8 and 70 for S=8, M=16 (shifted critical path: 38, 82)."""
-    orders = _lagged(S, M, range(S))
-    waits: list[set[int]] = [set() for _ in range(S)]
-    for _ in range(M + 1):
-        progs = _with_recompute(S, orders, waits)
-        sched = lower(Schedule("zb-scp", S, M, 1, tuple(tuple(p) for p in progs),
-                               lowered=False))
-
-        def cost(a: Action) -> float:
-            if a.kind is I and a.stage < S - 1 and a.microbatch not in waits[a.stage]:
-                return 2.0  # the backward re-forwards the checkpointed stage
-            return 1.0 if a.kind.per_microbatch else 0.0
-        ex = execute(sched, cost)
-        grown = False
-        for s in range(S - 1):
-            prev = 0.0
-            for a, start, end in ex.compute[s]:
-                if (a.kind in (I, R) and start > prev + 1e-9
-                        and a.microbatch not in waits[s]):
-                    waits[s].add(a.microbatch)
-                    grown = True
-                prev = end
-        if not grown:
-            return progs
-    return _with_recompute(S, orders, waits)
+    wait, as in the shifted critical path schedule. At unit costs with a full
+    re-forward (F = R = I = W = 1, an I paying its recompute unless an R ran for it)
+    those are, on ranks s <= S-3, the first S-2 micro-batches (their backwards wait
+    for the first gradients) and the last S-1-s (the cool-down's, whose gradients are
+    still travelling), and on rank S-2 micro-batch 0; marking waiting backwards until
+    none is left reaches the same makespans (tests check S 2..6, M 1..2S). The last rank never
+    recomputes (its I follows its F at once). At r = 1 with full recompute: 34 for
+    S=4, M=8 and 70 for S=8, M=16 (shifted critical path: 38, 82)."""
+    waits: list[set[int]] = []
+    for s in range(S):
+        if s == S - 1:
+            waits.append(set())
+        elif s == S - 2:
+            waits.append({0})
+        else:
+            waits.append(set(range(min(S - 2, M))) | set(range(max(0, M - (S - 1 - s)), M)))
+    return _with_recompute(S, _lagged(S, M, range(S)), waits)
