@@ -11,8 +11,8 @@ configuration below is profiled (the profiler step of
 blocks, each between two profiles, the cases taking turns block by block),
 simulated from its profiles and compared (:mod:`merak_sim.validation`):
 
-- pp2 with 1f1b, gpipe, zb-h1 (no recompute) and shifted-critical-path with
-  stage-aware recompute;
+- pp2 with 1f1b, gpipe, 1f1b-split (case pp2-zbh1-none; no recompute) and
+  shifted-critical-path with stage-aware recompute;
 - pp2 1f1b with recompute full and stage-aware (and none above);
 - tp2 without and with sub-pipelined TP;
 - dp2;

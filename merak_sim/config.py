@@ -7,9 +7,14 @@ configuration evaluated in simulation is exactly the one dispatched to a cluster
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from merak_sim.schedule import SCHEDULES, generate
 from merak_sim.schedule.ir import Schedule, placed_rank
+from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
+
+if TYPE_CHECKING:
+    from merak_sim.costs.base import CostTable
 
 __all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES", "ATTENTIONS",
            "ZERO_STAGES"]
@@ -178,10 +183,18 @@ class ParallelConfig:
         """Pipeline rank holding ``model_stage`` under this schedule's placement."""
         return placed_rank(self.placement, self.pp, model_stage)[0]
 
-    def build_schedule(self) -> Schedule:
+    def build_schedule(self, table: CostTable | None = None) -> Schedule:
         """The lowered pipeline schedule for this configuration (ScheduleError, a
-        ValueError, if the schedule's requirements are violated)."""
-        return generate(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
+        ValueError, if the schedule's requirements are violated). A cost-aware
+        schedule (:attr:`~merak_sim.schedule.ScheduleSpec.cost_aware`) adapts its
+        order to ``table``'s per-rank times and memory (unit costs without one);
+        the others ignore it."""
+        costs = None
+        if table is not None and SCHEDULES[self.schedule].cost_aware:
+            costs = ZeroBubbleCosts.from_stage_costs(
+                table.stages, self.recompute_per_stage(), table.memory_capacity_bytes)
+        return generate(self.schedule, self.pp, self.num_microbatches, self.virtual_stages,
+                        costs)
 
     def recompute_per_stage(self, schedule: Schedule | None = None) -> tuple[float, ...]:
         """Checkpointed fraction c_s of each pipeline rank's layers.

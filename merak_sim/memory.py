@@ -334,7 +334,7 @@ def peak_memory(table: Any, config: Any, schedule: Any | None = None) -> tuple[S
     a ParallelConfig: the schedule's :func:`~merak_sim.schedule.liveness.liveness` walk
     priced per chunk at the rank's checkpointed fraction (the simulator's own memory
     deltas, so the peaks equal the simulated ones)."""
-    sched = schedule if schedule is not None else config.build_schedule()
+    sched = schedule if schedule is not None else config.build_schedule(table)
     fracs = config.recompute_per_stage(sched)
     pp = sched.num_stages
     out = []

@@ -51,6 +51,15 @@ TWO = [
     C("export pp2 zb-h1 full", "custom", pp=2, schedule="zb-h1", recompute="full"),
     C("export pp2 shifted stage-aware", "custom", pp=2, schedule="shifted-critical-path",
       recompute="stage-aware"),
+    # the zero-bubble family (zb-auto runs its unit-cost order: no cost table here)
+    C("pp2 zb-h2 none", pp=2, schedule="zb-h2"),
+    C("pp2 zb-auto full", pp=2, schedule="zb-auto", recompute="full"),
+    C("pp2 zb-scp stage-aware", pp=2, schedule="zb-scp", recompute="stage-aware"),
+    C("pp2 1f1b-split none", pp=2, schedule="1f1b-split"),
+    C("hf-gpt2 pp2 zb-h1 none", "gpt2", pp=2, schedule="zb-h1"),
+    C("hf-gpt2 pp2 zb-h2 full", "gpt2", pp=2, schedule="zb-h2", recompute="full"),
+    C("hf-gpt2 pp2 zb-auto none", "gpt2", pp=2, schedule="zb-auto"),
+    C("hf-gpt2 pp2 zb-scp full", "gpt2", pp=2, schedule="zb-scp", recompute="full"),
 ]
 FOUR = [
     C("pp2xtp2 1f1b sub stage-aware", pp=2, tp=2, recompute="stage-aware", **SUB),
@@ -77,6 +86,13 @@ FOUR = [
     C("hf-llama tp2xdp2 sub none", "llama", tp=2, dp=2, **SUB),
     C("export pp2xdp2 interleaved none", "custom", pp=2, dp=2, schedule="interleaved-1f1b",
       virtual_stages=2),
+    C("pp4 zb-h2 none", pp=4, schedule="zb-h2"),
+    C("pp4 zb-auto none", pp=4, schedule="zb-auto"),
+    C("pp4 zb-scp full", pp=4, schedule="zb-scp", recompute="full"),
+    C("pp4 1f1b-split none", pp=4, schedule="1f1b-split"),
+    C("hf-gpt2 pp4 zb-h1 none", "gpt2", pp=4, schedule="zb-h1"),
+    C("hf-gpt2 pp4 zb-scp stage-aware", "gpt2", pp=4, schedule="zb-scp",
+      recompute="stage-aware"),
 ]
 for c in TWO + FOUR:
     if "n_layer" in c["config"]:

@@ -49,10 +49,10 @@ def test_interleaved_bubble_divided_by_v(p, m, v):
     assert res.makespan == pytest.approx(m * 3 + (p - 1) * 3 / v)
 
 
-def test_zero_bubble_beats_1f1b_with_same_memory():
+def test_split_backward_beats_1f1b_with_same_memory():
     from merak_sim.schedule import validate
 
-    zb, base = generate("zb-h1", 4, 8), generate("1f1b", 4, 8)
+    zb, base = generate("1f1b-split", 4, 8), generate("1f1b", 4, 8)
     assert replay(zb, b=2, w=1).makespan == 3 * 8 + 2 * 3 < replay(base, b=2).makespan
     assert validate(zb).peak_in_flight == validate(base).peak_in_flight
 

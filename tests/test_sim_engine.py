@@ -25,7 +25,8 @@ from merak_sim.sim import (
 SCHEDS = [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 3, 2, 1),
           ("interleaved-1f1b", 4, 8, 2), ("zb-h1", 4, 8, 1), ("pre-recompute", 4, 8, 1),
           ("last-no-recompute", 5, 7, 1), ("shifted-critical-path", 4, 8, 1),
-          ("shifted-critical-path", 8, 16, 1), ("1f1b", 1, 4, 1),
+          ("shifted-critical-path", 8, 16, 1), ("1f1b", 1, 4, 1), ("1f1b-split", 4, 8, 1),
+          ("zb-h2", 4, 8, 1), ("zb-auto", 4, 8, 1), ("zb-scp", 4, 8, 1), ("zb-h1", 3, 2, 1),
           ("zb-v", 4, 8, 2), ("zb-v", 2, 3, 2), ("dualpipev", 4, 8, 2)]
 
 
@@ -355,7 +356,8 @@ def test_mixed_gpu_types_priced_by_peak_ratio():
 
 @settings(max_examples=30, deadline=None)
 @given(name=hst.sampled_from(["gpipe", "1f1b", "zb-h1", "pre-recompute", "last-no-recompute",
-                             "shifted-critical-path", "interleaved-1f1b"]),
+                             "shifted-critical-path", "interleaved-1f1b", "1f1b-split",
+                             "zb-h2", "zb-auto", "zb-scp"]),
        S=hst.integers(1, 6), mult=hst.integers(1, 3), seed=hst.integers(0, 10**6),
        overlap=hst.booleans(), buckets=hst.integers(1, 4))
 def test_property_engine_equals_evaluator(name, S, mult, seed, overlap, buckets):

@@ -36,7 +36,7 @@ def suite(quick: bool = False, pairs: int = 3) -> list[Case]:
                ((BASELINE, cases[1]), (MERAK, cases[2]))]
     return cases + repeats + [
         Case("pp2-gpipe-none", pp("gpipe", "none"), m),
-        Case("pp2-zbh1-none", pp("zb-h1", "none"), m),
+        Case("pp2-zbh1-none", pp("1f1b-split", "none"), m),  # named before the split was renamed
         Case("pp2-1f1b-stage-aware", pp("1f1b", "stage-aware"), m),
         Case("tp2-plain", dict(base, tp=2), m),
         Case("tp2-sub-pipelined", dict(base, tp=2, tp_overlap="sub-pipelined"), m),

@@ -11,8 +11,9 @@ generator runs. Use :func:`generate` to get a lowered, ready-to-run schedule.
 
 Sources: GPipe (Huang et al., NeurIPS 2019); 1F1B / PipeDream-flush (Narayanan et
 al., ICML 2021); interleaved 1F1B (Narayanan et al., SC 2021, Megatron-LM); ZB-H1
-(Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024); Merak's family (Lai et
-al., TPDS 2023); ZB-V and DualPipeV in :mod:`merak_sim.schedule.v_shape`.
+(Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024; the zero-bubble family
+is :mod:`merak_sim.schedule.zero_bubble`); Merak's family (Lai et al., TPDS 2023);
+ZB-V and DualPipeV in :mod:`merak_sim.schedule.v_shape`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .lowering import lower
 from .replay import stage_aware_fractions
 from .spec import ScheduleSpec
 from .v_shape import dualpipev, zb_v
+from .zero_bubble import uniform_fractions, zb_auto, zb_h1, zb_h2, zb_scp
 
 __all__ = ["SCHEDULES", "generate"]
 
@@ -99,17 +101,15 @@ def interleaved_1f1b(S: int, M: int, v: int) -> list[list[Step]]:
     return progs
 
 
-def zb_h1(S: int, M: int) -> list[list[Step]]:
-    """ZB-H1-style zero-bubble schedule: 1F1B with each backward split into I (input
-    gradient) and W (weight gradient).
+def one_f_one_b_split(S: int, M: int) -> list[list[Step]]:
+    """1F1B with each backward split into I (input gradient) then W (weight gradient)
+    at once: the split alone, with no W postponed (ZB-H1 is ``zb-h1``).
 
     I sits where 1F1B runs B and its gradient is sent upstream at once, so the
     gradient path back up the pipeline carries only I passes; W follows its I. Memory
-    equals 1F1B's (a micro-batch is freed at its W, S - s in flight on stage s). With
-    static per-rank orders and f = I = W = 1 the makespan is 3M + 2(S-1), i.e. a bubble
-    of (S-1)(F+I) instead of 1F1B's (S-1)(F+I+W); Qi et al. (ICLR 2024) reach
-    (S-1)(F+I-W) by also filling the cool-down with postponed W passes adaptively,
-    which a static order cannot express without extra memory.
+    equals 1F1B's on every rank (a micro-batch is freed at its W, S - s in flight on
+    stage s). With f = I = W = 1 the makespan is 3M + 2(S-1), a bubble of (S-1)(F+I)
+    instead of 1F1B's (S-1)(F+I+W): 30 for S=4, M=8 and 62 for S=8, M=16.
     """
     progs = []
     for s in range(S):
@@ -230,7 +230,12 @@ SCHEDULES: dict[str, ScheduleSpec] = {
         ScheduleSpec("1f1b", one_f_one_b),
         ScheduleSpec("interleaved-1f1b", interleaved_1f1b, interleaved=True,
                      microbatches_multiple_of_pp=True),
-        ScheduleSpec("zb-h1", zb_h1),
+        ScheduleSpec("1f1b-split", one_f_one_b_split),
+        ScheduleSpec("zb-h1", zb_h1, stage_fractions=uniform_fractions),
+        ScheduleSpec("zb-h2", zb_h2, stage_fractions=uniform_fractions),
+        ScheduleSpec("zb-auto", zb_auto, cost_aware=True, stage_fractions=uniform_fractions),
+        ScheduleSpec("zb-scp", zb_scp, last_stage_never_recomputes=True,
+                     **dict(_MERAK, stage_fractions=uniform_fractions)),
         ScheduleSpec("pre-recompute", pre_recompute, **_MERAK),
         ScheduleSpec("last-no-recompute", last_no_recompute, last_stage_never_recomputes=True,
                      **_MERAK),
@@ -244,14 +249,17 @@ SCHEDULES: dict[str, ScheduleSpec] = {
 }
 
 
-def generate(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+def generate(name: str, pp: int, microbatches: int, virtual_stages: int = 1,
+             costs=None) -> Schedule:
     """Build the named schedule and lower it (communication added): ready to run.
 
-    Raises :class:`ScheduleError` for unknown names or violated requirements.
+    ``costs`` (a :class:`~merak_sim.schedule.zero_bubble.ZeroBubbleCosts`) reaches
+    cost-aware generators only (:attr:`ScheduleSpec.cost_aware`). Raises
+    :class:`ScheduleError` for unknown names or violated requirements.
     """
     spec = SCHEDULES.get(name)
     if spec is None:
         raise ScheduleError(
             f"unknown schedule {name!r}; choose one of: {', '.join(SCHEDULES)}"
         )
-    return lower(spec.build(pp, microbatches, virtual_stages))
+    return lower(spec.build(pp, microbatches, virtual_stages, costs))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .ir import Action, Kind, Schedule, ScheduleError, Step
 from .replay import stage_aware_fractions
@@ -65,6 +66,9 @@ class ScheduleSpec:
             this schedule.
         placement: where its model stages live (:data:`~merak_sim.schedule.ir.
             PLACEMENTS`); ``"v"`` needs ``interleaved`` and exactly two virtual stages.
+        cost_aware: ``order`` also takes per-rank costs (a
+            :class:`~merak_sim.schedule.zero_bubble.ZeroBubbleCosts`, or None for unit
+            costs) and adapts the order to them; :meth:`build` passes ``costs``.
     """
 
     name: str
@@ -79,6 +83,7 @@ class ScheduleSpec:
     recompute_policies: tuple[str, ...] | None = None
     stage_fractions: Callable[[int, float], tuple[float, ...]] = stage_aware_fractions
     placement: str = "loop"
+    cost_aware: bool = False
 
     def min_microbatches(self, pp: int) -> int:
         """Fewest micro-batches the schedule accepts with ``pp`` stages."""
@@ -127,11 +132,16 @@ class ScheduleSpec:
         """Ranks that keep every activation under any recompute policy."""
         return frozenset({pp - 1}) if self.last_stage_never_recomputes else frozenset()
 
-    def build(self, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+    def build(self, pp: int, microbatches: int, virtual_stages: int = 1,
+              costs: Any = None) -> Schedule:
         """The compute-only (unlowered) schedule; ScheduleError if a requirement
-        fails. :func:`merak_sim.schedule.generate` lowers it."""
+        fails. :func:`merak_sim.schedule.generate` lowers it. ``costs`` reaches a
+        cost-aware generator only (others are pure in their degrees)."""
         self.check(pp, microbatches, virtual_stages)
-        args = (pp, microbatches, virtual_stages) if self.interleaved else (pp, microbatches)
+        args: tuple = (pp, microbatches, virtual_stages) if self.interleaved \
+            else (pp, microbatches)
+        if self.cost_aware:
+            args += (costs,)
         programs = self.order(*args)
         return Schedule(
             name=self.name,

@@ -19,7 +19,7 @@ from merak_sim.hardware import GPU, Cluster, get_gpu
 from merak_sim.layout import RankLayout
 from merak_sim.model import ModelSpec
 from merak_sim.resolve import resolve_cluster, resolve_model
-from merak_sim.schedule import lower
+from merak_sim.schedule import SCHEDULES, lower
 from merak_sim.schedule.ir import Schedule
 
 from .engine import EventLog, run_engine
@@ -57,11 +57,15 @@ def resolve_config(config: ParallelConfig | dict | None, **kwargs: Any) -> Paral
         raise SimulationError(f"bad parallel configuration: {e}") from None
 
 
-def schedule_of(cfg: ParallelConfig) -> Schedule:
-    """``cfg.build_schedule()``, kept per (schedule, pp, micro-batches, virtual stages):
-    generators are pure functions of those, and handing out the same object lets
-    :func:`~merak_sim.sim.program.compile_program` and the evaluator reuse its
-    structure and dependency order for every configuration of that shape."""
+def schedule_of(cfg: ParallelConfig, table: CostTable | None = None) -> Schedule:
+    """``cfg.build_schedule(table)``, kept per (schedule, pp, micro-batches, virtual
+    stages): generators are pure functions of those, and handing out the same object
+    lets :func:`~merak_sim.sim.program.compile_program` and the evaluator reuse its
+    structure and dependency order for every configuration of that shape. A
+    cost-aware schedule depends on ``table`` too, so it is built afresh each time."""
+    spec = SCHEDULES.get(cfg.schedule)
+    if table is not None and spec is not None and spec.cost_aware:
+        return cfg.build_schedule(table)
     key = (cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.virtual_stages)
     sched = _SCHEDULES.get(key)
     if sched is None:
@@ -251,7 +255,13 @@ def simulate(
     if engine not in ("simpy", "evaluator"):
         raise SimulationError(f"unknown engine {engine!r}; choose simpy or evaluator")
     spec, clus = _resolve_model_cluster(model, cluster, nodes, cfg, sub_cluster)
-    sched = (schedule_of(cfg) if custom_schedule is None
+    if cost_table is None:
+        if spec is None or clus is None:
+            raise SimulationError("give a model and a cluster (or a cost_table)")
+        if cost_model is None:
+            cost_model = CalibratedCostModel()
+        cost_table = cost_model.cost_table(spec, clus, cfg)
+    sched = (schedule_of(cfg, cost_table) if custom_schedule is None
              else _load_schedule(custom_schedule))
     if (sched.num_stages, sched.num_microbatches, sched.virtual_stages) != (
             cfg.pp, cfg.num_microbatches, cfg.virtual_stages):
@@ -259,12 +269,6 @@ def simulate(
             f"schedule has pp={sched.num_stages}, microbatches={sched.num_microbatches}, "
             f"virtual stages={sched.virtual_stages} but the configuration needs "
             f"{cfg.pp}, {cfg.num_microbatches}, {cfg.virtual_stages}")
-    if cost_table is None:
-        if spec is None or clus is None:
-            raise SimulationError("give a model and a cluster (or a cost_table)")
-        if cost_model is None:
-            cost_model = CalibratedCostModel()
-        cost_table = cost_model.cost_table(spec, clus, cfg)
     prog = compile_program(sched, cost_table, cfg.recompute_per_stage(sched))
     placement = RankLayout.of(cfg)
     capacity = float(cost_table.memory_capacity_bytes)
