@@ -16,7 +16,8 @@ pipeline.
   the two chunks alternating, and a cool-down whose Ws are postponed behind the I
   passes to fill the waits for them. The order is fixed by (S, M) alone, not timed at
   one cost ratio, so it holds up when I, W and F differ (profiled costs; I slower than
-  W or the reverse). At unit cost (F = I = W per chunk) its makespan is 3M + (S-1)/2
+  W or the reverse; only with M < 2S and W slower than I do the postponed Ws
+  lengthen the tail). At unit cost (F = I = W per chunk) its makespan is 3M + (S-1)/2
   stage units for S=4, M=8 and S=8, M=16.
 - :func:`dualpipev` follows DeepSeek's DualPipeV (DeepSeek-V3 report's DualPipe cut in
   half, as PyTorch's ScheduleDualPipeV orders it): micro-batches enter at rank 0 and
