@@ -12,18 +12,18 @@ from merak_sim.schedule.replay import replay
 # Compute orders (unlowered, AR/OPT appended) of rank 0..3 for S=4, M=8.
 GOLDEN = {
     "zb-v": (
-        "F0 F1 F2 F3 F4 F5 F6 1F0 1I0 1W0 1F1 1I1 1W1 1F2 1I2 I0 1W2 1F3 1I3 I1 W0 I2 F7 1W3 "
-        "1F4 I3 1I4 W1 W2 W3 1F5 1I5 1W4 I4 1W5 1F6 1I6 W4 1W6 I5 W5 1F7 1I7 I6 1W7 W6 I7 W7 "
-        "AR OPT",
-        "F0 F1 F2 F3 F4 1F0 F5 1F1 1I0 1W0 1F2 1I1 1W1 I0 1I2 1F3 W0 I1 1I3 I2 F6 1W2 1F4 I3 "
-        "W1 F7 1I4 1W3 1F5 W2 W3 I4 1I5 1F6 1W4 W4 1I6 I5 1W5 1F7 1W6 I6 1I7 W5 W6 1W7 I7 W7 "
-        "AR OPT",
-        "F0 F1 F2 1F0 F3 1F1 F4 1F2 1I0 1W0 1F3 I0 1I1 W0 1I2 I1 F5 I2 1I3 1W1 1F4 I3 1W2 F6 "
-        "W1 1F5 1I4 W2 F7 I4 1W3 1F6 1I5 W3 1W4 I5 1I6 1F7 W4 I6 1W5 W5 1I7 1W6 W6 I7 1W7 W7 "
-        "AR OPT",
-        "F0 1F0 F1 1F1 F2 1F2 F3 1F3 1I0 I0 1W0 F4 1I1 I1 1I2 I2 W0 1F4 1I3 I3 1W1 F5 W1 1F5 "
-        "1W2 F6 1I4 I4 W2 1F6 1W3 F7 1I5 I5 W3 1F7 1I6 I6 1W4 W4 1W5 W5 1I7 I7 1W6 W6 1W7 W7 "
-        "AR OPT",
+        "F0 F1 F2 F3 F4 F5 F6 1F0 1I0 1W0 1F1 1I1 1W1 1F2 1I2 1W2 1F3 1I3 1W3 F7 I0 W0 1F4 "
+        "1I4 1W4 I1 W1 1F5 1I5 1W5 I2 W2 1F6 1I6 1W6 I3 W3 1F7 1I7 1W7 I4 W4 I5 W5 I6 W6 I7 "
+        "W7 AR OPT",
+        "F0 F1 F2 F3 F4 1F0 F5 1F1 1I0 1W0 1F2 1I1 1W1 1F3 1I2 1W2 F6 I0 W0 1F4 1I3 1W3 F7 "
+        "I1 W1 1F5 1I4 1W4 I2 W2 1F6 1I5 1W5 I3 W3 1F7 1I6 1W6 I4 1I7 I5 W4 I6 1W7 I7 W5 W6 "
+        "W7 AR OPT",
+        "F0 F1 F2 1F0 F3 1F1 F4 1F2 1I0 1W0 1F3 1I1 1W1 F5 I0 W0 1F4 1I2 1W2 F6 I1 W1 1F5 "
+        "1I3 1W3 F7 I2 W2 1F6 1I4 1W4 I3 W3 1F7 1I5 1W5 I4 1I6 I5 1I7 I6 W4 I7 1W6 W5 1W7 "
+        "W6 W7 AR OPT",
+        "F0 1F0 F1 1F1 F2 1F2 F3 1F3 1I0 1W0 F4 I0 W0 1F4 1I1 1W1 F5 I1 W1 1F5 1I2 1W2 F6 "
+        "I2 W2 1F6 1I3 1W3 F7 I3 W3 1F7 1I4 1W4 I4 1I5 I5 1I6 I6 1I7 I7 W4 1W5 W5 1W6 W6 "
+        "1W7 W7 AR OPT",
     ),
     "dualpipev": (
         "F0 F1 F2 F3 F4 F5 F6 1F0 1I0 1W0 1F1 1I1 1W1 1F2 1I2 1W2 1F3 F7 1B3 1F4 B0 1B4 1F5 "
@@ -63,6 +63,24 @@ def test_zb_v_unit_makespan_is_the_v_bound(S, M, zb_h1_paper, one_f_one_b):
     got = _unit("zb-v", S, M).makespan
     assert got == 3 * M + (S - 1) / 2  # 25.5 and 51.5 stage units
     assert got < zb_h1_paper < one_f_one_b
+
+
+@pytest.mark.parametrize("w", [0.8, 1.2, 0.6])
+@pytest.mark.parametrize(("S", "M"), [(2, 4), (4, 4), (4, 8), (4, 16), (8, 16), (8, 19)])
+def test_v_schedules_no_slower_than_1f1b_when_i_and_w_differ(S, M, w):
+    """B = 2F split unequally (I = 1.2, W = 0.8, the reverse, and W = 0.6): the V
+    orders are fixed by (S, M), not tuned to F = I = W, so they keep 1F1B's lead."""
+    base = replay(generate("1f1b", S, M), f=1, b=2, w=w).makespan
+    for name in V_SCHEDULES:
+        if not SCHEDULES[name].violation(S, M, 2):
+            assert replay(generate(name, S, M, 2), f=1, b=2, w=w).makespan <= base, name
+
+
+def test_zb_v_with_slow_input_gradient_beats_1f1b_by_a_margin():
+    # S=4, M=16, W = 0.6 (I twice W): 1F1B takes 57.0, DualPipeV 50.8.
+    got = replay(generate("zb-v", 4, 16, 2), f=1, b=2, w=0.6).makespan
+    assert got == pytest.approx(50.4)
+    assert got < replay(generate("1f1b", 4, 16), f=1, b=2, w=0.6).makespan == pytest.approx(57.0)
 
 
 @pytest.mark.parametrize(("S", "M", "one_f_one_b"), [(4, 8, 33), (8, 16, 69)])

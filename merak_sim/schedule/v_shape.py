@@ -10,12 +10,15 @@ pipeline.
 
 - :func:`zb_v` follows ZB-V (Qi et al., "Pipeline Parallelism with Controllable
   Memory", NeurIPS 2024; the V schedule of "Zero Bubble Pipeline Parallelism", ICLR
-  2024): backward split into I (input gradient) and W (weight gradient), I passes on
-  the critical path first, forwards as long as the rank holds fewer than 2S chunk
-  micro-batches (1F1B's peak of S stage micro-batches, a chunk's counting one half),
-  W passes filling what is left. The order is built by replaying those rules at unit
-  cost (F = I = W per chunk), so it is the list schedule they define; at that cost its
-  makespan is 3M + (S-1)/2 stage units for S=4, M=8 and S=8, M=16.
+  2024): backward split into I (input gradient) and W (weight gradient); a warm-up of
+  forwards up to 2S chunk micro-batches per rank (1F1B's peak of S stage micro-batches,
+  a chunk's counting one half), a steady state of per-chunk groups (forward, I, W) with
+  the two chunks alternating, and a cool-down whose Ws are postponed behind the I
+  passes to fill the waits for them. The order is fixed by (S, M) alone, not timed at
+  one cost ratio, so it holds up when I, W and F differ (profiled costs; I slower than
+  W or the reverse; only with M < 2S and W slower than I do the postponed Ws
+  lengthen the tail). At unit cost (F = I = W per chunk) its makespan is 3M + (S-1)/2
+  stage units for S=4, M=8 and S=8, M=16.
 - :func:`dualpipev` follows DeepSeek's DualPipeV (DeepSeek-V3 report's DualPipe cut in
   half, as PyTorch's ScheduleDualPipeV orders it): micro-batches enter at rank 0 and
   run down chunk 0 and back up chunk 1; in the steady phase a forward of one chunk is
@@ -30,77 +33,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from .ir import Action, Kind, ScheduleError, Step
+from .ir import Action, Kind, Step
 
 __all__ = ["zb_v", "dualpipev"]
 
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT  # noqa: E741
-
-
-def _v_stage(S: int, r: int, c: int) -> int:
-    return r if c == 0 else 2 * S - 1 - r
-
-
-def zb_v(S: int, M: int, v: int = 2) -> list[list[Step]]:
-    """ZB-V: the list schedule of ZB-V's rules at unit cost (module docstring).
-
-    At every unit step each rank runs the first ready action of: an I (lowest
-    micro-batch, then the later model stage), a forward if the rank holds fewer than
-    2S chunk micro-batches (chunk 1 first, then the lowest micro-batch), the oldest
-    pending W. Ready means its inputs were produced in an earlier step; every I runs
-    before its W, which frees the micro-batch.
-    """
-    cap = 2 * S
-    G = 2 * S
-    done: set[tuple[Kind, int, int]] = set()
-    nxt = {(k, r, c): 0 for k in (F, I) for r in range(S) for c in (0, 1)}
-    pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(S)]
-    held = [0] * S
-    progs: list[list[Step]] = [[] for _ in range(S)]
-    left = 6 * S * M
-    while left:
-        picks = []
-        for r in range(S):
-            a = _zb_v_pick(S, M, r, cap, G, done, nxt, pending_w[r], held[r])
-            if a is not None:
-                picks.append(a)
-        if not picks:
-            raise ScheduleError(f"zb-v made no progress for pp={S}, microbatches={M}")
-        for a in picks:  # an action's output is visible from the next step on
-            progs[a.stage].append(a)
-            done.add((a.kind, _v_stage(S, a.stage, a.chunk), a.microbatch))
-            left -= 1
-            if a.kind is F:
-                nxt[(F, a.stage, a.chunk)] += 1
-                held[a.stage] += 1
-            elif a.kind is I:
-                nxt[(I, a.stage, a.chunk)] += 1
-                pending_w[a.stage].append((a.chunk, a.microbatch))
-            else:
-                held[a.stage] -= 1
-    return progs
-
-
-def _zb_v_pick(S: int, M: int, r: int, cap: int, G: int, done: set, nxt: dict,
-               pending: deque, held: int) -> Action | None:
-    """The action rank ``r`` starts this step under ZB-V's rules (see :func:`zb_v`)."""
-    ready_i = []
-    for c in (0, 1):
-        g, m = _v_stage(S, r, c), nxt[(I, r, c)]
-        if m < M and (F, g, m) in done and (g == G - 1 or (I, g + 1, m) in done):
-            ready_i.append((m, -g, c))
-    if ready_i:
-        m, _g, c = min(ready_i)
-        return Action(I, r, m, c)
-    if held < cap:
-        for c in (1, 0):
-            g, m = _v_stage(S, r, c), nxt[(F, r, c)]
-            if m < M and (g == 0 or (F, g - 1, m) in done):
-                return Action(F, r, m, c)
-    if pending:
-        c, m = pending.popleft()
-        return Action(W, r, m, c)
-    return None
 
 
 class _RankOrder:
@@ -135,6 +72,45 @@ class _RankOrder:
         """The oldest postponed W."""
         c, m = self.postponed.popleft()
         self.prog.append(Action(W, self.rank, m, c))
+
+
+def zb_v(S: int, M: int, v: int = 2) -> list[list[Step]]:
+    """ZB-V's per-rank order in three phases (module docstring); rank r runs:
+
+    1. warm-up: 2(S-1-r)+1 chunk-0 forwards, then r times a chunk-1 and a chunk-0
+       forward, then one chunk-1 forward (forwards past micro-batch M-1 skipped), so
+       the rank holds 2S chunk micro-batches, 1F1B's peak;
+    2. steady state: S-r chunk-1 groups, then chunk-0 and chunk-1 groups alternating
+       until both chunks have run M backwards; a group is the chunk's next forward
+       (while any is left; the first chunk-1 group has none, its forward closed the
+       warm-up), its next I and that I's W, so a W frees a micro-batch before the
+       next forward holds one;
+    3. cool-down: in the groups after the one holding the rank's last forward, each
+       W is postponed and the oldest runs only once more than 2r wait (the I passes,
+       on the critical path back to rank 0, go first; the Ws fill the waits for
+       them, longer the farther the rank is from rank 0); the rest run at the end.
+    """
+    progs: list[list[Step]] = []
+    for r in range(S):
+        o, lag = _RankOrder(r), 2 * r
+        warm = [0] * (2 * (S - 1 - r) + 1) + [1, 0] * r + [1]
+        for c in warm:
+            if o.count[(F, c)] < M:
+                o.fwd(c)
+        order = [1] * (S - r) + [0, 1] * M
+        for i, c in enumerate(order):
+            if o.count[(B, c)] == M:
+                continue
+            cooling = o.count[(F, 0)] == M and o.count[(F, 1)] == M
+            if i and o.count[(F, c)] < M:
+                o.fwd(c)
+            o.bwd(c, split=True, w_now=not cooling)
+            while len(o.postponed) > lag:
+                o.weight()
+        while o.postponed:
+            o.weight()
+        progs.append(o.prog)
+    return progs
 
 
 def dualpipev(S: int, M: int, v: int = 2) -> list[list[Step]]:
