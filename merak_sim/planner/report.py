@@ -16,6 +16,7 @@ import numpy as np
 from merak_sim.config import ParallelConfig
 from merak_sim.plan import Plan
 
+from .explain import explain
 from .space import Candidate, SearchSpace
 
 __all__ = ["GiB", "PlannerError", "NoFeasiblePlanError", "PlanResult", "row",
@@ -240,6 +241,12 @@ class PlanResult:
         why = Text("\n".join(f"{i + 1:>2}. {r.reason}" for i, r in enumerate(rows)
                              if str(r.reason)))
         return Group(t, Text("why each lost:"), why)
+
+    def explanation(self) -> list[str]:
+        """Why the best plan won, one line per knob (cp, ZeRO, schedule, recompute,
+        attention, degrees ...): each other value's best outcome and what stopped it
+        (:func:`merak_sim.planner.explain.explain`)."""
+        return explain(self.table)
 
     def counts_line(self) -> str:
         """One line: candidates considered, pruned, bounded, evaluated, simulated."""
