@@ -11,7 +11,7 @@ from merak_sim.costs.calibrated import calibrated_cost_model
 from merak_sim.hardware import get_cluster
 from merak_sim.model import get_model
 from merak_sim.planner import SearchSpace, search
-from merak_sim.planner.relaxed import TIME_FIELDS, RelaxedPricer
+from merak_sim.planner.relaxed import TIME_FIELDS, RelaxedPricer, admissible
 from merak_sim.planner.screen import Pricer
 from merak_sim.planner.space import enumerate_candidates
 
@@ -70,6 +70,7 @@ def test_relaxed_arrays_never_exceed_the_exact_tables():
             # ZeRO 0: the relaxation only drops the tail (and state is exact).
             assert rel["forward_s"] == pytest.approx(arr["forward_s"], rel=1e-9)
             assert rel["state_bytes"] == pytest.approx(arr["state_bytes"], rel=1e-9)
+        assert admissible(rel, arr, c.zero)
         n += 1
     assert n > 100
     assert rp.probes < pricer.built

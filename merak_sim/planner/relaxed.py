@@ -8,14 +8,15 @@ selective recompute, attention) can reuse:
 
 - One three-stage *probe* table per such key (dp = 1, ZeRO 0) gives, per field, the
   cost of one transformer layer (the middle stage over its layer count) and the extras
-  of the first stage (embedding) and the last (head). A stage's forward, backward,
+  of the first stage (embedding) and the last (head) (a one-stage pipeline gets no
+  model state: a tied embedding is stored once there). A stage's forward, backward,
   re-forward, activation and checkpoint bytes are affine in its layer count under the
   cost models of this package (``AnalyticCostModel.stage_cost``), so the arrays of any
   (pp, virtual stages) are rebuilt with numpy over the cost model's uniform partition.
 - What the relaxation drops only adds time or memory: the data-parallel gradient
   reduction and optimizer step (tail), the exposed ZeRO-3 gathers (inside forward and
-  backward), the model state of a sharded optimizer (ZeRO >= 1 is bounded by the
-  activations alone). So the bound of :func:`~merak_sim.planner.bounds.lower_bound`
+  backward), the sharded part of the model state (ZeRO 1 keeps at least the weights
+  and gradients, 2 the weights, 3 nothing whole). So the bound of :func:`~merak_sim.planner.bounds.lower_bound`
   on relaxed arrays never exceeds the one on the exact table.
 
 The planner checks that claim on every exact table it prices (:func:`admissible`);
@@ -25,7 +26,7 @@ makes the search price every candidate exactly, as the exhaustive search does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ from merak_sim.partition import uniform
 from .space import Candidate
 from .templates import stage_arrays
 
-__all__ = ["RelaxedPricer", "relaxed_key", "admissible", "TIME_FIELDS", "MEMORY_FIELDS"]
+__all__ = ["RelaxedPricer", "relaxed_key", "admissible", "state_view", "TIME_FIELDS", "MEMORY_FIELDS"]
 
 #: Fields the time bound reads; the tail fields are zero in relaxed arrays.
 TIME_FIELDS = ("forward_s", "backward_s", "backward_input_s", "recompute_s")
@@ -82,8 +83,13 @@ class RelaxedPricer:
                                  recompute="selective" if sel else "none",
                                  sequence_parallel=sp, tp_overlap=ov, zero=0, cp=cp,
                                  attention=att, dtype=self.dtype)
+            # Three stages of tp x cp GPUs may need more nodes than the cluster has;
+            # only the groups' placement in a node matters to the per-layer costs.
+            gpn = self.cluster.gpus_per_node
+            nodes = max(self.cluster.nodes, -(-3 * tp * cp // gpn))
             try:
-                tab = self.cost_model.cost_table(self.model, self.cluster, cfg)
+                tab = self.cost_model.cost_table(self.model,
+                                                 replace(self.cluster, nodes=nodes), cfg)
             except ValueError:
                 tab = None
             self.probes += 1
@@ -93,8 +99,11 @@ class RelaxedPricer:
             meta = getattr(tab, "meta", None) or {}
             if tab is not None and tuple(map(tuple, meta.get("ranges", ()))) == ranges:
                 arr = stage_arrays(tab)
+                for f in ("weight_bytes", "grad_bytes"):
+                    arr[f] = np.array([getattr(st, f) for st in tab.stages], dtype=float)
                 n = np.array([e - s for s, e in ranges], dtype=float)
-                fields = TIME_FIELDS + MEMORY_FIELDS + ("state_bytes",)
+                fields = TIME_FIELDS + MEMORY_FIELDS + ("state_bytes", "weight_bytes",
+                                                        "grad_bytes")
                 per = {f: arr[f][1] / n[1] for f in fields}
                 out = (per, {f: arr[f][0] - n[0] * per[f] for f in fields},
                        {f: arr[f][2] - n[2] * per[f] for f in fields})
@@ -121,19 +130,34 @@ class RelaxedPricer:
                 a[-1] += last[f]
                 out[f] = a
             zeros = np.zeros(n_st)
+            # Model state each ZeRO stage keeps whole, whatever the shard group: 1
+            # shards the optimizer, 2 the gradients too, 3 the weights too.
+            w, g = out.pop("weight_bytes"), out.pop("grad_bytes")
+            out["state_by_zero"] = (out["state_bytes"], w + g, w, zeros)
+            if n_st == 1 and getattr(self.model, "tied_embeddings", True):
+                # One stage holds the embedding and the head: a tied word embedding is
+                # stored once there, not once per end as in the probe.
+                out["state_by_zero"] = (zeros,) * 4
             out["grad_allreduce_s"] = zeros
             out["optimizer_s"] = zeros
         self._arrays[full] = out
         return out
 
 
+def state_view(relaxed: dict[str, np.ndarray], zero: int) -> dict[str, np.ndarray]:
+    """The relaxed arrays with ``state_bytes`` the state ZeRO stage ``zero`` keeps at
+    least (for :func:`~merak_sim.planner.screen.quick_memory`)."""
+    return {**relaxed, "state_bytes": relaxed["state_by_zero"][zero]}
+
+
 def admissible(relaxed: dict[str, np.ndarray], exact: dict[str, np.ndarray],
-               state: bool = False) -> bool:
-    """Whether the exact arrays are nowhere below the relaxed ones (time and
-    activation fields, and the model state when ``state``, to rounding): the
-    condition under which relaxed bounds are valid."""
-    for f in TIME_FIELDS + MEMORY_FIELDS + (("state_bytes",) if state else ()):
-        r, e = relaxed[f], exact[f]
+               zero: int = 0) -> bool:
+    """Whether the exact arrays of a ZeRO-``zero`` candidate are nowhere below the
+    relaxed ones (time, activation and model-state fields, to rounding): the condition
+    under which relaxed bounds are valid."""
+    for f in TIME_FIELDS + MEMORY_FIELDS + ("state_bytes",):
+        r, e = (relaxed["state_by_zero"][zero] if f == "state_bytes" else relaxed[f],
+                exact[f])
         if r.shape != e.shape or np.any(r > e + _TOL * np.abs(e) + 1e-300):
             return False
     return True

@@ -66,7 +66,12 @@ def ranked_table(rows: list[dict]):
     """The rows as a pandas DataFrame: by status, then by time (or bound)."""
     import pandas as pd
 
-    df = pd.DataFrame(rows)
+    # Every row has row()'s keys in row()'s order: tuples build the frame faster.
+    cols = list(rows[0]) if rows else []
+    if all(len(r) == len(cols) for r in rows):
+        df = pd.DataFrame.from_records([tuple(r.values()) for r in rows], columns=cols)
+    else:
+        df = pd.DataFrame(rows)
     df["_o"] = df.status.map(_STATUS_ORDER)
     df["_t"] = df.time_s.fillna(df.bound_s).fillna(np.inf)
     df = df.sort_values(["_o", "_t"], kind="stable").drop(columns=["_o", "_t"])

@@ -43,7 +43,7 @@ from merak_sim.schedule import SCHEDULES, ScheduleError
 from .bounds import lower_bound
 from .report import GiB, PlannerError, PlanResult, new_counts, no_fit, ranked_table, row
 from .screen import Pricer, fit_fractions, quick_memory
-from .relaxed import RelaxedPricer, admissible, relaxed_key
+from .relaxed import RelaxedPricer, admissible, relaxed_key, state_view
 from .space import Candidate, SearchSpace, enumerate_candidates
 from .templates import eval_template, memory_template
 
@@ -244,6 +244,7 @@ def _relaxed_entries(job: _Job, rp: RelaxedPricer, pricer: Pricer, rows: list[di
     level0, exact = [], []
     bounds: dict[tuple, float] = {}
     memory: dict[tuple, tuple] = {}
+    arrays: dict[tuple, Any] = {}
     candidates = list(enumerate_candidates(job.model, job.cluster.world_size,
                                            job.cluster.gpus_per_node,
                                            job.global_batch_size, job.space))
@@ -251,26 +252,27 @@ def _relaxed_entries(job: _Job, rp: RelaxedPricer, pricer: Pricer, rows: list[di
     for c in candidates:
         if _rule_pruned(c, rows, counts, prog):
             continue
-        arr = rp.arrays(c)
+        rk = relaxed_key(c)
+        akey = (rk, c.pp, c.virtual_stages)
+        arr = arrays[akey] if akey in arrays else arrays.setdefault(akey, rp.arrays(c))
         if arr is None:
             entry = _price(job, pricer, c, rows, counts, prog)
             if entry is not None:
                 exact.append((lower_bound(c, entry[1]), len(exact), c, *entry))
             continue
         full = c.recompute == "full"
-        shape = (relaxed_key(c), c.pp, c.virtual_stages, c.recompute,
-                 c.schedule if full else "")
-        mkey = (shape, c.zero == 0)
+        shape = (akey, c.recompute, c.schedule if full else "")
+        mkey = (shape, c.zero)
         if mkey not in memory:
-            view = arr if c.zero == 0 else {**arr, "state_bytes": 0.0 * arr["state_bytes"]}
-            memory[mkey] = quick_memory(c, view, rp.capacity_bytes * (1 - job.memory_margin))
+            memory[mkey] = quick_memory(c, state_view(arr, c.zero),
+                                        rp.capacity_bytes * (1 - job.memory_margin))
         excess, r = memory[mkey]
         if excess > 0:
             cap = rp.capacity_bytes * (1 - job.memory_margin)
             counts["pruned_memory"] += 1
             rows.append(row(c, "pruned", f"memory: stage {r} needs {(excess + cap) / GiB:.1f} "
                                          f"GiB for one micro-batch > {cap / GiB:.1f} GiB"
-                                         + (" (activations alone)" if c.zero else ""),
+                                         + (" (unsharded state alone)" if c.zero else ""),
                             shortfall_gib=excess / GiB))
             prog.advance()
             continue
@@ -315,7 +317,7 @@ def _best_first(job: _Job, rows: list[dict], counts: dict, prog: Progress
             entry = _price(job, pricer, c, rows, counts, prog, bound=b0)
             if entry is None:
                 continue
-            admissible_so_far &= admissible(rel, entry[1], state=c.zero == 0)
+            admissible_so_far &= admissible(rel, entry[1], c.zero)
             heapq.heappush(heap, (lower_bound(c, entry[1]), order, c, *entry))
             order += 1
             continue
