@@ -61,7 +61,7 @@ def _neighbour(best, cols: tuple[str, ...], alt_rows) -> str:
     """The outcome of the winning plan with only this knob changed, if it was priced."""
     same = np.ones(len(alt_rows), dtype=bool)
     for f in _FIELDS:
-        if f not in cols and f not in ("pp", "tp"):
+        if f not in cols:
             same &= (alt_rows[f] == best[f]).to_numpy()
     rows = alt_rows[same]
     if not len(rows):
