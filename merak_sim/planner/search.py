@@ -6,13 +6,20 @@ Pipeline (each stage only looks at what survived the previous one):
    (:func:`~merak_sim.planner.space.enumerate_candidates`); candidates that break a
    divisibility rule or a schedule's declared requirement are kept as "pruned" rows
    naming the rule.
-2. Screen (:mod:`merak_sim.planner.screen`): price each surviving candidate with the
-   cost model (tables shared between candidates) and drop those whose model state plus
-   one micro-batch already exceed the memory.
-3. Bound (:mod:`merak_sim.planner.bounds`): candidates are visited in increasing order
-   of a lower bound on their iteration time; once the bound exceeds the K-th best
-   exact time, no later candidate can enter the top K ("bounded" rows). This branch
-   and bound is what keeps GPT-3 175B on 1024 GPUs within seconds.
+2. Relax (:mod:`merak_sim.planner.relaxed`): every candidate gets stage arrays
+   rebuilt from one probe table per (tp, cp, micro-batch, sequence parallelism, TP
+   overlap, selective recompute, attention), without its own cost table: a memory
+   lower bound (one micro-batch plus the model state its ZeRO stage keeps whole)
+   drops those that cannot fit, a time lower bound orders the rest.
+3. Bound (:mod:`merak_sim.planner.bounds`): best first over two levels. The smallest
+   relaxed bound left is priced exactly (:mod:`merak_sim.planner.screen`: its cost
+   table, shared between candidates, and the exact one-micro-batch memory screen) and
+   re-queued with its exact bound; the smallest exact bound left is evaluated. Once
+   the smallest bound left exceeds the K-th best exact time, no later candidate can
+   enter the top K ("bounded" rows). Every exact table priced checks that the
+   relaxed arrays were below it; one that was not makes the search price every
+   candidate before it may stop. ``exhaustive=True`` prices and evaluates everything
+   (the reference the tests compare with).
 4. Evaluate: for each visited candidate, the exact memory walk of its schedule (the
    smallest stage-aware fractions that fit), then the exact fast evaluator
    (contention-free critical path) re-pricing a cached schedule template.
@@ -25,8 +32,8 @@ The table, its reasons and the errors are built in :mod:`merak_sim.planner.repor
 from __future__ import annotations
 
 import bisect
-import heapq
 import datetime as _dt
+import heapq
 import time
 from dataclasses import dataclass, replace
 from typing import Any
