@@ -137,6 +137,15 @@ def _price(job: _Job, pricer: Pricer, c: Candidate, rows: list[dict], counts: di
     return entry
 
 
+def _candidates(job: _Job, prog: Progress) -> list[Candidate]:
+    """Every candidate of the space, counted into ``prog``."""
+    candidates = list(enumerate_candidates(job.model, job.cluster.world_size,
+                                           job.cluster.gpus_per_node,
+                                           job.global_batch_size, job.space))
+    prog.start(len(candidates))
+    return candidates
+
+
 def _screen(job: _Job, rows: list[dict], counts: dict, prog: Progress) -> list[tuple]:
     """Stages 1-3 priced exactly for every candidate (the exhaustive search): the
     survivors as (bound, order, candidate, table, arrays) in visiting order. Every
@@ -144,10 +153,7 @@ def _screen(job: _Job, rows: list[dict], counts: dict, prog: Progress) -> list[t
     pricer = Pricer(job.model, job.cluster, job.cost_model, job.global_batch_size,
                     job.space.dtype)
     live = []
-    candidates = list(enumerate_candidates(job.model, job.cluster.world_size,
-                                           job.cluster.gpus_per_node,
-                                           job.global_batch_size, job.space))
-    prog.start(len(candidates))
+    candidates = _candidates(job, prog)
     for c in candidates:
         if _rule_pruned(c, rows, counts, prog):
             continue
@@ -246,16 +252,13 @@ def _evaluate(job: _Job, live: list[tuple], rows: list[dict], counts: dict,
 def _relaxed_entries(job: _Job, rp: RelaxedPricer, pricer: Pricer, rows: list[dict],
                      counts: dict, prog: Progress) -> tuple[list[tuple], list[tuple]]:
     """Stages 1-3 without exact tables: every candidate that breaks no rule and whose
-    activations alone fit, as (relaxed bound, order, candidate, relaxed arrays) sorted;
+    relaxed memory fits, as (relaxed bound, order, candidate, relaxed arrays) sorted;
     and, for a cost model the relaxation does not cover, exactly priced entries."""
     level0, exact = [], []
     bounds: dict[tuple, float] = {}
     memory: dict[tuple, tuple] = {}
     arrays: dict[tuple, Any] = {}
-    candidates = list(enumerate_candidates(job.model, job.cluster.world_size,
-                                           job.cluster.gpus_per_node,
-                                           job.global_batch_size, job.space))
-    prog.start(len(candidates))
+    candidates = _candidates(job, prog)
     for c in candidates:
         if _rule_pruned(c, rows, counts, prog):
             continue
