@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -187,9 +188,12 @@ def main() -> None:
     ap.add_argument("--skip-reproduce", action="store_true")
     args = ap.parse_args()
     out = ROOT / "benchmarks" / "results"
+    flags = " ".join(a for a in sys.argv[1:])
+    load = os.getloadavg()[0]
     lines = ["# Planner benchmark", "",
-             "Command: `.venv/bin/python benchmarks/bench_planner.py --repeat "
-             f"{args.repeat}` on the shared 2-core machine.", ""]
+             f"Command: `.venv/bin/python benchmarks/bench_planner.py {flags}` on the shared "
+             f"2-core machine (load average {load:.1f} at the start: wall seconds grow "
+             "with the load, the CPU column is the comparable figure).", ""]
     table, why = speed(args.repeat, args.skip_175b)
     lines += table + [""] + why
     rep = None
