@@ -138,7 +138,8 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
                for row in res.top(max(top_k, 10)).to_dict(orient="records")]
         emit_json({"plan": res.best.to_dict(), "plan_file": str(out),
                    "counts": res.counts, "seconds": res.seconds, "top": top,
-                   "notes": list(res.notes)}, as_json, json_out)
+                   "notes": list(res.notes), "explanation": res.explanation()},
+                  as_json, json_out)
     if as_json:
         return
     from rich.console import Console
@@ -161,6 +162,9 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
               f"{b.iteration_time_s:.3f} s/iteration, "
               f"{b.throughput_samples_per_s:.2f} samples/s, MFU {b.mfu:.1%}, peak "
               f"{max(b.peak_memory_bytes) / 2**30:.1f} GiB ({b.engine})")
+    con.print("why this plan (best alternative per knob):", markup=False)
+    for line in res.explanation():
+        con.print(f"  {line}", markup=False)
     for n in res.notes:
         con.print(f"assumption: {n}", markup=False)
     con.print(f"wrote plan: {out}", markup=False)

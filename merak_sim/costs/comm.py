@@ -111,8 +111,10 @@ def pipeline_send_time(mode: str, nbytes: float, src_tp: tuple[int, ...],
                                                             cluster)
 
 
+@lru_cache(maxsize=8192)
 def group_shape(ranks: tuple[int, ...], cluster: Cluster) -> tuple[int, int]:
-    """(nodes the group spans, most of its GPUs in one node)."""
+    """(nodes the group spans, most of its GPUs in one node); memoised, since a
+    planner prices the same data-parallel and shard groups for many tables."""
     per_node: dict[int, int] = {}
     for r in ranks:
         n = cluster.node_of(r)
@@ -171,3 +173,4 @@ def clear_caches() -> None:
     cold cost model with it)."""
     _collective_cached.cache_clear()
     stage_placement.cache_clear()
+    group_shape.cache_clear()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from merak_sim.layout import RankLayout
@@ -51,10 +52,17 @@ def sync_groups(config: Any, pp_rank: int, tp_rank: int = 0
     """(sync group, shard group, replicate group) of global ranks of pipeline rank
     ``pp_rank`` (module docstring); the first shard group and the replicate group of
     its first rank."""
-    lay = RankLayout.of(config)
+    return _sync_groups(RankLayout.of(config), config.shard_group if config.zero else 0,
+                        pp_rank, tp_rank)
+
+
+@lru_cache(maxsize=4096)
+def _sync_groups(lay: RankLayout, shard: int, pp_rank: int, tp_rank: int
+                 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    # Memoised: a planner prices the same groups for many cost tables.
     ranks = tuple(sorted(lay.rank(pp_rank, d, tp_rank, c)
                          for d in range(lay.dp) for c in range(lay.cp)))
-    g = config.shard_group if config.zero else len(ranks)
+    g = shard or len(ranks)
     return ranks, ranks[:g], ranks[::g]
 
 

@@ -27,6 +27,7 @@ def lower_bound(c: Candidate, arr: dict[str, np.ndarray]) -> float:
     through the stages after r's last chunk (r's first backward cannot start earlier)
     plus all of r's backward work, gradient reduction and optimizer step. Transfers
     only add time, so both are valid bounds; (b) is what sees the pipeline bubble.
+    The gradient reduction counts only when it is not overlapped with the backwards.
     Recompute counts only where it must follow the gradient (inside B under 1F1B-style
     full recompute); a schedule with explicit re-forwards may re-forward while waiting.
     """
@@ -39,7 +40,11 @@ def lower_bound(c: Candidate, arr: dict[str, np.ndarray]) -> float:
     def per_rank(x):
         return x[grid].sum(axis=0)
 
-    tail = per_rank(arr["grad_allreduce_s"]) + per_rank(arr["optimizer_s"])
+    # With the DP synchronisation overlapped (overlap_param_gather) the gradient
+    # reduction runs beside the backwards, so only the optimizer step must follow.
+    tail = per_rank(arr["optimizer_s"])
+    if not c.overlap_param_gather:
+        tail = tail + per_rank(arr["grad_allreduce_s"])
     bwd = M * per_rank(B)
     fwd = M * per_rank(F)
     if c.recompute == "full":

@@ -16,6 +16,7 @@ import numpy as np
 from merak_sim.config import ParallelConfig
 from merak_sim.plan import Plan
 
+from .explain import explain
 from .space import Candidate, SearchSpace
 
 __all__ = ["GiB", "PlannerError", "NoFeasiblePlanError", "PlanResult", "row",
@@ -65,7 +66,12 @@ def ranked_table(rows: list[dict]):
     """The rows as a pandas DataFrame: by status, then by time (or bound)."""
     import pandas as pd
 
-    df = pd.DataFrame(rows)
+    # Every row has row()'s keys in row()'s order: tuples build the frame faster.
+    cols = list(rows[0]) if rows else []
+    if all(len(r) == len(cols) for r in rows):
+        df = pd.DataFrame.from_records([tuple(r.values()) for r in rows], columns=cols)
+    else:
+        df = pd.DataFrame(rows)
     df["_o"] = df.status.map(_STATUS_ORDER)
     df["_t"] = df.time_s.fillna(df.bound_s).fillna(np.inf)
     df = df.sort_values(["_o", "_t"], kind="stable").drop(columns=["_o", "_t"])
@@ -240,6 +246,12 @@ class PlanResult:
         why = Text("\n".join(f"{i + 1:>2}. {r.reason}" for i, r in enumerate(rows)
                              if str(r.reason)))
         return Group(t, Text("why each lost:"), why)
+
+    def explanation(self) -> list[str]:
+        """Why the best plan won, one line per knob (cp, ZeRO, schedule, recompute,
+        attention, degrees ...): each other value's best outcome and what stopped it
+        (:func:`merak_sim.planner.explain.explain`)."""
+        return explain(self.table)
 
     def counts_line(self) -> str:
         """One line: candidates considered, pruned, bounded, evaluated, simulated."""

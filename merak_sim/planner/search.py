@@ -6,13 +6,20 @@ Pipeline (each stage only looks at what survived the previous one):
    (:func:`~merak_sim.planner.space.enumerate_candidates`); candidates that break a
    divisibility rule or a schedule's declared requirement are kept as "pruned" rows
    naming the rule.
-2. Screen (:mod:`merak_sim.planner.screen`): price each surviving candidate with the
-   cost model (tables shared between candidates) and drop those whose model state plus
-   one micro-batch already exceed the memory.
-3. Bound (:mod:`merak_sim.planner.bounds`): candidates are visited in increasing order
-   of a lower bound on their iteration time; once the bound exceeds the K-th best
-   exact time, no later candidate can enter the top K ("bounded" rows). This branch
-   and bound is what keeps GPT-3 175B on 1024 GPUs within seconds.
+2. Relax (:mod:`merak_sim.planner.relaxed`): every candidate gets stage arrays
+   rebuilt from one probe table per (tp, cp, micro-batch, sequence parallelism, TP
+   overlap, selective recompute, attention), without its own cost table: a memory
+   lower bound (one micro-batch plus the model state its ZeRO stage keeps whole)
+   drops those that cannot fit, a time lower bound orders the rest.
+3. Bound (:mod:`merak_sim.planner.bounds`): best first over two levels. The smallest
+   relaxed bound left is priced exactly (:mod:`merak_sim.planner.screen`: its cost
+   table, shared between candidates, and the exact one-micro-batch memory screen) and
+   re-queued with its exact bound; the smallest exact bound left is evaluated. Once
+   the smallest bound left exceeds the K-th best exact time, no later candidate can
+   enter the top K ("bounded" rows). Every exact table priced checks that the
+   relaxed arrays were below it; one that was not makes the search price every
+   candidate before it may stop. ``exhaustive=True`` prices and evaluates everything
+   (the reference the tests compare with).
 4. Evaluate: for each visited candidate, the exact memory walk of its schedule (the
    smallest stage-aware fractions that fit), then the exact fast evaluator
    (contention-free critical path) re-pricing a cached schedule template.
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as _dt
+import heapq
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,6 +50,7 @@ from merak_sim.schedule import SCHEDULES, ScheduleError
 from .bounds import lower_bound
 from .report import GiB, PlannerError, PlanResult, new_counts, no_fit, ranked_table, row
 from .screen import Pricer, fit_fractions, quick_memory
+from .relaxed import RelaxedPricer, admissible, relaxed_key, state_view
 from .space import Candidate, SearchSpace, enumerate_candidates
 from .templates import eval_template, memory_template
 
@@ -90,45 +99,67 @@ def _check_inputs(global_batch_size: int, top_k: int, memory_margin: float) -> N
         raise PlannerError(f"memory margin must lie in [0, 1), got {memory_margin}")
 
 
-def _screen(job: _Job, rows: list[dict], counts: dict, prog: Progress) -> list[tuple]:
-    """Stages 1-3: enumerate, price, quick memory screen, bound; the survivors as
-    (bound, order, candidate, table, arrays) in visiting order. Every candidate
-    dropped here advances ``prog``."""
-    pricer = Pricer(job.model, job.cluster, job.cost_model, job.global_batch_size,
-                    job.space.dtype)
-    live = []
+def _rule_pruned(c: Candidate, rows: list[dict], counts: dict, prog: Progress) -> bool:
+    """Record ``c`` as pruned when it breaks a rule (the work limit included)."""
+    counts["considered"] += 1
+    passes = c.pp * c.virtual_stages * c.microbatches
+    if not c.pruned and passes > WORK_LIMIT:
+        c = replace(c, pruned=f"{passes:,} micro-batch passes (pp x v x micro-batches) "
+                              f"exceed the work limit of {WORK_LIMIT:,}")
+    if c.pruned:
+        counts["pruned_rule"] += 1
+        rows.append(row(c, "pruned", f"pruned: {c.pruned}"))
+        prog.advance()
+        return True
+    return False
+
+
+def _price(job: _Job, pricer: Pricer, c: Candidate, rows: list[dict], counts: dict,
+           prog: Progress, bound: float = np.nan):
+    """Exact cost table and quick memory screen of ``c``: (table, arrays) or None when
+    it is pruned here (its row appended)."""
+    entry = pricer.price(c)
+    if isinstance(entry, Exception):
+        counts["pruned_rule"] += 1
+        rows.append(row(c, "pruned", f"pruned: {entry}", bound_s=bound))
+        prog.advance()
+        return None
+    tab, arr = entry
+    cap = job.capacity(tab)
+    excess, r = quick_memory(c, arr, cap)
+    if excess > 0:
+        counts["pruned_memory"] += 1
+        rows.append(row(c, "pruned", f"memory: stage {r} needs {(excess + cap) / GiB:.1f} "
+                                     f"GiB for one micro-batch > {cap / GiB:.1f} GiB",
+                        shortfall_gib=excess / GiB, bound_s=bound))
+        prog.advance()
+        return None
+    return entry
+
+
+def _candidates(job: _Job, prog: Progress) -> list[Candidate]:
+    """Every candidate of the space, counted into ``prog``."""
     candidates = list(enumerate_candidates(job.model, job.cluster.world_size,
                                            job.cluster.gpus_per_node,
                                            job.global_batch_size, job.space))
     prog.start(len(candidates))
+    return candidates
+
+
+def _screen(job: _Job, rows: list[dict], counts: dict, prog: Progress) -> list[tuple]:
+    """Stages 1-3 priced exactly for every candidate (the exhaustive search): the
+    survivors as (bound, order, candidate, table, arrays) in visiting order. Every
+    candidate dropped here advances ``prog``."""
+    pricer = Pricer(job.model, job.cluster, job.cost_model, job.global_batch_size,
+                    job.space.dtype)
+    live = []
+    candidates = _candidates(job, prog)
     for c in candidates:
-        counts["considered"] += 1
-        passes = c.pp * c.virtual_stages * c.microbatches
-        if not c.pruned and passes > WORK_LIMIT:
-            c = replace(c, pruned=f"{passes:,} micro-batch passes (pp x v x micro-batches) "
-                                  f"exceed the work limit of {WORK_LIMIT:,}")
-        if c.pruned:
-            counts["pruned_rule"] += 1
-            rows.append(row(c, "pruned", f"pruned: {c.pruned}"))
-            prog.advance()
+        if _rule_pruned(c, rows, counts, prog):
             continue
-        entry = pricer.price(c)
-        if isinstance(entry, Exception):
-            counts["pruned_rule"] += 1
-            rows.append(row(c, "pruned", f"pruned: {entry}"))
-            prog.advance()
-            continue
-        tab, arr = entry
-        cap = job.capacity(tab)
-        excess, r = quick_memory(c, arr, cap)
-        if excess > 0:
-            counts["pruned_memory"] += 1
-            rows.append(row(c, "pruned", f"memory: stage {r} needs {(excess + cap) / GiB:.1f} "
-                                         f"GiB for one micro-batch > {cap / GiB:.1f} GiB",
-                            shortfall_gib=excess / GiB))
-            prog.advance()
-            continue
-        live.append((lower_bound(c, arr), len(live), c, tab, arr))
+        entry = _price(job, pricer, c, rows, counts, prog)
+        if entry is not None:
+            live.append((lower_bound(c, entry[1]), len(live), c, *entry))
     counts["cost_tables"] = pricer.built
     live.sort(key=lambda x: (x[0], x[1]))
     return live
@@ -215,6 +246,103 @@ def _evaluate(job: _Job, live: list[tuple], rows: list[dict], counts: dict,
         if t is not None:
             evaluated.append((t, len(rows) - 1))
             bisect.insort(best_times, t)
+    return evaluated
+
+
+def _relaxed_entries(job: _Job, rp: RelaxedPricer, pricer: Pricer, rows: list[dict],
+                     counts: dict, prog: Progress) -> tuple[list[tuple], list[tuple]]:
+    """Stages 1-3 without exact tables: every candidate that breaks no rule and whose
+    relaxed memory fits, as (relaxed bound, order, candidate, relaxed arrays) sorted;
+    and, for a cost model the relaxation does not cover, exactly priced entries."""
+    level0, exact = [], []
+    bounds: dict[tuple, float] = {}
+    memory: dict[tuple, tuple] = {}
+    arrays: dict[tuple, Any] = {}
+    candidates = _candidates(job, prog)
+    for c in candidates:
+        if _rule_pruned(c, rows, counts, prog):
+            continue
+        rk = relaxed_key(c)
+        akey = (rk, c.pp, c.virtual_stages)
+        arr = arrays[akey] if akey in arrays else arrays.setdefault(akey, rp.arrays(c))
+        if arr is None:
+            entry = _price(job, pricer, c, rows, counts, prog)
+            if entry is not None:
+                exact.append((lower_bound(c, entry[1]), len(exact), c, *entry))
+            continue
+        full = c.recompute == "full"
+        shape = (akey, c.recompute, c.schedule if full else "")
+        mkey = (shape, c.zero)
+        if mkey not in memory:
+            memory[mkey] = quick_memory(c, state_view(arr, c.zero),
+                                        rp.capacity_bytes * (1 - job.memory_margin))
+        excess, r = memory[mkey]
+        if excess > 0:
+            cap = rp.capacity_bytes * (1 - job.memory_margin)
+            counts["pruned_memory"] += 1
+            rows.append(row(c, "pruned", f"memory: stage {r} needs {(excess + cap) / GiB:.1f} "
+                                         f"GiB for one micro-batch > {cap / GiB:.1f} GiB"
+                                         + (" (unsharded state alone)" if c.zero else ""),
+                            shortfall_gib=excess / GiB))
+            prog.advance()
+            continue
+        bkey = (shape, c.microbatches)
+        if bkey not in bounds:
+            bounds[bkey] = lower_bound(c, arr)
+        level0.append((bounds[bkey], len(level0), c, arr))
+    level0.sort(key=lambda x: (x[0], x[1]))
+    exact.sort(key=lambda x: (x[0], x[1]))
+    return level0, exact
+
+
+def _best_first(job: _Job, rows: list[dict], counts: dict, prog: Progress
+                ) -> list[tuple[float, int]]:
+    """Stages 2-4 as one best-first branch and bound over two levels of bounds: a
+    candidate is priced exactly only once its relaxed bound
+    (:mod:`merak_sim.planner.relaxed`) is the smallest left, and evaluated only once
+    its exact bound is; the search stops when the smallest bound left exceeds the
+    K-th best time. Returns the (time, row index) of every evaluated candidate."""
+    pricer = Pricer(job.model, job.cluster, job.cost_model, job.global_batch_size,
+                    job.space.dtype)
+    rp = RelaxedPricer(job.model, job.cluster, job.cost_model, job.space.dtype)
+    level0, heap = _relaxed_entries(job, rp, pricer, rows, counts, prog)
+    heapq.heapify(heap)
+    best_times: list[float] = []
+    evaluated: list[tuple[float, int]] = []
+    seen: set = set()
+    admissible_so_far = True
+    i, order, k = 0, len(heap), job.top_k
+    while i < len(level0) or heap:
+        kth = best_times[k - 1] if len(best_times) >= k else np.inf
+        # A relaxed bound found below an exact one proves nothing: then every
+        # candidate is priced before the search may stop.
+        nxt0 = (level0[i][0] if admissible_so_far else -np.inf) if i < len(level0) \
+            else np.inf
+        nxt1 = heap[0][0] if heap else np.inf
+        if min(nxt0, nxt1) > kth:
+            break
+        if nxt0 <= nxt1:
+            b0, _j, c, rel = level0[i]
+            i += 1
+            entry = _price(job, pricer, c, rows, counts, prog, bound=b0)
+            if entry is None:
+                continue
+            admissible_so_far &= admissible(rel, entry[1], c.zero)
+            heapq.heappush(heap, (lower_bound(c, entry[1]), order, c, *entry))
+            order += 1
+            continue
+        bound, _j, c, tab, arr = heapq.heappop(heap)
+        t = _evaluate_one(job, bound, c, tab, arr, rows, counts, seen)
+        prog.advance()
+        if t is not None:
+            evaluated.append((t, len(rows) - 1))
+            bisect.insort(best_times, t)
+    if i < len(level0) or heap:
+        kth = best_times[k - 1]
+        _bound_out(job, [(b, j, c, None, None) for b, j, c, _a in level0[i:]]
+                   + sorted(heap, key=lambda x: (x[0], x[1])), kth, rows, counts)
+        prog.advance(len(level0) - i + len(heap))
+    counts["cost_tables"] = pricer.built + rp.probes
     return evaluated
 
 
@@ -322,7 +450,8 @@ def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | Non
     label = f"planning {job.model.name} on {job.cluster.world_size} GPUs"
     with progress_reporter(progress, label) as prog:
         evaluated = sorted(_evaluate(job, _screen(job, rows, counts, prog), rows, counts,
-                                     prog))
+                                     prog) if exhaustive else _best_first(job, rows, counts,
+                                                                          prog))
         if not evaluated:
             raise no_fit(job.model, job.cluster, global_batch_size, rows, job.space)
         top = evaluated[:top_k]

@@ -1,0 +1,95 @@
+"""Why the best plan won: per knob, the best alternative value and what stopped it.
+
+For each knob of the winning row (cp, ZeRO stage, schedule, recompute, attention, tp,
+pp, micro-batch size, sequence parallelism, TP overlap, overlap of the DP
+synchronisation) and each other value the search tried, the best candidate with that
+value says how it lost: its time when it ran ("3.2 % slower"), its lower bound when
+branch and bound skipped it ("at least 12 % slower"), the smallest memory shortfall
+when none fits ("does not fit: stage 0 needs 96.1 GiB > 80.0 GiB"), or the rule it
+breaks. Where the same plan with only that knob changed was priced, its outcome and
+peak memory come too, which names the constraint or cost behind the choice (memory of
+the attention scores, the exposed ZeRO-3 gathers, the pipeline bubble ...).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["explain", "KNOBS"]
+
+#: (label, table columns) of each knob; schedule and its virtual stages go together.
+KNOBS = (
+    ("cp", ("cp",)), ("zero", ("zero", "zero_group")),
+    ("schedule", ("schedule", "virtual_stages")), ("recompute", ("recompute",)),
+    ("attention", ("attention",)), ("tp", ("tp",)), ("pp", ("pp",)),
+    ("micro-batch", ("micro_batch_size",)), ("sequence parallel", ("sequence_parallel",)),
+    ("tp overlap", ("tp_overlap",)), ("overlap-param-gather", ("overlap_param_gather",)),
+)
+_FIELDS = ("tp", "pp", "cp", "virtual_stages", "micro_batch_size", "schedule", "recompute",
+           "sequence_parallel", "tp_overlap", "zero", "zero_group", "attention",
+           "overlap_param_gather")
+_RAN = ("best", "confirmed", "evaluated")
+
+
+def _value(cols: tuple[str, ...], r) -> str:
+    if cols == ("schedule", "virtual_stages"):
+        return r["schedule"] + (f" v={r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
+    if cols == ("zero", "zero_group"):
+        return str(r["zero"]) + (f" hsdp={r['zero_group']}" if r["zero_group"] else "")
+    return str(r[cols[0]])
+
+
+def _outcome(df, best_t: float) -> str:
+    """How the best of rows ``df`` (all with one alternative value) lost."""
+    ran = df[df.status.isin(_RAN)]
+    if len(ran):
+        r = ran.loc[ran.time_s.idxmin()]
+        return (f"{(r.time_s / best_t - 1) * 100:.1f} % slower ({r.time_s:.3f} s, peak "
+                f"{r.peak_memory_gib:.1f} GiB)")
+    bd = df[df.status == "bounded"]
+    if len(bd):
+        b = bd.bound_s.min()
+        return f"at least {(b / best_t - 1) * 100:.1f} % slower (bound {b:.3f} s; not simulated)"
+    mem = df[df.shortfall_gib.notna()]
+    if len(mem):
+        r = mem.loc[mem.shortfall_gib.idxmin()]
+        return f"does not fit ({r.reason})"
+    return str(df.iloc[0].reason) if len(df) else "not in the space"
+
+
+def _neighbour(best, cols: tuple[str, ...], alt_rows) -> str:
+    """The outcome of the winning plan with only this knob changed, if it was priced."""
+    same = np.ones(len(alt_rows), dtype=bool)
+    for f in _FIELDS:
+        if f not in cols:
+            same &= (alt_rows[f] == best[f]).to_numpy()
+    rows = alt_rows[same]
+    if not len(rows):
+        return ""
+    r = rows.iloc[0]
+    if r.status in _RAN:
+        return f"; same plan otherwise: {r.time_s:.3f} s, peak {r.peak_memory_gib:.1f} GiB"
+    if r.status == "bounded":
+        return f"; same plan otherwise: bound {r.bound_s:.3f} s"
+    return f"; same plan otherwise: {r.reason}"
+
+
+def explain(table) -> list[str]:
+    """One line per knob of the best row of ``table`` (the planner's ranked table)."""
+    best = table.iloc[0]
+    bt = float(best.time_s)
+    priced = table[table.schedule != "-"]  # rows with a whole configuration
+    lines = []
+    for label, cols in KNOBS:
+        me = tuple(best[c] for c in cols)
+        others = []
+        for val, grp in priced.groupby(list(cols), sort=True):
+            val = val if isinstance(val, tuple) else (val,)
+            if tuple(val) == me:
+                continue
+            alt = _value(cols, grp.iloc[0])
+            others.append(f"{label}={alt}: {_outcome(grp, bt)}"
+                          + _neighbour(best, cols, grp))
+        if others:
+            lines.append(f"{label}={_value(cols, best)} over " + "; ".join(others))
+    return lines

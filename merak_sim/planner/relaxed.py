@@ -1,0 +1,163 @@
+"""Relaxed stage arrays: lower bounds on time and memory without a candidate's cost table.
+
+Pricing a cost table is the expensive step of a large search (the data-parallel and
+ZeRO-3 collectives of every stage are placed on the cluster), and most candidates of a
+full space lose by far. The planner therefore bounds them first from a *relaxed* table
+that every candidate sharing (tp, cp, micro-batch, sequence parallelism, TP overlap,
+selective recompute, attention) can reuse:
+
+- One three-stage *probe* table per such key (dp = 1, ZeRO 0) gives, per field, the
+  cost of one transformer layer (the middle stage over its layer count) and the extras
+  of the first stage (embedding) and the last (head) (a one-stage pipeline gets no
+  model state: a tied embedding is stored once there). A stage's forward, backward,
+  re-forward, activation and checkpoint bytes are affine in its layer count under the
+  cost models of this package (``AnalyticCostModel.stage_cost``), so the arrays of any
+  (pp, virtual stages) are rebuilt with numpy over the cost model's uniform partition.
+- What the relaxation drops only adds time or memory: the data-parallel gradient
+  reduction and optimizer step (tail), the exposed ZeRO-3 gathers (inside forward and
+  backward), the sharded part of the model state (ZeRO 1 keeps at least the weights
+  and gradients, 2 the weights, 3 nothing whole). So the bound of :func:`~merak_sim.planner.bounds.lower_bound`
+  on relaxed arrays never exceeds the one on the exact table.
+
+The planner checks that claim on every exact table it prices (:func:`admissible`);
+a cost model breaking it (another partition, stage costs not affine in the layers)
+makes the search price every candidate exactly, as the exhaustive search does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from merak_sim.config import ParallelConfig
+from merak_sim.partition import uniform
+
+from .space import Candidate
+from .templates import stage_arrays
+
+__all__ = ["RelaxedPricer", "relaxed_key", "admissible", "state_view", "TIME_FIELDS", "MEMORY_FIELDS"]
+
+#: Fields the time bound reads; the tail fields are zero in relaxed arrays.
+TIME_FIELDS = ("forward_s", "backward_s", "backward_input_s", "recompute_s")
+#: Fields the one-micro-batch memory bound reads.
+MEMORY_FIELDS = ("activation_bytes", "checkpoint_bytes")
+_TOL = 1e-9
+
+
+def relaxed_key(c: Candidate) -> tuple:
+    """What a candidate's relaxed arrays depend on besides (pp, virtual stages)."""
+    return (c.tp, c.cp, c.micro_batch_size, c.sequence_parallel, c.tp_overlap,
+            c.recompute == "selective", c.attention)
+
+
+@dataclass
+class RelaxedPricer:
+    """Probe tables per :func:`relaxed_key` and the relaxed arrays built from them.
+
+    ``arrays(c)`` returns the relaxed stage arrays of ``c`` (times: per model stage;
+    ``state_bytes``: the ZeRO-0 model state, exact for ZeRO 0 candidates), or None when
+    the probe cannot be priced or the cost model's stages are not the affine uniform
+    ones this relaxation assumes. ``probes`` counts the probe tables priced.
+    """
+
+    model: Any
+    cluster: Any
+    cost_model: Any
+    dtype: str
+    probes: int = field(default=0, init=False)
+    capacity_bytes: float = field(default=0.0, init=False)
+    _per_layer: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
+    _arrays: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
+
+    def _probe(self, key: tuple):
+        if key in self._per_layer:
+            return self._per_layer[key]
+        tp, cp, mbs, sp, ov, sel, att = key
+        L = self.model.layers
+        out = None
+        if L >= 3:
+            cfg = ParallelConfig(dp=1, tp=tp, pp=3, micro_batch_size=mbs,
+                                 global_batch_size=3 * mbs, schedule="1f1b",
+                                 recompute="selective" if sel else "none",
+                                 sequence_parallel=sp, tp_overlap=ov, zero=0, cp=cp,
+                                 attention=att, dtype=self.dtype)
+            # Three stages of tp x cp GPUs may need more nodes than the cluster has;
+            # only the groups' placement in a node matters to the per-layer costs.
+            gpn = self.cluster.gpus_per_node
+            nodes = max(self.cluster.nodes, -(-3 * tp * cp // gpn))
+            try:
+                tab = self.cost_model.cost_table(self.model,
+                                                 replace(self.cluster, nodes=nodes), cfg)
+            except ValueError:
+                tab = None
+            self.probes += 1
+            if tab is not None:
+                self.capacity_bytes = float(tab.memory_capacity_bytes)
+            ranges = uniform(L, 3).ranges
+            meta = getattr(tab, "meta", None) or {}
+            if tab is not None and tuple(map(tuple, meta.get("ranges", ()))) == ranges:
+                arr = stage_arrays(tab)
+                for f in ("weight_bytes", "grad_bytes"):
+                    arr[f] = np.array([getattr(st, f) for st in tab.stages], dtype=float)
+                n = np.array([e - s for s, e in ranges], dtype=float)
+                fields = TIME_FIELDS + MEMORY_FIELDS + ("state_bytes", "weight_bytes",
+                                                        "grad_bytes")
+                per = {f: arr[f][1] / n[1] for f in fields}
+                out = (per, {f: arr[f][0] - n[0] * per[f] for f in fields},
+                       {f: arr[f][2] - n[2] * per[f] for f in fields})
+        self._per_layer[key] = out
+        return out
+
+    def arrays(self, c: Candidate) -> dict[str, np.ndarray] | None:
+        """Relaxed stage arrays of ``c`` (class docstring)."""
+        key = relaxed_key(c)
+        full = (key, c.pp, c.virtual_stages)
+        if full in self._arrays:
+            return self._arrays[full]
+        probe = self._probe(key)
+        out = None
+        if probe is not None:
+            per, first, last = probe
+            n_st = c.pp * c.virtual_stages
+            n = np.array([e - s for s, e in uniform(self.model.layers, n_st).ranges],
+                         dtype=float)
+            out = {}
+            for f in per:
+                a = n * per[f]
+                a[0] += first[f]
+                a[-1] += last[f]
+                out[f] = a
+            zeros = np.zeros(n_st)
+            # Model state each ZeRO stage keeps whole, whatever the shard group: 1
+            # shards the optimizer, 2 the gradients too, 3 the weights too.
+            w, g = out.pop("weight_bytes"), out.pop("grad_bytes")
+            out["state_by_zero"] = (out["state_bytes"], w + g, w, zeros)
+            if n_st == 1 and getattr(self.model, "tied_embeddings", True):
+                # One stage holds the embedding and the head: a tied word embedding is
+                # stored once there, not once per end as in the probe.
+                out["state_by_zero"] = (zeros,) * 4
+            out["grad_allreduce_s"] = zeros
+            out["optimizer_s"] = zeros
+        self._arrays[full] = out
+        return out
+
+
+def state_view(relaxed: dict[str, np.ndarray], zero: int) -> dict[str, np.ndarray]:
+    """The relaxed arrays with ``state_bytes`` the state ZeRO stage ``zero`` keeps at
+    least (for :func:`~merak_sim.planner.screen.quick_memory`)."""
+    return {**relaxed, "state_bytes": relaxed["state_by_zero"][zero]}
+
+
+def admissible(relaxed: dict[str, np.ndarray], exact: dict[str, np.ndarray],
+               zero: int = 0) -> bool:
+    """Whether the exact arrays of a ZeRO-``zero`` candidate are nowhere below the
+    relaxed ones (time, activation and model-state fields, to rounding): the condition
+    under which relaxed bounds are valid."""
+    for f in TIME_FIELDS + MEMORY_FIELDS + ("state_bytes",):
+        r, e = (relaxed["state_by_zero"][zero] if f == "state_bytes" else relaxed[f],
+                exact[f])
+        if r.shape != e.shape or np.any(r > e + _TOL * np.abs(e) + 1e-300):
+            return False
+    return True
