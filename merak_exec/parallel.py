@@ -213,6 +213,7 @@ def _training_optimizer(opt, chunks, mesh: Mesh, tied, config: ParallelConfig,
         replica_counts,
         scaled_loss_fn,
     )
+    from merak_exec.zero import ZeroOptimizer
 
     if config.dtype not in (*AMP_DTYPES, "fp32"):
         raise ExecError(f"dtype {config.dtype!r} is not supported; choose fp32, bf16 or fp16")
@@ -225,7 +226,10 @@ def _training_optimizer(opt, chunks, mesh: Mesh, tied, config: ParallelConfig,
                 c.loss_fn = scaled_loss_fn(c.loss_fn, scaler)
     if opt is None or (scaler is None and not max_grad_norm and lr_schedule is None):
         return opt
-    return TrainingOptimizer(opt, counts=replica_counts(chunks, mesh, tied), device=mesh.device,
+    counts = replica_counts(chunks, mesh, tied)
+    if isinstance(opt, ZeroOptimizer):  # its steps see dp-disjoint pieces
+        counts = opt.shard_counts(counts)
+    return TrainingOptimizer(opt, counts=counts, device=mesh.device,
                              max_grad_norm=max_grad_norm, schedule=lr_schedule, scaler=scaler,
                              timeout_s=mesh.timeout_s)
 

@@ -104,3 +104,41 @@ def test_zero1_state_names_cover_every_shard_once():
     keys = sorted(opt.state_by_name(named))
     assert keys == sorted(f"{n}[0:{p.numel()}].{k}" for n, p in named
                           for k in ("exp_avg", "exp_avg_sq", "step"))
+
+
+def test_zero1_fp16_resume_equals_uninterrupted_run(tmp_path):
+    """The sharded AdamW state, the loss scaler and the LR iteration are checkpointed:
+    a run resumed at step 2 from another random init continues exactly."""
+    from support.precision_workers import run_world
+
+    res = run_world(2, "case_zero_resume", {"dir": str(tmp_path / "ckpt")}, str(tmp_path))
+    for rank, r in enumerate(res):
+        assert "exception" not in r, r["exception"]
+        assert r["step"] == 2 and r["state_keys"] > 0
+        assert r["restored"] == [2.0 ** 10, 3, 2], r["restored"]
+        assert r["resumed"] == r["full"][2:], (rank, r["resumed"], r["full"])
+        assert r["scaler_resumed"] == r["scaler_full"]
+        assert r["param_err"] == 0.0
+
+
+ZERO_CLIP = [
+    {"name": "tp2 dp2 zero1 clip", "clip": 0.5,
+     "config": dict(tp=2, dp=2, zero=1, dtype="fp32", micro_batch_size=1, global_batch_size=8)},
+    {"name": "pp2 dp2 zero1 clip (tied embedding)", "clip": 0.5,
+     "config": dict(pp=2, dp=2, zero=1, dtype="fp32", micro_batch_size=1, global_batch_size=8)},
+]
+
+
+def test_zero1_clipping_norm_counts_each_element_once(tmp_path):
+    """Under ZeRO-1 the global norm (tp-replicated parameters, the tied embedding on
+    both pipeline ends, dp-disjoint shards) equals one process's clip_grad_norm_."""
+    from support.precision_workers import run_world
+
+    res = run_world(4, "case_amp", {"cases": ZERO_CLIP}, str(tmp_path), timeout_s=500)
+    for rank in res:
+        assert isinstance(rank, list), rank
+        for case, r in zip(ZERO_CLIP, rank, strict=True):
+            norm = max(abs(a - b) / b for a, b in zip(r["norms"], r["ref_norms"], strict=True))
+            loss = max(abs(a - b) / b for a, b in zip(r["losses"], r["ref"], strict=True))
+            print(case["name"], f"norm rel err {norm:.1e} loss rel err {loss:.1e}", r["norms"])
+            assert norm <= 1e-5 and loss <= 1e-5, (case["name"], r["norms"], r["ref_norms"])
