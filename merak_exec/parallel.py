@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from merak_exec.capture import to_chain
+from merak_exec.fsdp import FsdpSync
 from merak_exec.mesh import ExecError, Mesh, build_mesh, timed_collective
 from merak_exec.runtime import PipelineRuntime, StepOutput
 from merak_exec.stages import LayerChain, build_stage, partition_split, split_from_points
@@ -180,6 +181,11 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     tied = _tied_params(chain, ranges, chunks, S)
     _sync_initial_weights(mesh, chunks, tied)
     _sync_tp_rng(mesh)
+    if config.zero in (2, 3):  # FSDP swaps the parameters: before the optimizer sees them
+        from merak_exec.fsdp import shard_chunks
+
+        shard_chunks(chunks, mesh, config.zero)
+        tied = _tied_params(chain, ranges, chunks, S)  # the sharded parameters now
     params = [p for c in chunks for p in c.parameters() if p.requires_grad]
     opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(params)
     opt, grad_sync = _apply_options(config, mesh, chunks, ranges, family, opt)
@@ -188,6 +194,8 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
                             seq_len // (config.tp if config.sequence_parallel else 1), dtype)
     rt = PipelineRuntime(chunks, sched, mesh, opt, specs, tied_params=tied, record=record,
                          grad_sync=grad_sync)
+    if isinstance(grad_sync, FsdpSync):
+        rt.add_hooks(grad_sync)
     if overlap_dp and mesh.dp_group is not None:
         if config.zero:
             raise ExecError("overlap_dp buckets an all-reduce, but ZeRO-1 reduce-scatters "
@@ -229,6 +237,8 @@ def _training_optimizer(opt, chunks, mesh: Mesh, tied, config: ParallelConfig,
     counts = replica_counts(chunks, mesh, tied)
     if isinstance(opt, ZeroOptimizer):  # its steps see dp-disjoint pieces
         counts = opt.shard_counts(counts)
+    elif config.zero in (2, 3) and mesh.dp_group is not None:  # dp-disjoint FSDP shards
+        counts = {k: max(1, v // mesh.dp) for k, v in counts.items()}
     return TrainingOptimizer(opt, counts=counts, device=mesh.device,
                              max_grad_norm=max_grad_norm, schedule=lr_schedule, scaler=scaler,
                              timeout_s=mesh.timeout_s)
@@ -293,6 +303,8 @@ def _apply_options(config: ParallelConfig, mesh: Mesh, chunks, ranges, family, o
     zero = None
     if config.zero == 1:
         zero = opt = ZeroOptimizer(opt, mesh.dp_group, mesh.dp, mesh.dp_rank, mesh.timeout_s)
+    elif config.zero in (2, 3) and mesh.dp_group is not None:  # SP: refused up front
+        return opt, FsdpSync(chunks, config.build_schedule().programs[mesh.pp_rank])
     return opt, GradientSync(mesh.tp_group, partial, zero)
 
 
