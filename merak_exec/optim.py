@@ -118,8 +118,8 @@ class _Autocast(RuntimeHooks):
         self.device_type, self.dtype = device_type, dtype
 
     def saved_tensors_scope(self) -> contextlib.AbstractContextManager:
-        # autocast state is thread-local like saved-tensor hooks: entering it here
-        # covers the worker threads of sub-pipelined TP too
+        # autocast state is thread-local like saved-tensor hooks: entered with them
+        # around every layer application of the stage
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 

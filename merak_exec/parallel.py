@@ -20,10 +20,10 @@ from merak_exec.capture import to_chain
 from merak_exec.fsdp import FsdpSync
 from merak_exec.mesh import ExecError, Mesh, build_mesh, timed_collective
 from merak_exec.runtime import PipelineRuntime, StepOutput
+from merak_exec.sub_pipelined import SubPipelined
 from merak_exec.stages import LayerChain, build_stage, partition_split, split_from_points
 from merak_exec.tensor_parallel import (
     FAMILY_MAPPINGS,
-    SubPipelined,
     TPMapping,
     apply_tensor_parallel,
 )
@@ -342,9 +342,9 @@ def _sync_initial_weights(mesh: Mesh, chunks, tied) -> None:
 
 
 def _check_no_dropout(chunks) -> None:
-    """Sub-pipelined TP runs a micro-batch's parts in threads that share the process's
-    random generator, so dropout masks would depend on thread timing (and differ
-    between tp ranks): refuse instead of training silently wrong."""
+    """Sub-pipelined TP draws a dropout mask per part, not one per micro-batch (and on
+    CUDA from side streams), so masks would differ from plain TP's: refuse instead of
+    training silently different."""
     for c in chunks:
         for name, m in c.named_modules():
             p = m.p if isinstance(m, nn.Dropout) else None
