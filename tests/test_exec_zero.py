@@ -120,12 +120,15 @@ def test_zero1_state_names_cover_every_shard_once():
                           for k in ("exp_avg", "exp_avg_sq", "step"))
 
 
-def test_zero1_fp16_resume_equals_uninterrupted_run(tmp_path):
-    """The sharded AdamW state, the loss scaler and the LR iteration are checkpointed:
-    a run resumed at step 2 from another random init continues exactly."""
+@pytest.mark.parametrize("zero", [1, 3])
+def test_zero_fp16_resume_equals_uninterrupted_run(tmp_path, zero):
+    """The sharded AdamW state (ZeRO-1 pieces, FSDP2 shards), the loss scaler and the
+    LR iteration are checkpointed: a run resumed at step 2 from another random init
+    continues exactly."""
     from support.precision_workers import run_world
 
-    res = run_world(2, "case_zero_resume", {"dir": str(tmp_path / "ckpt")}, str(tmp_path))
+    res = run_world(2, "case_zero_resume", {"dir": str(tmp_path / "ckpt"),
+                                            "config": {"zero": zero}}, str(tmp_path))
     for rank, r in enumerate(res):
         assert "exception" not in r, r["exception"]
         assert r["step"] == 2 and r["state_keys"] > 0

@@ -202,17 +202,19 @@ def case_overlap(rank: int, arg: dict) -> list[dict]:
 
 
 def case_zero_resume(rank: int, arg: dict) -> dict:
-    """dp2 ZeRO-1 fp16 with clipping and a cosine schedule: 4 uninterrupted steps
-    against 2 steps, a checkpoint, and 2 more steps of a model built from another seed
-    and resumed from it. The loss scale is moved off its default after step 2 (as a
+    """dp2 ZeRO-1 fp16 (other fields from ``arg["config"]``) with clipping and a cosine
+    schedule: 4 uninterrupted steps against 2 steps, a checkpoint, and 2 more steps of
+    a model built from another seed and resumed from it. The loss scale is moved off its default after step 2 (as a
     backoff would), so only a saved scaler makes the two runs' scalers agree."""
     from merak_exec.checkpoint import load_checkpoint, save_checkpoint
+    from merak_exec.fsdp import local_tensor
     from merak_exec.optim import lr_lambda
     from merak_exec.parallel import parallelize
     from merak_sim.config import ParallelConfig
     from support.models import tiny_gpt_config
 
-    pc = ParallelConfig(dp=2, zero=1, dtype="fp16", micro_batch_size=1, global_batch_size=8)
+    pc = ParallelConfig(**{"dp": 2, "zero": 1, "dtype": "fp16", "micro_batch_size": 1,
+                           "global_batch_size": 8, **arg.get("config", {})})
     mcfg = tiny_gpt_config()
     batches = data(mcfg, pc.global_batch_size, mcfg.n_positions, 4)
 
@@ -242,10 +244,8 @@ def case_zero_resume(rank: int, arg: dict) -> dict:
     step = load_checkpoint(resumed, arg["dir"])
     restored = scaler_state(resumed)
     tail = train(resumed, batches[2:])
-    err = max(float((a.detach() - b.detach()).abs().max())
+    err = max(float((local_tensor(a.detach()) - local_tensor(b.detach())).abs().max())
               for a, b in zip(resumed.parameters(), full.parameters(), strict=True))
     return {"full": losses, "resumed": tail, "step": step, "restored": restored,
             "scaler_full": scaler_state(full), "scaler_resumed": scaler_state(resumed),
-            "param_err": err,
-            "state_keys": len(resumed.runtime.optimizer.optimizer.state_by_name(
-                resumed.named_parameters()))}
+            "param_err": err, "state_keys": len(resumed.runtime.optimizer.state)}
