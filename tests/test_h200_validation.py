@@ -1,7 +1,7 @@
 """benchmarks/h200_validation.py, rehearsed on CPU: the GPU run gets one try in a
 15-minute lease, so its whole path is exercised here (``--dry-run``: tiny shapes,
-gloo, fp32, the one-GPU checks included), with SimPy hidden as on the device's image, and a failing shape must not lose
-the others' results. The figures are the shared machine's and never asserted."""
+gloo, fp32, the one-GPU checks included), with SimPy hidden as on the device's
+image, and a failing shape must not lose the others' results. The figures are the shared machine's and never asserted."""
 
 import json
 import os

@@ -204,8 +204,9 @@ def case_overlap(rank: int, arg: dict) -> list[dict]:
 def case_zero_resume(rank: int, arg: dict) -> dict:
     """dp2 ZeRO-1 fp16 (other fields from ``arg["config"]``) with clipping and a cosine
     schedule: 4 uninterrupted steps against 2 steps, a checkpoint, and 2 more steps of
-    a model built from another seed and resumed from it. The loss scale is moved off its default after step 2 (as a
-    backoff would), so only a saved scaler makes the two runs' scalers agree."""
+    a model built from another seed and resumed from it. The loss scale is moved off
+    its default after step 2 (as a backoff would), so only a saved scaler makes the
+    two runs' scalers agree."""
     from merak_exec.checkpoint import load_checkpoint, save_checkpoint
     from merak_exec.fsdp import local_tensor
     from merak_exec.optim import lr_lambda
