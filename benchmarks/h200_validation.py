@@ -1,7 +1,7 @@
-"""GPU validation on one H200: one prepared run, under 10 minutes.
+"""GPU validation on one H200: one prepared run, about 5 minutes.
 
-    python benchmarks/h200_validation.py [--out traces/h200] [--budget-s 480] [--archive F]
-    python benchmarks/h200_validation.py --smoke --out /tmp/h200-smoke   # CPU dry run
+    python benchmarks/h200_validation.py [--out traces/h200] [--budget-s 240] [--archive F]
+    python benchmarks/h200_validation.py --dry-run --out /tmp/h200-dry   # CPU rehearsal
 
 For two realistic shapes of the built-in GPT in bf16 (pp=1, one process, NCCL), it
 profiles every action through the runtime (CUDA-synchronised host timing), trains
@@ -9,6 +9,14 @@ for real (2 warm-up + 5 timed iterations, CUDA-event timelines), simulates the
 configuration from that fresh profile and reports the error
 (:mod:`merak_sim.validation`). It also writes a per-layer ``merak-trace/1`` trace of
 each shape (:mod:`merak_exec.profiling.layer_trace`) for the trace-driven cost model.
+Each run directory's ``events.csv`` is the CUDA-event timeline of the training
+iterations in the simulator's events schema (the profiler trace).
+
+Then the one-GPU checks of :mod:`merak_exec.profiling.gpu_checks` (seconds): a bf16
+autocast step against fp32 (loss within 2 %, fp32 master weights), and one block's
+activation memory (``torch.cuda.memory_allocated``, SDPA flash attention) with no
+and with selective recompute against merak_sim's memory model. A multi-rank NCCL run
+needs 2+ GPUs: the report says so and nothing stands in for it.
 
 Writes under ``--out``: one run directory per shape (re-validate with
 ``merak-sim validate --run DIR``), ``gpt-<shape>.json`` traces, ``<shape>.png``
@@ -35,7 +43,8 @@ then here: ``mkdir -p traces/h200 && tar xzf <files_at>/h200.tar.gz -C traces/h2
 ``tests/test_h200_validation.py``.
 
 Status: prepared, NOT run on a GPU yet (the tasks that wrote it had no GPU lent);
-``--smoke`` checks the whole path on CPU with tiny shapes.
+``--dry-run`` runs the same code paths on CPU with tiny shapes (gloo, fp32). Without
+a GPU and without ``--dry-run`` it exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ import time
 from pathlib import Path
 
 from merak_exec.profiling.cases import Case, small_gpt
+from merak_exec.profiling.gpu_checks import amp_check, memory_check
 from merak_exec.profiling.measure import measure_cases
 from merak_sim.io import atomic_write_bytes, atomic_write_text
 from merak_sim.validation.compare import compare_run
@@ -93,15 +103,56 @@ def _archive(out: Path, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+def _gpu_checks(mcfg: dict, mbs: int, device: str, dtype: str) -> tuple[dict, list[str]]:
+    """The one-GPU checks on one shape: (summary entry, report lines); a failing check
+    is one line, the others still run."""
+    import torch
+
+    out: dict = {}
+    lines = ["", "## One-GPU checks", ""]
+    try:
+        amp = amp_check(mcfg, mbs)
+        out["amp"] = amp
+        lines.append(f"- bf16 autocast step vs fp32: losses {amp['bf16']} vs {amp['fp32']}, "
+                     f"relative error {amp['rel_error']:.2e} (tolerance {amp['tolerance']:g}), "
+                     f"master weights {amp['bf16_param_dtypes']}: "
+                     f"{'ok' if amp['ok'] else 'OUT OF TOLERANCE'}")
+    except Exception as e:  # noqa: BLE001 - reported in one line, the others go on
+        out["amp"] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        lines.append(f"- bf16 autocast step: FAILED ({out['amp']['error']})")
+    try:
+        out["memory"] = memory_check(mcfg, mbs, device, dtype)
+        for r in out["memory"]:
+            lines.append(f"- block activations, recompute {r['recompute']}: measured "
+                         f"{r['measured_bytes'] / 2**20:.2f} MiB, model ({r['profile']}) "
+                         f"{r['model_bytes'] / 2**20:.2f} MiB ({r['rel_error'] * 100:+.1f} %), "
+                         f"fwd+bwd peak {r['peak_fwd_bwd_bytes'] / 2**20:.2f} MiB")
+    except Exception as e:  # noqa: BLE001
+        out["memory"] = [{"error": f"{type(e).__name__}: {e}".splitlines()[0]}]
+        lines.append(f"- block activation memory: FAILED ({out['memory'][0]['error']})")
+    gpus = torch.cuda.device_count() if device == "cuda" else 0
+    out["multi_rank_nccl"] = (f"not run: a multi-rank NCCL run needs 2+ GPUs; this machine "
+                              f"has {gpus}" if gpus < 2 else
+                              "not run: this script validates one GPU; use torchrun with "
+                              "merak-exec train for a multi-rank NCCL run")
+    lines.append(f"- multi-rank NCCL: {out['multi_rank_nccl']}")
+    for ln in lines[3:]:
+        print(ln[2:], flush=True)
+    return out, lines
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure, validate, write the report; 0 when every shape was measured."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "traces" / "h200"))
-    ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--budget-s", type=float, default=240.0,
+                    help="stop starting new shapes past this (the checks after them take "
+                         "seconds)")
     ap.add_argument("--archive", default=None,
                     help="also pack the results into this .tar.gz (for the device's "
                          "8-file limit on what comes back)")
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (gloo, fp32)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="the same code paths on CPU with tiny shapes (gloo, fp32)")
     a = ap.parse_args(argv)
     if a.budget_s <= 0:
         print(f"h200_validation: --budget-s must be positive, got {a.budget_s:g}",
@@ -109,12 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    if not a.smoke and not torch.cuda.is_available():
-        print("h200_validation: no CUDA device; use --smoke for a CPU dry run", file=sys.stderr)
+    if not a.dry_run and not torch.cuda.is_available():
+        print("h200_validation: no CUDA device; use --dry-run for a CPU rehearsal",
+              file=sys.stderr)
         return 2
-    shapes = SMOKE if a.smoke else SHAPES
-    dtype, backend = ("fp32", "gloo") if a.smoke else ("bf16", "nccl")
-    device = "cpu" if a.smoke else "cuda"
+    shapes = SMOKE if a.dry_run else SHAPES
+    dtype, backend = ("fp32", "gloo") if a.dry_run else ("bf16", "nccl")
+    device = "cpu" if a.dry_run else "cuda"
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -147,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: measured {s['measured_ms']:.2f} ms, predicted {s['predicted_ms']:.2f} ms, "
               f"error {s['error'] * 100:+.1f} %, actions {s['action_median_abs_error'] * 100:.1f} %"
               f", activation {s['activation_max_abs_error'] * 100:.1f} %", flush=True)
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not a.smoke else "cpu"
+    checks, check_lines = _gpu_checks(shapes[0][1], shapes[0][2], device, dtype)
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not a.dry_run else "cpu"
     lines = [f"# GPU validation ({dev})", "",
              f"Command: `python benchmarks/h200_validation.py {' '.join(argv or sys.argv[1:])}`"
              f" ({time.monotonic() - t0:.0f} s, "
@@ -161,12 +214,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"{s['activation_max_abs_error'] * 100:.1f} % |")
     for name, why in missing:
         lines.append(f"| {name} | - | - | {why} | - | - |")
+    lines += check_lines
     lines.append("")
     lines += [r.to_markdown() for r in reports]
     atomic_write_text(out / "report.md", "\n".join(lines))
     atomic_write_text(out / "summary.json", json.dumps(
         {"shapes": [r.summary() for r in reports],
-         "missing": [{"shape": n, "why": w} for n, w in missing]}, indent=1))
+         "missing": [{"shape": n, "why": w} for n, w in missing], "checks": checks},
+        indent=1))
     if a.archive:
         _archive(out, Path(a.archive))
     return 0 if reports and not missing else 1

@@ -100,7 +100,8 @@ def cli() -> None:
               help="none, full, selective (attention core) or stage-aware")
 @click.option("--tp-overlap", default="none", show_default=True)
 @click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
-              help="ZeRO stage: 1 shards the optimizer state over dp (2 and 3 are refused)")
+              help="ZeRO stage: 1 shards the optimizer state over dp; 2 and 3 run torch "
+                   "FSDP2 (gradients too; 3 also the parameters)")
 @click.option("--sequence-parallel", is_flag=True,
               help="split norms and dropout along the sequence over tp (needs --tp > 1)")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",

@@ -38,9 +38,8 @@ class RuntimeHooks:
         """Their posting returned (posting never waits for the transfer)."""
 
     def saved_tensors_scope(self) -> AbstractContextManager:
-        """A context entered around a stage's layers in the thread that runs them
-        (saved-tensor hooks are thread-local, and sub-pipelined TP runs the layers in
-        worker threads)."""
+        """A context entered around every application of a stage's layers (each
+        sub-pipelined TP part included), e.g. saved-tensor hooks or autocast."""
         return contextlib.nullcontext()
 
     def on_checkpoint_inputs(self, tensors: tuple) -> None:

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from merak_exec.fsdp import local_tensor
 from merak_exec.hooks import RuntimeHooks
 from merak_exec.mesh import ExecError, wait_for
 from merak_exec.replicas import sharded_parameters
@@ -117,8 +118,8 @@ class _Autocast(RuntimeHooks):
         self.device_type, self.dtype = device_type, dtype
 
     def saved_tensors_scope(self) -> contextlib.AbstractContextManager:
-        # autocast state is thread-local like saved-tensor hooks: entering it here
-        # covers the worker threads of sub-pipelined TP too
+        # autocast state is thread-local like saved-tensor hooks: entered with them
+        # around every layer application of the stage
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 
@@ -146,14 +147,14 @@ def global_grad_norm(params, counts: dict[int, int], device: torch.device,
                      timeout_s: float = 300.0) -> torch.Tensor:
     """L2 norm of the job's whole gradient (one all-reduce over every rank), each
     distinct tensor counted once (``counts``: :func:`replica_counts`). Inf or NaN when
-    any rank's gradient overflowed."""
+    any rank's gradient overflowed. An FSDP-sharded gradient counts its local shard."""
     sq = torch.zeros((), dtype=torch.float32, device=device)
     seen: set[int] = set()
     for p in params:
         if p.grad is None or id(p) in seen:
             continue
         seen.add(id(p))
-        sq += p.grad.detach().float().pow(2).sum() / counts.get(id(p), 1)
+        sq += local_tensor(p.grad).detach().float().pow(2).sum() / counts.get(id(p), 1)
     if dist.is_initialized() and dist.get_world_size() > 1:
         wait_for(dist.all_reduce(sq, async_op=True), "the gradient-norm all-reduce", timeout_s)
     return sq.sqrt()

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from merak_exec.capture import to_chain
+from merak_exec.fsdp import FsdpSync
 from merak_exec.mesh import ExecError, Mesh, build_mesh, timed_collective
 from merak_exec.runtime import PipelineRuntime, StepOutput
 from merak_exec.stages import (
@@ -26,9 +27,9 @@ from merak_exec.stages import (
     split_from_points,
     trainable_parameters,
 )
+from merak_exec.sub_pipelined import SubPipelined
 from merak_exec.tensor_parallel import (
     FAMILY_MAPPINGS,
-    SubPipelined,
     TPMapping,
     apply_tensor_parallel,
 )
@@ -185,6 +186,11 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     tied = _tied_params(chain, ranges, chunks, config.rank_of_stage)
     _sync_initial_weights(mesh, chunks, tied)
     _sync_tp_rng(mesh)
+    if config.zero in (2, 3):  # FSDP swaps the parameters: before the optimizer sees them
+        from merak_exec.fsdp import shard_chunks
+
+        shard_chunks(chunks, mesh, config.zero)
+        tied = _tied_params(chain, ranges, chunks, config.rank_of_stage)  # sharded now
     params = trainable_parameters(chunks)
     opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(params)
     opt, grad_sync = _apply_options(config, mesh, chunks, ranges, family, opt)
@@ -193,6 +199,8 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
                             seq_len // (config.tp if config.sequence_parallel else 1), dtype)
     rt = PipelineRuntime(chunks, sched, mesh, opt, specs, tied_params=tied, record=record,
                          grad_sync=grad_sync)
+    if isinstance(grad_sync, FsdpSync):
+        rt.add_hooks(grad_sync)
     if overlap_dp and mesh.dp_group is not None:
         if config.zero:
             raise ExecError("overlap_dp buckets an all-reduce, but ZeRO-1 reduce-scatters "
@@ -218,6 +226,7 @@ def _training_optimizer(opt, chunks, mesh: Mesh, tied, config: ParallelConfig,
         replica_counts,
         scaled_loss_fn,
     )
+    from merak_exec.zero import ZeroOptimizer
 
     if config.dtype not in (*AMP_DTYPES, "fp32"):
         raise ExecError(f"dtype {config.dtype!r} is not supported; choose fp32, bf16 or fp16")
@@ -230,7 +239,12 @@ def _training_optimizer(opt, chunks, mesh: Mesh, tied, config: ParallelConfig,
                 c.loss_fn = scaled_loss_fn(c.loss_fn, scaler)
     if opt is None or (scaler is None and not max_grad_norm and lr_schedule is None):
         return opt
-    return TrainingOptimizer(opt, counts=replica_counts(chunks, mesh, tied), device=mesh.device,
+    counts = replica_counts(chunks, mesh, tied)
+    if isinstance(opt, ZeroOptimizer):  # its steps see dp-disjoint pieces
+        counts = opt.shard_counts(counts)
+    elif config.zero in (2, 3) and mesh.dp_group is not None:  # dp-disjoint FSDP shards
+        counts = {k: max(1, v // mesh.dp) for k, v in counts.items()}
+    return TrainingOptimizer(opt, counts=counts, device=mesh.device,
                              max_grad_norm=max_grad_norm, schedule=lr_schedule, scaler=scaler,
                              timeout_s=mesh.timeout_s)
 
@@ -294,6 +308,8 @@ def _apply_options(config: ParallelConfig, mesh: Mesh, chunks, ranges, family, o
     zero = None
     if config.zero == 1:
         zero = opt = ZeroOptimizer(opt, mesh.dp_group, mesh.dp, mesh.dp_rank, mesh.timeout_s)
+    elif config.zero in (2, 3) and mesh.dp_group is not None:  # SP: refused up front
+        return opt, FsdpSync(chunks, config.build_schedule().programs[mesh.pp_rank])
     return opt, GradientSync(mesh.tp_group, partial, zero)
 
 
@@ -331,9 +347,9 @@ def _sync_initial_weights(mesh: Mesh, chunks, tied) -> None:
 
 
 def _check_no_dropout(chunks) -> None:
-    """Sub-pipelined TP runs a micro-batch's parts in threads that share the process's
-    random generator, so dropout masks would depend on thread timing (and differ
-    between tp ranks): refuse instead of training silently wrong."""
+    """Sub-pipelined TP draws a dropout mask per part, not one per micro-batch (and on
+    CUDA from side streams), so masks would differ from plain TP's: refuse instead of
+    training silently different."""
     for c in chunks:
         for name, m in c.named_modules():
             p = m.p if isinstance(m, nn.Dropout) else None

@@ -4,7 +4,8 @@ Tensor-parallel ranks compute the unsharded parts of a layer (embeddings' positi
 tables, norms, the bias added after a row-parallel sum) redundantly, so those
 parameters must hold the same values on every tp rank; a model built under different
 per-rank seeds would otherwise train silently wrong. :func:`sync_tp_replicas` gives
-every tp rank tp rank 0's copy (bounded by the mesh's timeout).
+every tp rank tp rank 0's copy (bounded by the mesh's timeout; an FSDP-sharded
+parameter broadcasts its dp shard, sliced alike on every tp rank).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from merak_exec.fsdp import local_tensor
 from merak_exec.mesh import Mesh, timed_collective
 from merak_exec.tensor_parallel import (
     ColumnParallelLinear,
@@ -48,6 +50,6 @@ def sync_tp_replicas(mesh: Mesh, chunks) -> None:
                 if id(p) in sharded or id(p) in seen:
                     continue
                 seen.add(id(p))
-                timed_collective(dist.broadcast, p.data, group=mesh.tp_group, src=src,
+                timed_collective(dist.broadcast, local_tensor(p.data), group=mesh.tp_group, src=src,
                                  what="the start-up broadcast of replicated parameters",
                                  timeout_s=mesh.timeout_s)

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from merak_exec.fsdp import local_tensor
 from merak_exec.hooks import HookHandle, RuntimeHooks, register
 from merak_exec.mesh import (
     ExecError,
@@ -428,7 +429,7 @@ class PipelineRuntime:
             for p in self.tied_params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                timed_collective(dist.all_reduce, p.grad, group=m.tied_group,
+                timed_collective(dist.all_reduce, local_tensor(p.grad), group=m.tied_group,
                                  what="the tied-embedding gradient all-reduce",
                                  timeout_s=m.timeout_s)
         if self.grad_sync is not None and self.grad_sync(self.params):

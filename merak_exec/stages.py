@@ -167,7 +167,7 @@ class StageModule(nn.Module):
         self.heavy = list(heavy)
         self.recompute_layers = 0
         self.selective_recompute = False
-        self.subpipe = None  # a tensor_parallel.SubPipelined when Merak T3 is on
+        self.subpipe = None  # a sub_pipelined.SubPipelined when Merak T3 is on
         self.hooks: list[RuntimeHooks] = []
 
     @property

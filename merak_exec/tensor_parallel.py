@@ -28,18 +28,13 @@ The gather sits at the input of the module holding the column-parallel linears (
 attention, the MLP), so q, k and v share one and the module sees the whole sequence
 (:mod:`merak_exec.sequence_parallel` places it).
 
-Sub-pipelined TP (Merak T3) is implemented by :class:`SubPipelined`: a stage's
-micro-batch is split into k parts along the batch dimension and every part runs in
-its own thread with its own tp process group, so one part's all-reduce (which
-releases the GIL while it waits) overlaps the next part's compute. Each part's
-collectives are issued in program order on its own group, so ranks never disagree on
-collective order; the result is the concatenation of the parts, numerically the same
-as plain TP.
+Sub-pipelined TP (Merak T3) runs a stage's parts with their own tp groups
+(:mod:`merak_exec.sub_pipelined`); the collectives here take the running part's
+group (:func:`~merak_exec.sub_pipelined.current_tp_group`).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -48,18 +43,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from merak_exec.mesh import ExecError, timed_collective
+from merak_exec.sub_pipelined import current_tp_group, on_side_stream
 
 __all__ = ["TPMapping", "FAMILY_MAPPINGS", "ColumnParallelLinear", "RowParallelLinear",
            "VocabParallelEmbedding", "vocab_parallel_lm_loss", "apply_tensor_parallel",
-           "SubPipelined", "current_tp_group", "scatter_to_sequence",
+           "scatter_to_sequence",
            "gather_from_sequence"]
 
-_local = threading.local()
-
-
-def current_tp_group(default):
-    """The tp group of the calling thread's part (sub-pipelined TP), else ``default``."""
-    return getattr(_local, "group", None) or default
+def _tp_all_reduce(x: torch.Tensor, group, what: str, on_stream: bool) -> None:
+    """Sum ``x`` over ``group`` in place. For a part on a CUDA side stream
+    (``on_stream``) the asynchronous work is waited by that stream (the host goes on
+    issuing the next part; the group's own timeout bounds it); otherwise a bounded
+    host wait."""
+    if on_stream and x.is_cuda:
+        dist.all_reduce(x, group=group, async_op=True).wait()
+    else:
+        timed_collective(dist.all_reduce, x, group=group, what=what)
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -67,14 +66,15 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        ctx.group = group
+        ctx.group, ctx.on_stream = group, on_side_stream()  # backward runs after the part
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
         g = g.contiguous()
-        timed_collective(dist.all_reduce, g, group=ctx.group,
-                         what="the tensor-parallel all-reduce of an input gradient (backward)")
+        _tp_all_reduce(g, ctx.group,
+                       "the tensor-parallel all-reduce of an input gradient (backward)",
+                       ctx.on_stream)
         return g, None
 
 
@@ -84,8 +84,8 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         x = x.contiguous()
-        timed_collective(dist.all_reduce, x, group=group,
-                         what="the tensor-parallel all-reduce of a partial sum (forward)")
+        _tp_all_reduce(x, group, "the tensor-parallel all-reduce of a partial sum (forward)",
+                       on_side_stream())
         return x
 
     @staticmethod
@@ -396,46 +396,3 @@ def apply_tensor_parallel(module: nn.Module, mapping: TPMapping, group, tp: int,
         setattr(parent, child, new)
         count += 1
     return count
-
-
-class SubPipelined(nn.Module):
-    """Run a stage's layers on k batch parts in k threads, one tp group per part.
-
-    Args:
-        inner: callable applying the stage's layers to a tensor.
-        groups: k tp process groups (same members, distinct communicators).
-    """
-
-    def __init__(self, groups: list) -> None:
-        super().__init__()
-        self.groups = groups
-
-    def run(self, fn, x: torch.Tensor) -> torch.Tensor:
-        """``fn`` applied to each of k batch parts concurrently; outputs concatenated."""
-        k = len(self.groups)
-        if x.shape[0] % k:
-            raise ExecError(f"sub-pipelined TP splits the micro-batch into {k} parts: batch "
-                            f"{x.shape[0]} is not divisible")
-        parts = x.chunk(k, dim=0)
-        outs: list = [None] * k
-        errs: list = []
-        grad = torch.is_grad_enabled()
-
-        def work(i: int) -> None:
-            _local.group = self.groups[i]
-            try:
-                with torch.set_grad_enabled(grad):
-                    outs[i] = fn(parts[i])
-            except BaseException as e:  # surfaced in the caller's thread below
-                errs.append(e)
-            finally:
-                _local.group = None
-
-        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(k)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errs:
-            raise errs[0]
-        return torch.cat(outs, dim=0)

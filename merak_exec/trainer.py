@@ -247,10 +247,7 @@ class Trainer:
                                 "checkpoint-<step> directory")
             resume = str(found[-1])
         if resume:
-            self.step = load_checkpoint(pm, resume)
-            opt = pm.runtime.optimizer
-            if isinstance(opt, TrainingOptimizer):
-                opt.iteration = self.step  # the LR schedule continues where it stopped
+            self.step = load_checkpoint(pm, resume)  # the LR schedule's iteration too
         losses, times = [], []
         rank0 = pm.mesh.rank == 0
         while self.step < self.max_steps:

@@ -172,6 +172,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     out[f"{names[id(p)]}[{p_off}:{p_off + n}].{sk}"] = sv
         return out
 
+    def shard_counts(self, counts: dict[int, int]) -> dict[int, int]:
+        """Replica counts of the pieces (keyed by ``id``) from those of the full
+        parameters (:func:`merak_exec.optim.replica_counts`): dp ranks own disjoint
+        pieces, so a piece is held by ``count / dp`` ranks (its tp copies and tied
+        twin), which is what the global gradient norm divides by."""
+        return {id(piece): max(1, counts.get(id(p), 1) // self.dp)
+                for (piece, *_), p in zip(self.segments, self._owners(), strict=True)}
+
     def _owners(self) -> list[nn.Parameter]:
         """The full parameter each piece of :attr:`segments` belongs to."""
         start = self.dp_rank * self.shard_numel

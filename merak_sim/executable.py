@@ -25,9 +25,7 @@ __all__ = ["NOT_EXECUTED", "EXECUTED_FAMILIES", "unsupported", "executable_space
 
 #: field -> (values merak-exec refuses, the option, why it does not run).
 NOT_EXECUTED: dict[str, tuple[Any, str, str]] = {
-    "zero": ((2, 3), "ZeRO-2/3 sharding",
-             "torch FSDP2 does not compose with this pipeline runtime"),
-    "zero_group": (lambda v: v > 0, "HSDP shard groups", "ZeRO-1 shards over all of dp"),
+    "zero_group": (lambda v: v > 0, "HSDP shard groups", "ZeRO shards over all of dp"),
     "overlap_param_gather": ((True,), "the overlapped ZeRO parameter all-gather",
                              "ZeRO-1 all-gathers after the optimizer step"),
     "cp": (lambda v: v > 1, "context parallelism", "no ring attention for this runtime"),
@@ -59,8 +57,9 @@ def unsupported(config: ParallelConfig, model: ModelSpec | None = None) -> str |
         if _refused(rule, value):
             return (f"{what} ({name}={value!r}) is simulated but not executed by merak-exec "
                     f"({why})")
-    if model is None:
-        return None
+    why = _fsdp_unsupported(config)
+    if why or model is None:
+        return why
     if model.family not in EXECUTED_FAMILIES:
         return (f"model family {model.family!r} is simulate-only; merak-exec trains "
                 f"{' and '.join(EXECUTED_FAMILIES)} models")
@@ -73,6 +72,29 @@ def unsupported(config: ParallelConfig, model: ModelSpec | None = None) -> str |
     if model.family == "llama" and model.kv_heads % config.tp:
         return (f"tp={config.tp} does not divide kv_heads={model.kv_heads}; merak-exec "
                 "splits key/value heads over tp")
+    return None
+
+
+def _fsdp_unsupported(config: ParallelConfig) -> str | None:
+    """ZeRO-2/3 runs through torch FSDP2, whose hooks follow whole backwards and own
+    the dp reduction: no input/weight-split or no-grad-forward schedule, no sequence
+    parallelism."""
+    build = getattr(config, "build_schedule", None)
+    if getattr(config, "zero", 0) < 2:
+        return None
+    head = f"ZeRO-{config.zero} (torch FSDP2) with"
+    if getattr(config, "sequence_parallel", False):
+        return (f"{head} sequence parallelism is simulated but not executed by merak-exec "
+                "(use zero=1 with sequence parallelism)")
+    try:
+        kinds = {a.kind.value for prog in build().programs for st in prog for a in st.parts}
+    except (TypeError, ValueError):
+        return None  # no schedule to read, or its own error is reported where it is built
+    split = sorted(kinds & {"I", "W", "F*"})
+    if split:
+        return (f"{head} schedule {config.schedule!r} is simulated but not executed by "
+                f"merak-exec (its {'/'.join(split)} actions split the backward, and FSDP's "
+                "hooks need whole backwards; use 1f1b or gpipe)")
     return None
 
 

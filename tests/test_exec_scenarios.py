@@ -74,7 +74,7 @@ def test_tp_replicas_stay_identical_with_dropout(tmp_path):
     codes, res = launch_scenario(2, "scenario_tp_dropout", {}, str(tmp_path))
     assert codes == [0, 0], res
     assert "exception" not in res[0], res[0]
-    # sub-pipelined TP refuses dropout (threads share the generator)
+    # sub-pipelined TP refuses dropout (one mask per part, not per micro-batch)
     assert "sub-pipelined TP needs dropout 0" in res[0]["subpipelined_error"]
     a, b = res[0]["replicated"], res[1]["replicated"]
     assert len(a) >= 10 and a.keys() == b.keys()

@@ -6,7 +6,8 @@ recompute with tp2 (plain and sequence-parallel), pp2 (1f1b, zero-bubble) and a
 HuggingFace model. Each case compares 3 steps' losses, the last gradients and the
 final parameters with a single-process run: relative error <= 1e-5 (fp32). The
 refusals (a family sequence parallelism does not know, a block without an attention
-core, ZeRO-2/3, cp > 1) are one-line errors checked without launching ranks.
+core, ZeRO-2/3 with sequence parallelism, cp > 1) are one-line errors checked
+without launching ranks.
 """
 
 import types
@@ -86,8 +87,9 @@ def test_selective_recompute_recomputes_only_the_attention_core():
     torch.testing.assert_close(x.grad, want, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("fields,match", [({"zero": 2, "cp": 1}, "zero=2"),
-                                          ({"zero": 3, "cp": 1}, "FSDP2"),
+@pytest.mark.parametrize("fields,match", [({"zero": 2, "cp": 1, "sequence_parallel": True},
+                                           "ZeRO-2 \\(torch FSDP2\\) with sequence"),
+                                          ({"zero": 3, "zero_group": 2}, "HSDP"),
                                           ({"zero": 0, "cp": 2}, "ring attention"),
                                           ({"dtype": "fp8"}, "FP8")])
 def test_unexecuted_options_refused_in_one_line(fields, match):

@@ -1,5 +1,5 @@
 """ZeRO-1 (optimizer state sharded over dp) trains exactly like one process and holds
-1/dp of the optimizer state per rank.
+1/dp of the optimizer state per rank (ZeRO-3 through FSDP2: 1/dp of the parameters).
 
 Two gloo ranks (dp2), tiny models, pairwise with the schedule, the recompute policy
 and a HuggingFace model: 3 steps' losses and the final parameters (all-gathered on
@@ -11,6 +11,7 @@ optimizer unsharded over the same parameters and prints both.
 import json
 import os
 
+import pytest
 import torch
 
 from support.workers import launch
@@ -44,10 +45,12 @@ def test_zero1_equals_single_process(tmp_path):
             assert r["losses"][-1] != r["losses"][0]
 
 
-def memory_worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    """One AdamW step sharded over dp=world; write the state bytes of both runs."""
+def memory_worker(rank: int, world: int, port: int, out_dir: str, zero: int) -> None:
+    """One AdamW step sharded over dp=world; write the sharded and unsharded bytes of
+    what ``zero`` shards last: the optimizer state (1) or the parameters (3)."""
     from support.models import data, tiny_gpt_config
 
+    from merak_exec.fsdp import local_tensor
     from merak_exec.mesh import init_distributed, loopback_env
     from merak_exec.models import GPT
     from merak_exec.parallel import parallelize
@@ -57,7 +60,7 @@ def memory_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     loopback_env(rank, world, port)
     init_distributed(backend="gloo")
     mcfg = tiny_gpt_config()
-    pc = ParallelConfig(dp=world, zero=1, global_batch_size=2 * world, micro_batch_size=1,
+    pc = ParallelConfig(dp=world, zero=zero, global_batch_size=2 * world, micro_batch_size=1,
                         dtype="fp32")
     torch.manual_seed(0)
     pm = parallelize(GPT(mcfg), pc, seq_len=mcfg.n_positions,
@@ -65,28 +68,39 @@ def memory_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     (x, y), = data(mcfg, pc.global_batch_size, mcfg.n_positions, 1)
     pm.train_step(x, y)
     opt = pm.runtime.optimizer
-    full = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone()) for p in pm.parameters()])
-    for p in full.param_groups[0]["params"]:
-        p.grad = torch.zeros_like(p)
-    full.step()
-    out = {"sharded": optimizer_state_bytes(opt), "unsharded": optimizer_state_bytes(full),
-           "is_zero": isinstance(opt, ZeroOptimizer)}
+    if zero == 1:
+        full = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone())
+                                  for p in pm.parameters()])
+        for p in full.param_groups[0]["params"]:
+            p.grad = torch.zeros_like(p)
+        full.step()
+        out = {"sharded": optimizer_state_bytes(opt), "unsharded": optimizer_state_bytes(full),
+               "kind": isinstance(opt, ZeroOptimizer)}
+    else:  # distinct storages of the local FSDP shards against the full parameters
+        storages = {}
+        for p in pm.parameters():
+            st = local_tensor(p.data).untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+        out = {"sharded": sum(storages.values()),
+               "unsharded": sum(p.numel() * p.element_size() for p in pm.parameters()),
+               "kind": all(hasattr(p, "to_local") for p in pm.parameters())}
     with open(os.path.join(out_dir, f"mem{rank}.json"), "w") as f:
         json.dump(out, f)
     os._exit(0)
 
 
-def test_zero1_optimizer_memory_is_one_over_dp(tmp_path):
+@pytest.mark.parametrize("zero, what", [(1, "AdamW state"), (3, "parameters (FSDP2)")])
+def test_sharded_memory_is_one_over_dp(tmp_path, zero, what):
     world = 2
-    codes = run_ranks(memory_worker, world, (world, free_port(), str(tmp_path)),
+    codes = run_ranks(memory_worker, world, (world, free_port(), str(tmp_path), zero),
                       timeout_s=300)
     assert codes == [0] * world
     for r in range(world):
         m = json.load(open(tmp_path / f"mem{r}.json"))
         ratio = m["sharded"] / m["unsharded"]
-        print(f"rank {r}: ZeRO-1 AdamW state {m['sharded']} B of {m['unsharded']} B "
+        print(f"rank {r}: ZeRO-{zero} {what} {m['sharded']} B of {m['unsharded']} B "
               f"unsharded = {ratio:.4f} (1/dp = {1 / world:.4f})")
-        assert m["is_zero"]
+        assert m["kind"]
         assert abs(ratio * world - 1) <= 0.05
 
 
@@ -104,3 +118,44 @@ def test_zero1_state_names_cover_every_shard_once():
     keys = sorted(opt.state_by_name(named))
     assert keys == sorted(f"{n}[0:{p.numel()}].{k}" for n, p in named
                           for k in ("exp_avg", "exp_avg_sq", "step"))
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_zero_fp16_resume_equals_uninterrupted_run(tmp_path, zero):
+    """The sharded AdamW state (ZeRO-1 pieces, FSDP2 shards), the loss scaler and the
+    LR iteration are checkpointed: a run resumed at step 2 from another random init
+    continues exactly."""
+    from support.precision_workers import run_world
+
+    res = run_world(2, "case_zero_resume", {"dir": str(tmp_path / "ckpt"),
+                                            "config": {"zero": zero}}, str(tmp_path))
+    for rank, r in enumerate(res):
+        assert "exception" not in r, r["exception"]
+        assert r["step"] == 2 and r["state_keys"] > 0
+        assert r["restored"] == [2.0 ** 10, 3, 2], r["restored"]
+        assert r["resumed"] == r["full"][2:], (rank, r["resumed"], r["full"])
+        assert r["scaler_resumed"] == r["scaler_full"]
+        assert r["param_err"] == 0.0
+
+
+ZERO_CLIP = [
+    {"name": "tp2 dp2 zero1 clip", "clip": 0.5,
+     "config": dict(tp=2, dp=2, zero=1, dtype="fp32", micro_batch_size=1, global_batch_size=8)},
+    {"name": "pp2 dp2 zero1 clip (tied embedding)", "clip": 0.5,
+     "config": dict(pp=2, dp=2, zero=1, dtype="fp32", micro_batch_size=1, global_batch_size=8)},
+]
+
+
+def test_zero1_clipping_norm_counts_each_element_once(tmp_path):
+    """Under ZeRO-1 the global norm (tp-replicated parameters, the tied embedding on
+    both pipeline ends, dp-disjoint shards) equals one process's clip_grad_norm_."""
+    from support.precision_workers import run_world
+
+    res = run_world(4, "case_amp", {"cases": ZERO_CLIP}, str(tmp_path), timeout_s=500)
+    for rank in res:
+        assert isinstance(rank, list), rank
+        for case, r in zip(ZERO_CLIP, rank, strict=True):
+            norm = max(abs(a - b) / b for a, b in zip(r["norms"], r["ref_norms"], strict=True))
+            loss = max(abs(a - b) / b for a, b in zip(r["losses"], r["ref"], strict=True))
+            print(case["name"], f"norm rel err {norm:.1e} loss rel err {loss:.1e}", r["norms"])
+            assert norm <= 1e-5 and loss <= 1e-5, (case["name"], r["norms"], r["ref_norms"])

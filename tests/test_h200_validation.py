@@ -1,7 +1,7 @@
 """benchmarks/h200_validation.py, rehearsed on CPU: the GPU run gets one try in a
-15-minute lease, so its whole path is exercised here (``--smoke``: tiny shapes, gloo,
-fp32), with SimPy hidden as on the device's image, and a failing shape must not lose
-the others' results. The figures are the shared machine's and never asserted."""
+15-minute lease, so its whole path is exercised here (``--dry-run``: tiny shapes,
+gloo, fp32, the one-GPU checks included), with SimPy hidden as on the device's
+image, and a failing shape must not lose the others' results. The figures are the shared machine's and never asserted."""
 
 import json
 import os
@@ -43,7 +43,7 @@ def test_smoke_run_without_simpy_writes_one_archive_of_everything(tmp_path):
                            capture_output=True, text=True, timeout=60)
     assert probe.returncode != 0 and "simpy" in probe.stderr  # the shim works
     out, archive = tmp_path / "out", tmp_path / "back" / "h200.tar.gz"
-    p = subprocess.run([sys.executable, str(_PATH), "--smoke", "--out", str(out),
+    p = subprocess.run([sys.executable, str(_PATH), "--dry-run", "--out", str(out),
                         "--archive", str(archive)], env=env, capture_output=True, text=True,
                        timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -59,6 +59,12 @@ def test_smoke_run_without_simpy_writes_one_archive_of_everything(tmp_path):
         assert f"| {shape} | " in report
     assert not any(Path(n).name.startswith(".") for n in names)  # no runs' status files
     assert len(summary["shapes"]) == 2 and summary["missing"] == []
+    checks = summary["checks"]
+    assert checks["amp"]["ok"] and checks["amp"]["bf16_param_dtypes"] == ["torch.float32"]
+    assert [r["recompute"] for r in checks["memory"]] == ["none", "selective"]
+    assert all(r["ok"] for r in checks["memory"]), checks["memory"]
+    assert "needs 2+ GPUs" in checks["multi_rank_nccl"]
+    assert "## One-GPU checks" in report and "bf16 autocast step vs fp32" in report
     for s in summary["shapes"]:
         assert s["measured_ms"] > 0 and s["predicted_ms"] > 0
         assert abs(s["error"] - (s["predicted_ms"] / s["measured_ms"] - 1)) < 1e-6
@@ -70,7 +76,7 @@ def test_a_failing_shape_is_reported_and_the_others_kept(mod, tmp_path, monkeypa
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     bad = mod.small_gpt(layers=2, hidden=30, heads=4, vocab=64, seq=16)  # 4 does not divide 30
     monkeypatch.setattr(mod, "SMOKE", [("bad", bad, 2, 2), mod.SMOKE[0]])
-    rc = mod.main(["--smoke", "--out", str(tmp_path)])
+    rc = mod.main(["--dry-run", "--out", str(tmp_path)])
     assert rc == 1
     printed = capsys.readouterr().out
     assert "bad: FAILED (" in printed and "smoke-a: measured" in printed
@@ -83,6 +89,16 @@ def test_a_failing_shape_is_reported_and_the_others_kept(mod, tmp_path, monkeypa
 
 
 def test_bad_budget_exits_2_before_measuring(mod, tmp_path, capsys):
-    assert mod.main(["--smoke", "--budget-s", "0", "--out", str(tmp_path / "o")]) == 2
+    assert mod.main(["--dry-run", "--budget-s", "0", "--out", str(tmp_path / "o")]) == 2
     assert "--budget-s must be positive" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_without_a_gpu_it_refuses_in_one_line_with_exit_2(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(_ROOT), CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run([sys.executable, str(_PATH), "--out", str(tmp_path / "o")], env=env,
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [
+        "h200_validation: no CUDA device; use --dry-run for a CPU rehearsal"]
     assert not (tmp_path / "o").exists()

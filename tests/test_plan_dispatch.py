@@ -89,7 +89,7 @@ def test_written_files_get_normal_permissions(tmp_path):
 
 
 def test_unexecutable_plan_refused_unless_forced(tmp_path):
-    p = _plan(dp=2, pp=1, global_batch_size=4, zero=2)
+    p = _plan(pp=2, global_batch_size=4, zero=3, schedule="zb-h1")
     with pytest.raises(DispatchError, match="ZeRO.*--force"):
         write_launch(p, "torchrun", nodes=1, gpus_per_node=2, out_dir=tmp_path / "x")
     assert not (tmp_path / "x").exists()

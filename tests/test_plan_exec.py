@@ -66,7 +66,9 @@ def test_capability_table_refuses_and_restricts():
     assert unsupported(ParallelConfig(dp=2, global_batch_size=2), spec) is None
     assert unsupported(ParallelConfig(dp=2, global_batch_size=2, zero=1)) is None
     assert unsupported(ParallelConfig(recompute="selective")) is None
-    assert "ZeRO-2/3" in unsupported(ParallelConfig(dp=2, global_batch_size=2, zero=2))
+    assert unsupported(ParallelConfig(dp=2, global_batch_size=2, zero=3)) is None
+    assert "ZeRO-3 (torch FSDP2) with schedule 'zb-h1'" in unsupported(
+        ParallelConfig(pp=2, global_batch_size=2, zero=3, schedule="zb-h1"))
     assert "context parallelism" in unsupported(ParallelConfig(cp=2, global_batch_size=2))
     assert "sequence" in unsupported(ParallelConfig(tp=2, sequence_parallel=True), spec)
     assert "kv_heads" in unsupported(ParallelConfig(tp=4), spec)
@@ -77,20 +79,19 @@ def test_capability_table_refuses_and_restricts():
             assert not (rule(v) if callable(rule) else v in rule)
     assert set(space.tp) <= {1, 2}
     assert space.sequence_parallel == (False,)  # a LLaMA: built-in GPT only
-    with pytest.raises(ValueError, match="allows only zero=2"):
-        executable_space(SearchSpace().with_(zero=(2,)), get_model("gpt-1.5b"))
+    with pytest.raises(ValueError, match="allows only cp=2"):
+        executable_space(SearchSpace().with_(cp=(2,)), get_model("gpt-1.5b"))
 
 
 def test_non_executable_plan_refused_before_any_work(tmp_path):
     Plan(model=GPT, cluster={"preset": "local-cpu"},
          parallel=ParallelConfig(dp=2, micro_batch_size=1, global_batch_size=4,
-                                 zero=2)).save(tmp_path / "z.json")
+                                 zero=3, zero_group=2)).save(tmp_path / "z.json")
     r = _exec(["train", "--plan", "z.json"], tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [
-        "merak-exec: error: cannot run this plan: ZeRO-2/3 sharding (zero=2) is simulated "
-        "but not executed by merak-exec (torch FSDP2 does not compose with this pipeline "
-        "runtime)"]
+        "merak-exec: error: cannot run this plan: HSDP shard groups (zero_group=2) is "
+        "simulated but not executed by merak-exec (ZeRO shards over all of dp)"]
 
 
 @pytest.mark.parametrize("args, fragment", [

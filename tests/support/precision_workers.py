@@ -19,7 +19,7 @@ from merak_sim.io import atomic_write_text
 from support.models import build_model, data
 
 __all__ = ["run_world", "reference_amp", "amp_run", "hf_loss_run", "case_amp", "case_trainer",
-           "case_hf_loss"]
+           "case_hf_loss", "case_zero_resume"]
 
 
 def _main(rank: int, world: int, port: int, name: str, arg: dict, out: str) -> None:
@@ -47,9 +47,10 @@ def _amp_dtype(name: str):
 
 
 def reference_amp(kind: str, batches, mbs: int, dtype: str, lr: float, clip: float | None,
-                  schedule) -> list[float]:
+                  schedule) -> tuple[list[float], list[float]]:
     """One process, plain torch: autocast forward per micro-batch (fp32 weights), AdamW,
-    torch's clip_grad_norm_, GradScaler for fp16, LambdaLR with ``schedule``."""
+    torch's clip_grad_norm_, GradScaler for fp16, LambdaLR with ``schedule``. Returns
+    the losses and the global gradient norms before clipping (when ``clip``)."""
     from merak_exec.capture import to_chain
 
     model = build_model(kind)
@@ -58,7 +59,7 @@ def reference_amp(kind: str, batches, mbs: int, dtype: str, lr: float, clip: flo
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     amp = _amp_dtype(dtype)
     scaler = torch.amp.GradScaler("cpu", enabled=dtype == "fp16")
-    losses = []
+    losses, norms = [], []
     for ids, labels in batches:
         n_mb = ids.shape[0] // mbs
         total = 0.0
@@ -73,13 +74,13 @@ def reference_amp(kind: str, batches, mbs: int, dtype: str, lr: float, clip: flo
             total += loss.item() / n_mb
         scaler.unscale_(opt)
         if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
         scaler.step(opt)
         scaler.update()
         sched.step()
         opt.zero_grad()
         losses.append(total)
-    return losses
+    return losses, norms
 
 
 def case_amp(rank: int, arg: dict) -> list[dict]:
@@ -103,10 +104,14 @@ def amp_run(arg: dict) -> dict:
     pm = parallelize(build_model(kind), pc, seq_len=mcfg.n_positions,
                      optimizer_fn=lambda ps: torch.optim.AdamW(ps, lr=lr),
                      max_grad_norm=clip, lr_schedule=sched)
-    losses = [pm.train_step(x, y).loss for x, y in batches]
-    ref = reference_amp(kind, batches, pc.micro_batch_size, pc.dtype, lr, clip, sched)
     opt = pm.runtime.optimizer
-    return {"name": arg["name"], "losses": losses, "ref": ref, "grad_norm": opt.last_grad_norm,
+    losses, norms = [], []
+    for x, y in batches:
+        losses.append(pm.train_step(x, y).loss)
+        norms.append(opt.last_grad_norm)
+    ref, ref_norms = reference_amp(kind, batches, pc.micro_batch_size, pc.dtype, lr, clip, sched)
+    return {"name": arg["name"], "losses": losses, "ref": ref, "norms": norms,
+            "ref_norms": ref_norms,
             "param_dtypes": sorted({str(p.dtype) for p in pm.parameters()}),
             "state_dtypes": sorted({str(v.dtype) for s in opt.state.values()
                                     for v in s.values() if v.ndim > 0})}
@@ -194,3 +199,54 @@ def case_overlap(rank: int, arg: dict) -> list[dict]:
         out.append({"schedule": sched, "loss_flat": lf, "loss_overlap": lo, "grad": err,
                     "buckets": len(red.buckets), "overlapped": red.overlapped})
     return out
+
+
+def case_zero_resume(rank: int, arg: dict) -> dict:
+    """dp2 ZeRO-1 fp16 (other fields from ``arg["config"]``) with clipping and a cosine
+    schedule: 4 uninterrupted steps against 2 steps, a checkpoint, and 2 more steps of
+    a model built from another seed and resumed from it. The loss scale is moved off
+    its default after step 2 (as a backoff would), so only a saved scaler makes the
+    two runs' scalers agree."""
+    from merak_exec.checkpoint import load_checkpoint, save_checkpoint
+    from merak_exec.fsdp import local_tensor
+    from merak_exec.optim import lr_lambda
+    from merak_exec.parallel import parallelize
+    from merak_sim.config import ParallelConfig
+    from support.models import tiny_gpt_config
+
+    pc = ParallelConfig(**{"dp": 2, "zero": 1, "dtype": "fp16", "micro_batch_size": 1,
+                           "global_batch_size": 8, **arg.get("config", {})})
+    mcfg = tiny_gpt_config()
+    batches = data(mcfg, pc.global_batch_size, mcfg.n_positions, 4)
+
+    def build(seed):
+        torch.manual_seed(seed)
+        return parallelize(build_model("gpt"), pc, seq_len=mcfg.n_positions,
+                           optimizer_fn=lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+                           max_grad_norm=0.5, lr_schedule=lr_lambda("cosine", 1, 4))
+
+    def scaler_state(pm):
+        s = pm.runtime.optimizer.scaler
+        return [s.scale, s.good_steps, pm.runtime.optimizer.iteration]
+
+    def train(pm, part):
+        out = [pm.train_step(x, y).loss for x, y in part]
+        return out
+
+    full = build(0)
+    losses = train(full, batches[:2])
+    full.runtime.optimizer.scaler.scale, full.runtime.optimizer.scaler.good_steps = 2.0 ** 10, 3
+    losses += train(full, batches[2:])
+    first = build(0)
+    train(first, batches[:2])
+    first.runtime.optimizer.scaler.scale, first.runtime.optimizer.scaler.good_steps = 2.0 ** 10, 3
+    save_checkpoint(first, arg["dir"], 2)
+    resumed = build(123)
+    step = load_checkpoint(resumed, arg["dir"])
+    restored = scaler_state(resumed)
+    tail = train(resumed, batches[2:])
+    err = max(float((local_tensor(a.detach()) - local_tensor(b.detach())).abs().max())
+              for a, b in zip(resumed.parameters(), full.parameters(), strict=True))
+    return {"full": losses, "resumed": tail, "step": step, "restored": restored,
+            "scaler_full": scaler_state(full), "scaler_resumed": scaler_state(resumed),
+            "param_err": err, "state_keys": len(resumed.runtime.optimizer.state)}

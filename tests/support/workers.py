@@ -31,6 +31,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     # Relative to the tensor's largest entry, floored at 1e-3: the attention key bias
     # has an exactly-zero true gradient (softmax ignores a per-query constant), so its
     # computed gradient is rounding noise whose plain relative error means nothing.
+    a = a.full_tensor() if hasattr(a, "full_tensor") else a  # an FSDP shard: all of it
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-3))
 
 
