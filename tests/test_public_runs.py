@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 from merak_sim.experiments.public_runs import (
+    MEMORY_MEASURE,
+    comparable_peak_bytes,
     load_rows,
     measured_step_s,
     preset_for,
@@ -113,3 +115,15 @@ def test_hsdp_row_shards_inside_groups_and_replicates_across():
              other_flags="FSDP2")
     _, _, cfg = row_setup({**r, "dp": "4", "dp_shard": "32"})
     assert (cfg.dp, cfg.zero, cfg.zero_group, cfg.shard_group) == (128, 3, 32, 32)
+
+
+def test_published_memory_is_compared_with_the_allocator_peak():
+    # torchtitan logs the caching allocator's peak reserved memory: the prediction is
+    # the simulated peak plus the backward working set (here the loss on the last stage).
+    assert "reserved" in MEMORY_MEASURE["torchtitan"] and "used" in MEMORY_MEASURE["sailor"]
+    r = _row("torchtitan.csv", model="Llama 3.1 8B", seq_len="32768")
+    model, _, cfg = row_setup(r)
+    tok = cfg.micro_batch_size * model.seq_len
+    got = comparable_peak_bytes(model, cfg, (10e9, 20e9))
+    assert got == pytest.approx(20e9 + tok * 8 * model.vocab)
+    assert comparable_peak_bytes(model, cfg, (30e9, 0.0)) > 30e9

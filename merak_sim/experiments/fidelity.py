@@ -35,6 +35,7 @@ from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES, hopper_cost_model
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.hopper_fit import profile_of, role_of
 from merak_sim.experiments.public_runs import (
+    comparable_peak_bytes,
     load_rows,
     measured_step_s,
     published_peak_bytes,
@@ -156,7 +157,8 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
             skipped.append(Skipped(dataset, label, why))
             continue
         pub = published_peak_bytes(row)
-        mem_err = None if pub is None else max(res.peak_memory_bytes) / pub - 1
+        mem_err = (None if pub is None else
+                   comparable_peak_bytes(model, cfg, res.peak_memory_bytes) / pub - 1)
         zero = f"{cfg.zero}" + (f" (HSDP {cfg.zero_group})" if cfg.zero_group else "")
         done.append(Outcome(dataset, role_of(dataset, row), label,
                             {"gpu": cluster.gpu.name, "stack": profile_of(row),

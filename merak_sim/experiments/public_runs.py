@@ -56,11 +56,12 @@ from pathlib import Path
 
 from merak_sim.config import ParallelConfig
 from merak_sim.hardware import Cluster, get_cluster
+from merak_sim.memory import FLASH, KORTHIKANTI, backward_working_bytes
 from merak_sim.model import ModelSpec, get_model
 
 __all__ = ["PRESET_BY_NAME", "load_rows", "skip_reason", "row_setup", "measured_step_s",
            "published_peak_bytes", "preset_for", "cluster_name", "precision_of",
-           "row_label"]
+           "row_label", "MEMORY_MEASURE", "comparable_peak_bytes"]
 
 GiB = 1 << 30
 
@@ -167,6 +168,28 @@ def published_peak_bytes(row: dict) -> float | None:
     if row.get("peak_mem_bytes", "").strip():
         return float(row["peak_mem_bytes"])
     return None
+
+
+#: What each source's memory column measures (read from the source's code and notes).
+MEMORY_MEASURE: dict[str, str] = {
+    "torchtitan": ("peak memory reserved by PyTorch's caching allocator (torchtitan logs "
+                   "torch.cuda's max_reserved as 'memory'), max across GPUs"),
+    "sailor": "device total used memory (max over ranks, last line of the memory log)",
+}
+
+
+def comparable_peak_bytes(model: ModelSpec, cfg: ParallelConfig,
+                          stage_peaks: tuple[float, ...]) -> float:
+    """The prediction of a published memory column (:data:`MEMORY_MEASURE`): both are
+    allocator-level peaks, so each stage's simulated peak (state, stash, FSDP buffers)
+    gets the transient working set of its largest backward step
+    (:func:`merak_sim.memory.backward_working_bytes`); the max over stages. Caching
+    slack beyond it is not modelled (torchtitan runs with expandable segments)."""
+    prof = FLASH if cfg.attention == "flash" else KORTHIKANTI
+    pp = len(stage_peaks)
+    return max(peak + backward_working_bytes(
+        model, cfg.micro_batch_size, cfg.tp, cfg.sequence_parallel, cfg.recompute, prof,
+        cfg.dtype, cfg.cp, last=s == pp - 1) for s, peak in enumerate(stage_peaks))
 
 
 def _sharded(row: dict) -> bool:
