@@ -31,9 +31,15 @@ from pathlib import Path
 
 from merak_sim.costs.base import CostModel
 from merak_sim.costs.calibrated import CALIBRATED, CalibratedCostModel
-from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES, hopper_cost_model, is_hopper
+from merak_sim.costs.calibrated_hopper import (
+    A100_PROFILES,
+    HOPPER_PROFILES,
+    a100_cost_model,
+    hopper_cost_model,
+    is_hopper,
+)
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.hopper_fit import profile_of, role_of
+from merak_sim.experiments.hopper_fit import fit_profile_of, profile_of, role_of
 from merak_sim.experiments.public_runs import (
     comparable_peak_bytes,
     load_rows,
@@ -132,23 +138,25 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
                         limit: int | None = None) -> tuple[list[Outcome], list[Skipped]]:
     """Predict the expressible rows of one public-runs CSV (the first ``limit`` when
     given) with ``cost_model``, by default the calibrated model with, on Hopper GPUs,
-    the profile of the row's software stack
-    (:func:`merak_sim.experiments.hopper_fit.profile_of`;
+    the profile of the row's software stack, on A100 the PyTorch profile for PyTorch
+    stacks (:func:`merak_sim.experiments.hopper_fit.fit_profile_of`;
     :mod:`merak_sim.experiments.public_runs` maps the rows); list the rest as skipped
     with their reason. Roles follow the Hopper fits' split
     (:func:`merak_sim.experiments.hopper_fit.role_of`)."""
     dataset = f"public-runs/{Path(path).stem}"
     done, skipped = [], []
     served = CalibratedCostModel()
-    by_profile = {name: hopper_cost_model(name) for name in HOPPER_PROFILES}
+    by_profile = {**{name: hopper_cost_model(name) for name in HOPPER_PROFILES},
+                  **{name: a100_cost_model(name) for name in A100_PROFILES}}
     for row in load_rows(path)[:limit]:
         label = row_label(row)
         why = skip_reason(row)
         if why is None:
             try:
                 model, cluster, cfg = row_setup(row)
-                cm = cost_model or (by_profile[profile_of(row)] if is_hopper(cluster.gpu.name)
-                                    else served)
+                key = fit_profile_of(row)
+                cm = cost_model or (by_profile[key] if key is not None and (
+                    is_hopper(cluster.gpu.name) or key in A100_PROFILES) else served)
                 res = simulate(model, cluster, cfg, cost_model=cm,
                                engine="evaluator", sub_cluster=True, keep_trace=False)
             except ValueError as e:
