@@ -12,6 +12,7 @@ from merak_sim.experiments.public_runs import (
     preset_for,
     row_setup,
     skip_reason,
+    stage_layers,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "public-runs"
@@ -127,3 +128,19 @@ def test_published_memory_is_compared_with_the_allocator_peak():
     got = comparable_peak_bytes(model, cfg, (10e9, 20e9))
     assert got == pytest.approx(20e9 + tok * 8 * model.vocab)
     assert comparable_peak_bytes(model, cfg, (30e9, 0.0)) > 30e9
+
+
+def test_sailor_stage_layers_drop_the_embedding_and_head_counts():
+    r = {"other_flags": "layers_per_stage=7/9/9/9; stage0[7 layers]", "pp": "4",
+         "n_layers": "32"}
+    assert stage_layers(r) == (6, 9, 9, 8)
+    assert stage_layers({**r, "pp": "2"}) is None  # counts disagree with pp
+    assert stage_layers({**r, "n_layers": "24"}) is None
+    assert stage_layers({"other_flags": "FSDP2", "pp": "1", "n_layers": "8"}) is None
+    rows = [r for r in load_rows(DATA / "sailor.csv") if skip_reason(r) is None
+            and _int_or(r["pp"]) > 1]
+    assert rows and all(sum(stage_layers(r)) == int(r["n_layers"]) for r in rows)
+
+
+def _int_or(v: str) -> int:
+    return int(v) if v.strip() else 1

@@ -48,6 +48,7 @@ from merak_sim.experiments.public_runs import (
     row_label,
     row_setup,
     skip_reason,
+    stage_layers,
 )
 from merak_sim.experiments.vtrain import load_vtrain, predict_row
 from merak_sim.sim.api import simulate
@@ -157,7 +158,9 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
                 key = fit_profile_of(row)
                 cm = cost_model or (by_profile[key] if key is not None and (
                     is_hopper(cluster.gpu.name) or key in A100_PROFILES) else served)
-                res = simulate(model, cluster, cfg, cost_model=cm,
+                split = stage_layers(row) if cfg.pp > 1 else None
+                table = None if split is None else cm.cost_table(model, cluster, cfg, split)
+                res = simulate(model, cluster, cfg, cost_model=cm, cost_table=table,
                                engine="evaluator", sub_cluster=True, keep_trace=False)
             except ValueError as e:
                 why = f"configuration rejected: {e}"

@@ -32,8 +32,9 @@ How a row maps (assumptions stated once, here):
 - Attention: flash (every source's default kernel for 16-bit training); unfused in fp32
   (the flash kernels need 16-bit inputs).
 - Sequence parallelism with tp > 1 (Megatron's and torchtitan's default), except in
-  Sailor's Megatron-DeepSpeed fork; Sailor's uneven layers per stage are modelled as a
-  uniform split.
+  Sailor's Megatron-DeepSpeed fork. Sailor's uneven layers per stage are kept
+  (:func:`stage_layers`): its pipeline counts the embedding and the LM head as one
+  layer each of the first and last stages (7/9/9/9 for GPT-Neo's 32 layers).
 - Recompute: "full" -> full; "selective (op ...)" -> selective; "selective layer"
   (torchtitan's every second layer) -> stage-aware with half the layers; "none"/"no" or
   unstated -> none.
@@ -61,7 +62,7 @@ from merak_sim.model import ModelSpec, get_model
 
 __all__ = ["PRESET_BY_NAME", "load_rows", "skip_reason", "row_setup", "measured_step_s",
            "published_peak_bytes", "preset_for", "cluster_name", "precision_of",
-           "row_label", "MEMORY_MEASURE", "comparable_peak_bytes"]
+           "row_label", "MEMORY_MEASURE", "comparable_peak_bytes", "stage_layers"]
 
 GiB = 1 << 30
 
@@ -190,6 +191,22 @@ def comparable_peak_bytes(model: ModelSpec, cfg: ParallelConfig,
     return max(peak + backward_working_bytes(
         model, cfg.micro_batch_size, cfg.tp, cfg.sequence_parallel, cfg.recompute, prof,
         cfg.dtype, cfg.cp, last=s == pp - 1) for s, peak in enumerate(stage_peaks))
+
+
+def stage_layers(row: dict) -> tuple[int, ...] | None:
+    """Transformer layers per pipeline stage where the row states them (Sailor's
+    ``layers_per_stage=a/b/...``, whose first and last counts include the embedding and
+    the LM head as one layer each); None where it states none or the counts do not add
+    up to the model's layers over pp stages."""
+    m = re.search(r"layers_per_stage=([\d/]+)", row.get("other_flags", ""))
+    if m is None:
+        return None
+    counts = [int(x) for x in m.group(1).split("/")]
+    counts[0] -= 1
+    counts[-1] -= 1
+    ok = (len(counts) == _int(row.get("pp")) and min(counts) >= 1
+          and sum(counts) == _int(row.get("n_layers"), 0))
+    return tuple(counts) if ok else None
 
 
 def _sharded(row: dict) -> bool:
