@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         f"merak_sim/costs/calibrated_hopper.py ({FIT_SPLIT}); role \"fit\" marks the rows "
         "a fit saw, every other row is held out (never fitted to). Error = predicted / "
         "measured iteration time - 1; memory error = predicted / published peak memory "
-        "- 1 (the memory model, not fitted).",
+        "- 1 (the memory model, not fitted; compared with what each source's column "
+        "measures: torchtitan the caching allocator's peak reserved memory, Sailor the "
+        "device's used memory, both including backward's transient tensors).",
         "",
         *_table(stats),
         "",

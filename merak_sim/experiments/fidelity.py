@@ -10,15 +10,18 @@ Datasets and their role (the split between fitted and held-back rows):
   of the Hopper fits' declared subsets are "fit"
   (:data:`merak_sim.experiments.hopper_fit.FIT_SPLIT`: llm-foundry H100 MPT-1b / 7b /
   30b for the PyTorch stack, NeMo H100 GPT-3 / LLaMA-2 / Nemotron for Megatron with
-  Transformer Engine); every other row is held out. A row is predicted only if the model can express
+  Transformer Engine, llm-foundry A100 MPT-1b / 7b for PyTorch on A100); every other
+  row is held out. A row is predicted only if the model can express
   it (:mod:`merak_sim.experiments.public_runs` maps it: FSDP / HSDP as ZeRO 3,
   Megatron's distributed optimizer as ZeRO 1, context parallelism, FP8 on Hopper);
   every other row is listed as skipped with its one-line reason (MoE, fine-tuning,
   Blackwell GPUs, heterogeneous clusters, unstated precision...), never dropped.
 
 Errors are relative, (predicted - measured) / measured, of the iteration time; memory
-error (predicted peak memory vs published) where the row publishes peak memory
-(torchtitan GiB, Sailor bytes). Per dataset and group (GPU type, tp, pp, cp, ZeRO
+error where the row publishes peak memory (torchtitan GiB, Sailor bytes), against the
+quantity the column measures
+(:func:`merak_sim.experiments.public_runs.comparable_peak_bytes`: allocator-level
+peaks, so the backward working set is added to the simulated stash peak). Per dataset and group (GPU type, tp, pp, cp, ZeRO
 stage, precision, ...):
 rows, MAPE, mean signed error and the worst row (:func:`summarise`).
 """
