@@ -144,3 +144,11 @@ def test_sailor_stage_layers_drop_the_embedding_and_head_counts():
 
 def _int_or(v: str) -> int:
     return int(v) if v.strip() else 1
+
+
+def test_torchtitan_fsdp_under_pipelining_keeps_parameters_unsharded():
+    r = _row("torchtitan.csv", model="Llama 3.1 405B", seq_len="32768")
+    _, _, cfg = row_setup(r)
+    assert (cfg.pp, cfg.tp, cfg.dp, cfg.zero) == (8, 8, 8, 1)
+    r = _row("torchtitan.csv", model="Llama 3.1 70B", num_gpus="256")
+    assert row_setup(r)[2].zero == 3  # no pipelining: FSDP as ZeRO 3

@@ -16,7 +16,12 @@ How a row maps (assumptions stated once, here):
   included: their lower clock is not modelled), H200 -> ``dgx-h200``, A100 40/80 GB ->
   ``dgx-a100-40g`` / ``-80g``, GH200 -> ``alps-gh200``; nodes = GPUs / GPUs per node.
 - Sharding: FSDP / Megatron FSDP (``dp_shard`` > 1, llm-foundry FULL_SHARD) -> ZeRO 3
-  over dp_shard x cp ranks (HSDP when ``dp`` replicates across shard groups);
+  over dp_shard x cp ranks (HSDP when ``dp`` replicates across shard groups), except
+  torchtitan's FSDP under pipelining -> ZeRO 1 over the same ranks: torchtitan turns
+  resharding after forward off when pp > 1 and the pipeline schedule syncs gradients
+  on the last micro-batch only, so parameters and gradients stay unsharded through the
+  step and only the fp32 master weights and optimizer state are sharded (its fp32
+  gradient accumulation, 2 bytes more per parameter, is not modelled);
   Megatron / NeMo DDP -> ZeRO 1 (NeMo's recipes enable the distributed optimizer) with
   the gradient reduce and parameter gather overlapped (its performance recipes' default).
 - Precision: bf16 (also llm-foundry's amp_bf16 / PURE), FP8 with current (per-tensor)
@@ -325,8 +330,10 @@ def row_setup(row: dict) -> tuple[ModelSpec, Cluster, ParallelConfig]:
         cluster = _tf32(cluster)
     vp = _int(row.get("vp"))
     sharded = _sharded(row)
-    zero = {"zero": 3, "zero_group": (_int(row.get("dp_shard")) * cp
-                                      if _int(row.get("dp")) > 1 else 0)} if sharded else (
+    titan_pp = pp > 1 and "torchtitan" in row.get("framework", "").lower()
+    zero = {"zero": 1 if titan_pp else 3,
+            "zero_group": (_int(row.get("dp_shard")) * cp
+                           if _int(row.get("dp")) > 1 else 0)} if sharded else (
         {"zero": 1, "overlap_param_gather": True} if "nemo" in row.get("framework", "").lower()
         else {})
     cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, virtual_stages=vp,
