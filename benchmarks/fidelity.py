@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Command: `.venv/bin/python benchmarks/fidelity.py` ({time.strftime('%Y-%m-%d')}, "
         f"{time.perf_counter() - t0:.0f} s). Calibration: merak_sim/costs/calibrated.py "
-        "(A100, fitted to vTrain's single-node rows only) and "
+        "(A100 under Megatron, fitted to vTrain's single-node rows only) and "
         f"merak_sim/costs/calibrated_hopper.py ({FIT_SPLIT}); role \"fit\" marks the rows "
         "a fit saw, every other row is held out (never fitted to). Error = predicted / "
         "measured iteration time - 1; memory error = predicted / published peak memory "
