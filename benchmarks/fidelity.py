@@ -1,19 +1,21 @@
 """Fidelity over every open dataset in data/: one table per dataset and group.
 
     .venv/bin/python benchmarks/fidelity.py            # the table (about a minute)
-    .venv/bin/python benchmarks/fidelity.py --fit      # refit Hopper first, print values
+    .venv/bin/python benchmarks/fidelity.py --fit      # refit the profiles, print values
+    .venv/bin/python benchmarks/fidelity.py --fit --profile a100-pytorch  # one profile
     .venv/bin/python benchmarks/fidelity.py --limit 5  # 5 rows per file (a quick check)
 
 Prints and writes benchmarks/results/fidelity.md: per dataset and role (vTrain
 single-node = the A100 fit; llm-foundry H100 MPT-1b/7b/30b and NeMo H100 GPT-3 /
-LLaMA-2 / Nemotron = the two Hopper fits; every other row held out) and per group (GPU
+LLaMA-2 / Nemotron = the two Hopper fits; llm-foundry A100 MPT-1b/7b = the A100
+PyTorch fit; every other row held out) and per group (GPU
 type, software stack, GPUs, tp, pp, cp, ZeRO stage, precision): rows, MAPE, mean signed
 error, worst row, and the peak-memory error where the data publishes peak memory; then
 every public-runs row the model cannot express with its reason
 (merak_sim/experiments/fidelity.py, public_runs.py). Uses the committed calibration
-(merak_sim/costs/calibrated.py, calibrated_hopper.py); ``--fit`` refits both Hopper
-profiles (merak_sim/experiments/hopper_fit.py) and prints them to copy into
-calibrated_hopper.py, without writing the table.
+(merak_sim/costs/calibrated.py, calibrated_hopper.py); ``--fit`` refits the Hopper
+and A100 PyTorch profiles (merak_sim/experiments/hopper_fit.py) and prints them to copy
+into calibrated_hopper.py, without writing the table.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES
+from merak_sim.costs.calibrated_hopper import A100_PROFILES, HOPPER_PROFILES
 from merak_sim.experiments.fidelity import (
     PUBLIC_GROUPS,
     VTRAIN_GROUPS,
@@ -62,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT / "data")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fidelity.md")
-    ap.add_argument("--fit", action="store_true", help="refit the Hopper values and print them")
+    ap.add_argument("--fit", action="store_true",
+                    help="refit the Hopper and A100 PyTorch values and print them")
+    ap.add_argument("--profile", action="append", choices=[*HOPPER_PROFILES, *A100_PROFILES],
+                    help="with --fit: refit only this profile (repeatable)")
     ap.add_argument("--limit", type=int, default=0,
                     help="at most this many rows per file (0: all; the table is not written)")
     args = ap.parse_args(argv)
@@ -74,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit:
         data = {f"public-runs/{p.stem}": load_rows(p) for p in paths}
         print(FIT_SPLIT)
-        for profile in HOPPER_PROFILES:
+        for profile in args.profile or [*HOPPER_PROFILES, *A100_PROFILES]:
             rows = fit_rows(data, profile)
             print(f"{profile}: {len(rows)} expressible fit rows", flush=True)
             params, loss = fit(rows, HopperParams.committed(profile), log=print)
@@ -96,11 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Command: `.venv/bin/python benchmarks/fidelity.py` ({time.strftime('%Y-%m-%d')}, "
         f"{time.perf_counter() - t0:.0f} s). Calibration: merak_sim/costs/calibrated.py "
-        "(A100, fitted to vTrain's single-node rows only) and "
+        "(A100 under Megatron, fitted to vTrain's single-node rows only) and "
         f"merak_sim/costs/calibrated_hopper.py ({FIT_SPLIT}); role \"fit\" marks the rows "
         "a fit saw, every other row is held out (never fitted to). Error = predicted / "
         "measured iteration time - 1; memory error = predicted / published peak memory "
-        "- 1 (the memory model, not fitted).",
+        "- 1 (the memory model, not fitted; compared with what each source's column "
+        "measures: torchtitan the caching allocator's peak reserved memory, Sailor the "
+        "device's used memory, both including backward's transient tensors).",
         "",
         *_table(stats),
         "",

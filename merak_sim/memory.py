@@ -75,7 +75,7 @@ __all__ = [
     "MemoryModelError", "ModelState", "model_state_bytes", "layer_activation_breakdown",
     "layer_activation_bytes", "layer_checkpoint_bytes", "korthikanti_layer_bytes",
     "stage_input_bytes", "first_stage_extra_bytes", "last_stage_extra_bytes",
-    "peak_memory", "StageMemory", "DTYPE_BYTES",
+    "peak_memory", "StageMemory", "DTYPE_BYTES", "backward_working_bytes",
 ]
 
 #: Bytes per activation element (and per element of a TP collective) by training dtype:
@@ -245,6 +245,35 @@ def last_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: 
     e = _e(model, profile, dtype)
     tok = micro_batch * model.seq_len / cp if cp > 1 else micro_batch * model.seq_len
     return float(tok * (2 * e * model.hidden / (tp if sp else 1) + 4 * model.vocab / tp))
+
+
+def backward_working_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
+                           recompute: str = "none", profile: ActivationProfile = KORTHIKANTI,
+                           dtype: str | None = None, cp: int = 1, last: bool = False
+                           ) -> float:
+    """Transient bytes the largest backward step allocates on top of the stash: what an
+    allocator's peak (reserved or device-used memory) sees and the saved-tensor stash
+    (:func:`peak_memory`) does not.
+
+    - A layer's backward: the gradients of its output and input (2eh per token, /t
+      with sp), plus, when the layer was checkpointed (full or stage-aware
+      recompute), the activations its recomputed forward rebuilds (the "none"
+      stash); selective recompute rebuilds the attention core's s x s part.
+    - The loss on the last stage: the cross entropy's backward holds the fp32 gradient
+      of the log-probabilities and the fp32 gradient of the logits at once
+      (8V/t bytes per token) next to the fp32 log-probabilities it saved (already in
+      :func:`last_stage_extra_bytes`).
+    The larger of the two (they do not overlap in time)."""
+    e = _e(model, profile, dtype)
+    tok = micro_batch * model.seq_len / cp
+    layer = 2 * tok * e * model.hidden / (tp if sp else 1)
+    if recompute in ("full", "stage-aware"):
+        layer += layer_activation_bytes(model, micro_batch, tp, sp, "none", profile, dtype, cp)
+    elif recompute == "selective":
+        layer += layer_activation_breakdown(model, micro_batch, tp, sp, profile, dtype,
+                                            cp)["scores"]
+    head = tok * 8 * model.vocab / tp if last else 0.0
+    return float(max(layer, head))
 
 
 # ------------------------------------------------------------------------- state

@@ -11,6 +11,7 @@ from merak_sim.experiments.fitting import coordinate_search
 from merak_sim.experiments.hopper_fit import (
     BOUNDS,
     FIT_MODELS,
+    fit_profile_of,
     fit_rows,
     profile_of,
     role_of,
@@ -64,17 +65,26 @@ def test_fit_and_held_out_rows_are_disjoint_and_split_by_model():
                 (ds, r["model"], r["gpu_type"], r["seq_len"], r["num_gpus"], r["precision"],
                  r["source_section"]))
     assert fit and held and not set(fit) & set(held)
-    assert all(g.startswith("H100") for _, _, g, *_ in fit)
-    for profile, (ds, prefixes) in FIT_MODELS.items():
-        fitted = {m for d, m, *_ in fit if d == ds}
+    assert all(g.startswith(("H100", "A100")) for _, _, g, *_ in fit)
+    for profile, (ds, gpu, prefixes) in FIT_MODELS.items():
+        fitted = {m for d, m, g, *_ in fit if d == ds and g.startswith(gpu)}
         assert fitted and all(m.startswith(prefixes) for m in fitted), profile
-        # No held-out H100 row of that source shares a model with the fit.
-        assert not {m for d, m, g, *_ in held if d == ds and g.startswith("H100")} & fitted
-    assert {ds for ds, *_ in fit} == {ds for ds, _ in FIT_MODELS.values()}
+        # No held-out row of that source and GPU shares a model with the fit.
+        assert not {m for d, m, g, *_ in held if d == ds and g.startswith(gpu)} & fitted
+    assert {ds for ds, *_ in fit} == {ds for ds, *_ in FIT_MODELS.values()}
     rows = {f"public-runs/{Path(p).stem}": load_rows(p)
             for p in glob.glob(str(ROOT / "data" / "public-runs" / "*.csv"))}
     assert len(fit_rows(rows, "pytorch")) == 32 and len(fit_rows(rows, "megatron-te")) == 10
     assert all(profile_of(r) == "megatron-te" for r in fit_rows(rows, "megatron-te"))
+    a100 = fit_rows(rows, "a100-pytorch")
+    assert len(a100) == 36 and {r["model"] for r in a100} == {"MPT-1b", "MPT-7b"}
+    assert all(r["gpu_type"].startswith("A100") for r in a100)
+    # torchtitan's A100 rows are priced by the A100 PyTorch profile and held out.
+    tt = load_rows(ROOT / "data" / "public-runs" / "torchtitan.csv")
+    a100_tt = [r for r in tt if r["gpu_type"].startswith("A100")]
+    assert a100_tt and all(fit_profile_of(r) == "a100-pytorch" for r in a100_tt)
+    assert all(role_of("public-runs/torchtitan", r) == "held out" for r in a100_tt)
+    assert fit_profile_of({"gpu_type": "A100 80GB", "framework": "NeMo 24.07"}) is None
 
 
 def test_coordinate_search_stays_in_bounds_and_improves():
@@ -129,3 +139,31 @@ def test_calibrated_model_serves_the_hopper_fit_as_the_fit_prices_it():
                                    rel=1e-12)
     other = next(p for p in HOPPER_PROFILES if p != DEFAULT_PROFILE)
     assert run(HopperParams.committed(other).cost_model()) != pytest.approx(served, rel=1e-3)
+
+
+def test_a100_pytorch_profile_prices_pytorch_a100_rows_slower_than_vtrain_fit():
+    from merak_sim.costs.calibrated import CalibratedCostModel
+    from merak_sim.costs.calibrated_hopper import A100_PROFILES, a100_cost_model
+    from merak_sim.experiments.hopper_fit import A100_BOUNDS, HopperParams
+    from merak_sim.experiments.public_runs import row_setup
+    from merak_sim.sim.api import simulate
+
+    for k, v in A100_PROFILES["a100-pytorch"].items():
+        lo, hi = A100_BOUNDS[k]
+        assert lo <= v <= hi, k
+    with pytest.raises(ValueError, match="unknown A100 profile"):
+        a100_cost_model("jax")
+    row = next(r for r in load_rows(ROOT / "data" / "public-runs" / "llmfoundry.csv")
+               if r["gpu_type"].startswith("A100") and r["model"] == "MPT-13b")
+    model, cluster, cfg = row_setup(row)
+
+    def run(cm):
+        return simulate(model, cluster, cfg, cost_model=cm, engine="evaluator",
+                        sub_cluster=True, keep_trace=False).iteration_time_s
+
+    fitted = run(HopperParams.committed("a100-pytorch").cost_model())
+    assert fitted == pytest.approx(run(a100_cost_model()), rel=1e-12)
+    assert fitted > run(CalibratedCostModel())  # eager PyTorch is slower than Megatron
+    done, _ = public_run_outcomes(ROOT / "data" / "public-runs" / "llmfoundry.csv")
+    o = next(o for o in done if o.label.startswith("MPT-13b A100"))
+    assert o.role == "held out" and o.groups["stack"] == "pytorch"

@@ -7,6 +7,7 @@ from merak_sim.costs import AnalyticCostModel
 from merak_sim.hardware import get_cluster
 from merak_sim.memory import (
     FLASH,
+    backward_working_bytes,
     korthikanti_layer_bytes,
     layer_activation_breakdown,
     layer_activation_bytes,
@@ -160,3 +161,18 @@ def test_f_star_keeps_only_stage_input():
     assert t.stages[1].input_bytes < t.stages[1].checkpoint_bytes
     pk = peak_memory(t, cfg)
     assert all(p.activation_peak_bytes > 0 for p in pk)
+
+
+def test_backward_working_set_rebuilds_a_checkpointed_layer_and_the_loss():
+    m = get_model("llama3-8b").with_(seq_len=4096)
+    e, tok, h = 2, 2 * 4096, m.hidden
+    grads = 2 * tok * e * h
+    assert backward_working_bytes(m, 2, profile=FLASH) == pytest.approx(grads)
+    full = backward_working_bytes(m, 2, recompute="full", profile=FLASH)
+    assert full == pytest.approx(grads + layer_activation_bytes(m, 2, profile=FLASH))
+    # The loss: fp32 gradients of log-probabilities and logits (8 V bytes per token),
+    # vocabulary sharded over tp; it dominates a layer at a 128k vocabulary.
+    head = backward_working_bytes(m, 2, tp=2, sp=True, profile=FLASH, last=True)
+    assert head == pytest.approx(tok * 8 * m.vocab / 2)
+    assert backward_working_bytes(m, 2, tp=2, sp=True, profile=FLASH, cp=2,
+                                  last=True) == pytest.approx(head / 2)

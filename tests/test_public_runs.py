@@ -5,11 +5,14 @@ from pathlib import Path
 import pytest
 
 from merak_sim.experiments.public_runs import (
+    MEMORY_MEASURE,
+    comparable_peak_bytes,
     load_rows,
     measured_step_s,
     preset_for,
     row_setup,
     skip_reason,
+    stage_layers,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "public-runs"
@@ -113,3 +116,39 @@ def test_hsdp_row_shards_inside_groups_and_replicates_across():
              other_flags="FSDP2")
     _, _, cfg = row_setup({**r, "dp": "4", "dp_shard": "32"})
     assert (cfg.dp, cfg.zero, cfg.zero_group, cfg.shard_group) == (128, 3, 32, 32)
+
+
+def test_published_memory_is_compared_with_the_allocator_peak():
+    # torchtitan logs the caching allocator's peak reserved memory: the prediction is
+    # the simulated peak plus the backward working set (here the loss on the last stage).
+    assert "reserved" in MEMORY_MEASURE["torchtitan"] and "used" in MEMORY_MEASURE["sailor"]
+    r = _row("torchtitan.csv", model="Llama 3.1 8B", seq_len="32768")
+    model, _, cfg = row_setup(r)
+    tok = cfg.micro_batch_size * model.seq_len
+    got = comparable_peak_bytes(model, cfg, (10e9, 20e9))
+    assert got == pytest.approx(20e9 + tok * 8 * model.vocab)
+    assert comparable_peak_bytes(model, cfg, (30e9, 0.0)) > 30e9
+
+
+def test_sailor_stage_layers_drop_the_embedding_and_head_counts():
+    r = {"other_flags": "layers_per_stage=7/9/9/9; stage0[7 layers]", "pp": "4",
+         "n_layers": "32"}
+    assert stage_layers(r) == (6, 9, 9, 8)
+    assert stage_layers({**r, "pp": "2"}) is None  # counts disagree with pp
+    assert stage_layers({**r, "n_layers": "24"}) is None
+    assert stage_layers({"other_flags": "FSDP2", "pp": "1", "n_layers": "8"}) is None
+    rows = [r for r in load_rows(DATA / "sailor.csv") if skip_reason(r) is None
+            and _int_or(r["pp"]) > 1]
+    assert rows and all(sum(stage_layers(r)) == int(r["n_layers"]) for r in rows)
+
+
+def _int_or(v: str) -> int:
+    return int(v) if v.strip() else 1
+
+
+def test_torchtitan_fsdp_under_pipelining_keeps_parameters_unsharded():
+    r = _row("torchtitan.csv", model="Llama 3.1 405B", seq_len="32768")
+    _, _, cfg = row_setup(r)
+    assert (cfg.pp, cfg.tp, cfg.dp, cfg.zero) == (8, 8, 8, 1)
+    r = _row("torchtitan.csv", model="Llama 3.1 70B", num_gpus="256")
+    assert row_setup(r)[2].zero == 3  # no pipelining: FSDP as ZeRO 3

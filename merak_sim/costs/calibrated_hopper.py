@@ -1,4 +1,5 @@
-"""Fitted efficiency of Hopper GPUs (H100, H200, GH200): the one place its values live.
+"""Fitted efficiency per software stack of Hopper GPUs (H100, H200, GH200), and of A100
+under PyTorch: the one place these values live.
 
 Two software stacks reach very different fractions of the same tensor cores, so the fit
 keeps one profile per stack (:data:`HOPPER_PROFILES`):
@@ -27,6 +28,18 @@ overhead and the memory efficiency at their ceilings; the GEMM ceiling settles a
 GPT-3 / LLaMA-2 / Nemotron, 10 FP8 rows, 12 rounds from the published H100 defaults):
 mean absolute log error 0.054 (0.089 MAPE at the defaults); the GEMM ceiling ends at its
 bound 0.80, the FP8 factor stays at its published 0.87, flash forward 0.41.
+
+A100 under PyTorch (:data:`A100_PROFILES`, ``a100-pytorch``): the A100 fit of
+:mod:`merak_sim.costs.calibrated` is vTrain's Megatron-LM runs; eager PyTorch training
+(llm-foundry / Composer FSDP, torchtitan) reaches a lower fraction of the same GPU, so
+A100 rows of a PyTorch stack are priced by this profile, fitted like the Hopper ones
+(:data:`merak_sim.experiments.hopper_fit.FIT_MODELS`) with the measured A100 NCCL table
+for the links; every other A100 use keeps the vTrain fit. Fit of 2026-12-01
+(llm-foundry A100 40 / 80 GB MPT-1b / 7b, 36 rows, 10 rounds from vTrain's A100 values
+and the published FlashAttention-2 ceilings): mean absolute log error 0.032. The GEMM
+ceiling stays at its bound 0.80; flash forward / backward settle at 0.32 / 0.42
+(llm-foundry's default Triton kernel is slower than FlashAttention-2's 0.73 / 0.63), the
+memory efficiency at 0.61 and the per-kernel overhead at 15 us (eager dispatch).
 """
 
 from __future__ import annotations
@@ -34,11 +47,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from merak_sim.costs.analytic import AnalyticCostModel
+from merak_sim.costs.comm import measured_collectives
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.costs.kernels import KernelEfficiency, default_kernels
+from merak_sim.costs.nccl import A100_NVSWITCH
 
 __all__ = ["HOPPER_PROFILES", "DEFAULT_PROFILE", "EFFICIENCY_KEYS", "is_hopper",
-           "hopper_calibration", "hopper_cost_model"]
+           "hopper_calibration", "hopper_cost_model", "A100_PROFILES", "a100_cost_model"]
 
 #: Fitted parameters per software stack (module docstring): the
 #: :class:`~merak_sim.costs.efficiency.Efficiency` fields in :data:`EFFICIENCY_KEYS`, the
@@ -65,11 +80,25 @@ HOPPER_PROFILES: dict[str, dict[str, float]] = {
         "fp8_factor": 0.87,
     },
 }
+#: Fitted A100 parameters per software stack (module docstring); fields as in
+#: :data:`HOPPER_PROFILES`, a field a profile lacks keeps its published A100 default.
+A100_PROFILES: dict[str, dict[str, float]] = {
+    "a100-pytorch": {
+        "gemm_max": 0.8,
+        "gemm_dim_half": 137.30394459159083,
+        "gemm_flops_half": 20799567923.617683,
+        "mem_bw_eff": 0.6133333333333333,
+        "kernel_overhead_s": 1.5e-05,
+        "host_op_s": 7e-05,
+        "flash_max_fwd": 0.3244444444444444,
+        "flash_max_bwd": 0.42,
+    },
+}
 #: The profile served by default.
 DEFAULT_PROFILE = "megatron-te"
 #: Profile keys that belong to the GEMM / memory efficiency curve.
 EFFICIENCY_KEYS = ("gemm_max", "gemm_dim_half", "gemm_flops_half", "attn_factor",
-                   "mem_bw_eff", "kernel_overhead_s")
+                   "mem_bw_eff", "kernel_overhead_s", "host_op_s")
 
 
 def is_hopper(gpu_name: str) -> bool:
@@ -77,10 +106,11 @@ def is_hopper(gpu_name: str) -> bool:
     return gpu_name.startswith(("H100", "H200", "GH200"))
 
 
-def _split(values: dict[str, float]) -> tuple[Efficiency, KernelEfficiency]:
-    eff = default_efficiency("H100-80GB").with_(
+def _split(values: dict[str, float], gpu: str = "H100-80GB"
+           ) -> tuple[Efficiency, KernelEfficiency]:
+    eff = default_efficiency(gpu).with_(
         **{k: v for k, v in values.items() if k in EFFICIENCY_KEYS})
-    kern = replace(default_kernels("H100-80GB"),
+    kern = replace(default_kernels(gpu),
                    **{k: v for k, v in values.items() if k not in EFFICIENCY_KEYS})
     return eff, kern
 
@@ -108,3 +138,18 @@ def hopper_cost_model(profile: str = DEFAULT_PROFILE,
         values = HOPPER_PROFILES[profile]
     eff, kern = _split(values)
     return AnalyticCostModel(efficiency=eff, kernels=kern)
+
+
+def a100_cost_model(profile: str = "a100-pytorch", values: dict[str, float] | None = None
+                    ) -> AnalyticCostModel:
+    """The analytic model for A100 clusters with ``profile``'s fitted values (or
+    ``values``, a point of the fit), intra-node collectives from the measured A100 NCCL
+    table and full-activation pipeline sends (PyTorch's)."""
+    if values is None:
+        if profile not in A100_PROFILES:
+            raise ValueError(f"unknown A100 profile {profile!r}; choose one of: "
+                             f"{', '.join(A100_PROFILES)}")
+        values = A100_PROFILES[profile]
+    eff, kern = _split(values, "A100-80GB")
+    return AnalyticCostModel(efficiency=eff, kernels=kern,
+                             collectives=measured_collectives(A100_NVSWITCH))

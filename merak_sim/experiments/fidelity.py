@@ -10,15 +10,18 @@ Datasets and their role (the split between fitted and held-back rows):
   of the Hopper fits' declared subsets are "fit"
   (:data:`merak_sim.experiments.hopper_fit.FIT_SPLIT`: llm-foundry H100 MPT-1b / 7b /
   30b for the PyTorch stack, NeMo H100 GPT-3 / LLaMA-2 / Nemotron for Megatron with
-  Transformer Engine); every other row is held out. A row is predicted only if the model can express
+  Transformer Engine, llm-foundry A100 MPT-1b / 7b for PyTorch on A100); every other
+  row is held out. A row is predicted only if the model can express
   it (:mod:`merak_sim.experiments.public_runs` maps it: FSDP / HSDP as ZeRO 3,
   Megatron's distributed optimizer as ZeRO 1, context parallelism, FP8 on Hopper);
   every other row is listed as skipped with its one-line reason (MoE, fine-tuning,
   Blackwell GPUs, heterogeneous clusters, unstated precision...), never dropped.
 
 Errors are relative, (predicted - measured) / measured, of the iteration time; memory
-error (predicted peak memory vs published) where the row publishes peak memory
-(torchtitan GiB, Sailor bytes). Per dataset and group (GPU type, tp, pp, cp, ZeRO
+error where the row publishes peak memory (torchtitan GiB, Sailor bytes), against the
+quantity the column measures
+(:func:`merak_sim.experiments.public_runs.comparable_peak_bytes`: allocator-level
+peaks, so the backward working set is added to the simulated stash peak). Per dataset and group (GPU type, tp, pp, cp, ZeRO
 stage, precision, ...):
 rows, MAPE, mean signed error and the worst row (:func:`summarise`).
 """
@@ -31,16 +34,24 @@ from pathlib import Path
 
 from merak_sim.costs.base import CostModel
 from merak_sim.costs.calibrated import CALIBRATED, CalibratedCostModel
-from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES, hopper_cost_model, is_hopper
+from merak_sim.costs.calibrated_hopper import (
+    A100_PROFILES,
+    HOPPER_PROFILES,
+    a100_cost_model,
+    hopper_cost_model,
+    is_hopper,
+)
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.hopper_fit import profile_of, role_of
+from merak_sim.experiments.hopper_fit import fit_profile_of, profile_of, role_of
 from merak_sim.experiments.public_runs import (
+    comparable_peak_bytes,
     load_rows,
     measured_step_s,
     published_peak_bytes,
     row_label,
     row_setup,
     skip_reason,
+    stage_layers,
 )
 from merak_sim.experiments.vtrain import load_vtrain, predict_row
 from merak_sim.sim.api import simulate
@@ -131,24 +142,28 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
                         limit: int | None = None) -> tuple[list[Outcome], list[Skipped]]:
     """Predict the expressible rows of one public-runs CSV (the first ``limit`` when
     given) with ``cost_model``, by default the calibrated model with, on Hopper GPUs,
-    the profile of the row's software stack
-    (:func:`merak_sim.experiments.hopper_fit.profile_of`;
+    the profile of the row's software stack, on A100 the PyTorch profile for PyTorch
+    stacks (:func:`merak_sim.experiments.hopper_fit.fit_profile_of`;
     :mod:`merak_sim.experiments.public_runs` maps the rows); list the rest as skipped
     with their reason. Roles follow the Hopper fits' split
     (:func:`merak_sim.experiments.hopper_fit.role_of`)."""
     dataset = f"public-runs/{Path(path).stem}"
     done, skipped = [], []
     served = CalibratedCostModel()
-    by_profile = {name: hopper_cost_model(name) for name in HOPPER_PROFILES}
+    by_profile = {**{name: hopper_cost_model(name) for name in HOPPER_PROFILES},
+                  **{name: a100_cost_model(name) for name in A100_PROFILES}}
     for row in load_rows(path)[:limit]:
         label = row_label(row)
         why = skip_reason(row)
         if why is None:
             try:
                 model, cluster, cfg = row_setup(row)
-                cm = cost_model or (by_profile[profile_of(row)] if is_hopper(cluster.gpu.name)
-                                    else served)
-                res = simulate(model, cluster, cfg, cost_model=cm,
+                key = fit_profile_of(row)
+                cm = cost_model or (by_profile[key] if key is not None and (
+                    is_hopper(cluster.gpu.name) or key in A100_PROFILES) else served)
+                split = stage_layers(row) if cfg.pp > 1 else None
+                table = None if split is None else cm.cost_table(model, cluster, cfg, split)
+                res = simulate(model, cluster, cfg, cost_model=cm, cost_table=table,
                                engine="evaluator", sub_cluster=True, keep_trace=False)
             except ValueError as e:
                 why = f"configuration rejected: {e}"
@@ -156,7 +171,8 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
             skipped.append(Skipped(dataset, label, why))
             continue
         pub = published_peak_bytes(row)
-        mem_err = None if pub is None else max(res.peak_memory_bytes) / pub - 1
+        mem_err = (None if pub is None else
+                   comparable_peak_bytes(model, cfg, res.peak_memory_bytes) / pub - 1)
         zero = f"{cfg.zero}" + (f" (HSDP {cfg.zero_group})" if cfg.zero_group else "")
         done.append(Outcome(dataset, role_of(dataset, row), label,
                             {"gpu": cluster.gpu.name, "stack": profile_of(row),

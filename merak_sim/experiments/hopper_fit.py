@@ -11,15 +11,19 @@ model and source with a fitted one:
 - ``megatron-te``: NeMo's H100 rows of GPT-3, LLaMA-2 and Nemotron models (FP8,
   Megatron-Core with Transformer Engine). Held out: every LLaMA-3 row of NeMo and
   Megatron-Bridge (8B, 70B, 405B; FSDP, CP, FP8 current scaling).
-Every A100 row is held out from both (the A100 fit is vTrain's,
-:mod:`merak_sim.experiments.vtrain`).
+- ``a100-pytorch`` (A100 GPUs under a PyTorch stack,
+  :data:`merak_sim.costs.calibrated_hopper.A100_PROFILES`): llm-foundry's A100 40 / 80 GB
+  rows of MPT-1b and MPT-7b. Held out: llm-foundry's A100 rows of MPT-3b / 13b / 30b /
+  70b and every torchtitan A100 row (LLaMA 2 / 3, 8B-70B). Every other A100 use keeps
+  vTrain's Megatron fit (:mod:`merak_sim.experiments.vtrain`).
 
 What moves: the efficiency curve's GEMM ceiling, its shape half-points, the memory
 efficiency, the per-kernel overhead, the flash-attention ceilings forward and backward,
 and (``megatron-te``, whose rows are FP8) the FP8 factor. Links keep their spec-sheet
 figures. Bounds (:data:`BOUNDS`) come from physics, fixed before any result was seen:
 - gemm_max <= 0.80: large bf16 GEMMs on H100 / H200 reach 700-800 of 989 TFLOP/s (this
-  workplace measured 769-798 on an H200, 8192^3).
+  workplace measured 769-798 on an H200, 8192^3); on A100, cuBLAS reaches about
+  250-270 of 312 (0.80-0.87), the vTrain fit's bound 0.80 is kept.
 - flash_max_fwd / flash_max_bwd <= 0.75: FlashAttention-3 reaches about 75 % of the
   H100's bf16 peak forward (Shah et al. 2024), the best published attention kernel;
   >= 0.25: FlashAttention-2 (PyTorch's SDPA, llm-foundry's flash option) reaches about
@@ -27,9 +31,12 @@ figures. Bounds (:data:`BOUNDS`) come from physics, fixed before any result was 
   Triton kernel, which is slower.
 - fp8_factor in [0.5, 1]: an FP8 GEMM reaches at most the same fraction of its doubled
   peak as a bf16 one.
+- flash ceilings on A100 (:data:`A100_BOUNDS`) <= 0.73 forward / 0.63 backward:
+  FlashAttention-2's best on A100 (Dao 2023), floor 0.25 as on Hopper.
 - mem_bw_eff <= 0.92 (STREAM-like copies), kernel_overhead_s in [1, 30] us (a launch
-  costs a few microseconds; eager per-op dispatch 10-20 us), gemm half-points as the
-  A100 fit's (tile and wave quantisation; H100 has 132 SMs).
+  costs a few microseconds; eager per-op dispatch 10-20 us), host_op_s (A100 only, the
+  host time per kernel of an eager loop) in [10, 100] us around vTrain's 70 us, gemm
+  half-points as the A100 fit's (tile and wave quantisation; H100 has 132 SMs).
 
 Method: the minimum of the mean absolute log error (symmetric relative error) by a
 derivative-free coordinate search in log space
@@ -43,23 +50,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from merak_sim.costs.analytic import AnalyticCostModel
-from merak_sim.costs.calibrated_hopper import DEFAULT_PROFILE, HOPPER_PROFILES, hopper_cost_model
+from merak_sim.costs.calibrated_hopper import (
+    A100_PROFILES,
+    DEFAULT_PROFILE,
+    HOPPER_PROFILES,
+    a100_cost_model,
+    hopper_cost_model,
+)
 from merak_sim.experiments.fitting import coordinate_search
 from merak_sim.experiments.public_runs import measured_step_s, row_setup, skip_reason
 from merak_sim.sim.api import simulate
 
-__all__ = ["FIT_SPLIT", "FIT_MODELS", "BOUNDS", "profile_of", "role_of", "fit_rows",
-           "HopperParams", "predict", "fit"]
+__all__ = ["FIT_SPLIT", "FIT_MODELS", "BOUNDS", "A100_BOUNDS", "profile_of",
+           "fit_profile_of", "role_of", "fit_rows", "HopperParams", "predict", "fit"]
 
-#: Per profile: (dataset, model-name prefixes) of the H100 rows the fit sees.
-FIT_MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "pytorch": ("public-runs/llmfoundry", ("MPT-1b", "MPT-7b", "MPT-30b")),
-    "megatron-te": ("public-runs/nemo_perf", ("GPT3-", "LLAMA2-", "Nemotron-")),
+#: Per fitted profile: (dataset, GPU-type prefix, model-name prefixes) of the rows the
+#: fit sees.
+FIT_MODELS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "pytorch": ("public-runs/llmfoundry", "H100", ("MPT-1b", "MPT-7b", "MPT-30b")),
+    "megatron-te": ("public-runs/nemo_perf", "H100", ("GPT3-", "LLAMA2-", "Nemotron-")),
+    "a100-pytorch": ("public-runs/llmfoundry", "A100", ("MPT-1b", "MPT-7b")),
 }
 #: The split in words (printed with the fidelity table).
 FIT_SPLIT = ("Hopper fits: pytorch on llm-foundry H100 MPT-1b / 7b / 30b, megatron-te on "
-             "NeMo H100 GPT-3 / LLaMA-2 / Nemotron; every other public-runs row is held "
-             "out")
+             "NeMo H100 GPT-3 / LLaMA-2 / Nemotron; A100 PyTorch fit (a100-pytorch) on "
+             "llm-foundry A100 MPT-1b / 7b; every other public-runs row is held out")
 
 #: Physical bounds of the fitted parameters (module docstring).
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -67,6 +82,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_flops_half": (1e6, 1e11), "mem_bw_eff": (0.2, 0.92),
     "kernel_overhead_s": (1e-6, 3e-5),
     "flash_max_fwd": (0.25, 0.75), "flash_max_bwd": (0.25, 0.75), "fp8_factor": (0.5, 1.0)}
+#: The A100 fit's bounds where they differ (module docstring).
+A100_BOUNDS: dict[str, tuple[float, float]] = {
+    **BOUNDS, "flash_max_fwd": (0.25, 0.73), "flash_max_bwd": (0.25, 0.63),
+    "host_op_s": (1e-5, 1e-4)}
 
 
 def profile_of(row: dict) -> str:
@@ -76,10 +95,23 @@ def profile_of(row: dict) -> str:
     return "megatron-te" if ("nemo" in fw or "megatron-bridge" in fw) else "pytorch"
 
 
+def fit_profile_of(row: dict) -> str | None:
+    """The fitted profile that prices a row: ``a100-pytorch`` for an A100 row of a
+    PyTorch stack, None for other A100 rows (vTrain's Megatron fit), else the row's
+    Hopper profile (:func:`profile_of`)."""
+    stack = profile_of(row)
+    if row.get("gpu_type", "").startswith("A100"):
+        return "a100-pytorch" if stack == "pytorch" else None
+    return stack
+
+
 def role_of(dataset: str, row: dict) -> str:
     """"fit" for a row of its profile's fit set (module docstring), else "held out"."""
-    ds, prefixes = FIT_MODELS[profile_of(row)]
-    if (dataset == ds and row.get("gpu_type", "").startswith("H100")
+    key = fit_profile_of(row)
+    if key is None:
+        return "held out"
+    ds, gpu, prefixes = FIT_MODELS[key]
+    if (dataset == ds and row.get("gpu_type", "").startswith(gpu)
             and row.get("model", "").startswith(prefixes)):
         return "fit"
     return "held out"
@@ -89,13 +121,13 @@ def fit_rows(rows_by_dataset: dict[str, Sequence[dict]], profile: str = DEFAULT_
              ) -> list[dict]:
     """The expressible rows of ``profile``'s fit set."""
     return [r for ds, rows in rows_by_dataset.items() for r in rows
-            if role_of(ds, r) == "fit" and profile_of(r) == profile
+            if role_of(ds, r) == "fit" and fit_profile_of(r) == profile
             and skip_reason(r) is None]
 
 
 @dataclass(frozen=True)
 class HopperParams:
-    """A point of the fit: a profile's parameters by name."""
+    """A point of a fit: a profile's parameters by name (a Hopper or an A100 profile)."""
 
     values: dict[str, float]
     profile: str = DEFAULT_PROFILE
@@ -103,15 +135,18 @@ class HopperParams:
     @classmethod
     def committed(cls, profile: str = DEFAULT_PROFILE) -> HopperParams:
         """The values in :mod:`merak_sim.costs.calibrated_hopper`."""
-        return cls(dict(HOPPER_PROFILES[profile]), profile)
+        return cls(dict({**HOPPER_PROFILES, **A100_PROFILES}[profile]), profile)
 
     def cost_model(self) -> AnalyticCostModel:
-        """The analytic model with these values (as the calibrated model prices H100)."""
+        """The analytic model with these values (as the fidelity table prices the
+        profile's rows)."""
+        if self.profile in A100_PROFILES:
+            return a100_cost_model(self.profile, self.values)
         return hopper_cost_model(self.profile, self.values)
 
 
 def predict(row: dict, params: HopperParams) -> float:
-    """Predicted iteration seconds of an expressible H100 row under ``params``."""
+    """Predicted iteration seconds of an expressible row under ``params``."""
     model, cluster, cfg = row_setup(row)
     return simulate(model, cluster, cfg, cost_model=params.cost_model(), engine="evaluator",
                     sub_cluster=True, keep_trace=False).iteration_time_s
@@ -130,5 +165,6 @@ def fit(rows: Sequence[dict], start: HopperParams | None = None, *, rounds: int 
         errs = [abs(math.log(predict(r, p) / m)) for r, m in zip(rows, meas, strict=True)]
         return sum(errs) / len(errs)
 
-    x, best = coordinate_search(loss, dict(start.values), BOUNDS, rounds=rounds, log=log)
+    bounds = A100_BOUNDS if start.profile in A100_PROFILES else BOUNDS
+    x, best = coordinate_search(loss, dict(start.values), bounds, rounds=rounds, log=log)
     return HopperParams(x, start.profile), best

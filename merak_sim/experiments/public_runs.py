@@ -16,7 +16,12 @@ How a row maps (assumptions stated once, here):
   included: their lower clock is not modelled), H200 -> ``dgx-h200``, A100 40/80 GB ->
   ``dgx-a100-40g`` / ``-80g``, GH200 -> ``alps-gh200``; nodes = GPUs / GPUs per node.
 - Sharding: FSDP / Megatron FSDP (``dp_shard`` > 1, llm-foundry FULL_SHARD) -> ZeRO 3
-  over dp_shard x cp ranks (HSDP when ``dp`` replicates across shard groups);
+  over dp_shard x cp ranks (HSDP when ``dp`` replicates across shard groups), except
+  torchtitan's FSDP under pipelining -> ZeRO 1 over the same ranks: torchtitan turns
+  resharding after forward off when pp > 1 and the pipeline schedule syncs gradients
+  on the last micro-batch only, so parameters and gradients stay unsharded through the
+  step and only the fp32 master weights and optimizer state are sharded (its fp32
+  gradient accumulation, 2 bytes more per parameter, is not modelled);
   Megatron / NeMo DDP -> ZeRO 1 (NeMo's recipes enable the distributed optimizer) with
   the gradient reduce and parameter gather overlapped (its performance recipes' default).
 - Precision: bf16 (also llm-foundry's amp_bf16 / PURE), FP8 with current (per-tensor)
@@ -32,8 +37,9 @@ How a row maps (assumptions stated once, here):
 - Attention: flash (every source's default kernel for 16-bit training); unfused in fp32
   (the flash kernels need 16-bit inputs).
 - Sequence parallelism with tp > 1 (Megatron's and torchtitan's default), except in
-  Sailor's Megatron-DeepSpeed fork; Sailor's uneven layers per stage are modelled as a
-  uniform split.
+  Sailor's Megatron-DeepSpeed fork. Sailor's uneven layers per stage are kept
+  (:func:`stage_layers`): its pipeline counts the embedding and the LM head as one
+  layer each of the first and last stages (7/9/9/9 for GPT-Neo's 32 layers).
 - Recompute: "full" -> full; "selective (op ...)" -> selective; "selective layer"
   (torchtitan's every second layer) -> stage-aware with half the layers; "none"/"no" or
   unstated -> none.
@@ -56,11 +62,12 @@ from pathlib import Path
 
 from merak_sim.config import ParallelConfig
 from merak_sim.hardware import Cluster, get_cluster
+from merak_sim.memory import FLASH, KORTHIKANTI, backward_working_bytes
 from merak_sim.model import ModelSpec, get_model
 
 __all__ = ["PRESET_BY_NAME", "load_rows", "skip_reason", "row_setup", "measured_step_s",
            "published_peak_bytes", "preset_for", "cluster_name", "precision_of",
-           "row_label"]
+           "row_label", "MEMORY_MEASURE", "comparable_peak_bytes", "stage_layers"]
 
 GiB = 1 << 30
 
@@ -167,6 +174,44 @@ def published_peak_bytes(row: dict) -> float | None:
     if row.get("peak_mem_bytes", "").strip():
         return float(row["peak_mem_bytes"])
     return None
+
+
+#: What each source's memory column measures (read from the source's code and notes).
+MEMORY_MEASURE: dict[str, str] = {
+    "torchtitan": ("peak memory reserved by PyTorch's caching allocator (torchtitan logs "
+                   "torch.cuda's max_reserved as 'memory'), max across GPUs"),
+    "sailor": "device total used memory (max over ranks, last line of the memory log)",
+}
+
+
+def comparable_peak_bytes(model: ModelSpec, cfg: ParallelConfig,
+                          stage_peaks: tuple[float, ...]) -> float:
+    """The prediction of a published memory column (:data:`MEMORY_MEASURE`): both are
+    allocator-level peaks, so each stage's simulated peak (state, stash, FSDP buffers)
+    gets the transient working set of its largest backward step
+    (:func:`merak_sim.memory.backward_working_bytes`); the max over stages. Caching
+    slack beyond it is not modelled (torchtitan runs with expandable segments)."""
+    prof = FLASH if cfg.attention == "flash" else KORTHIKANTI
+    pp = len(stage_peaks)
+    return max(peak + backward_working_bytes(
+        model, cfg.micro_batch_size, cfg.tp, cfg.sequence_parallel, cfg.recompute, prof,
+        cfg.dtype, cfg.cp, last=s == pp - 1) for s, peak in enumerate(stage_peaks))
+
+
+def stage_layers(row: dict) -> tuple[int, ...] | None:
+    """Transformer layers per pipeline stage where the row states them (Sailor's
+    ``layers_per_stage=a/b/...``, whose first and last counts include the embedding and
+    the LM head as one layer each); None where it states none or the counts do not add
+    up to the model's layers over pp stages."""
+    m = re.search(r"layers_per_stage=([\d/]+)", row.get("other_flags", ""))
+    if m is None:
+        return None
+    counts = [int(x) for x in m.group(1).split("/")]
+    counts[0] -= 1
+    counts[-1] -= 1
+    ok = (len(counts) == _int(row.get("pp")) and min(counts) >= 1
+          and sum(counts) == _int(row.get("n_layers"), 0))
+    return tuple(counts) if ok else None
 
 
 def _sharded(row: dict) -> bool:
@@ -285,8 +330,10 @@ def row_setup(row: dict) -> tuple[ModelSpec, Cluster, ParallelConfig]:
         cluster = _tf32(cluster)
     vp = _int(row.get("vp"))
     sharded = _sharded(row)
-    zero = {"zero": 3, "zero_group": (_int(row.get("dp_shard")) * cp
-                                      if _int(row.get("dp")) > 1 else 0)} if sharded else (
+    titan_pp = pp > 1 and "torchtitan" in row.get("framework", "").lower()
+    zero = {"zero": 1 if titan_pp else 3,
+            "zero_group": (_int(row.get("dp_shard")) * cp
+                           if _int(row.get("dp")) > 1 else 0)} if sharded else (
         {"zero": 1, "overlap_param_gather": True} if "nemo" in row.get("framework", "").lower()
         else {})
     cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, virtual_stages=vp,
