@@ -41,7 +41,7 @@ PAIRS = {
     "ScheduleGPipe": ("gpipe",),
     "Schedule1F1B": ("1f1b",),
     "ScheduleInterleaved1F1B": ("interleaved-1f1b",),
-    "ScheduleInterleavedZeroBubble": ("zb-h1", "zb-h2", "zb-auto"),
+    "ScheduleInterleavedZeroBubble": ("zb-interleaved", "zb-h1", "zb-h2", "zb-auto"),
     "ScheduleZBVZeroBubble": ("zb-v",),
     "ScheduleDualPipeV": ("dualpipev",),
 }

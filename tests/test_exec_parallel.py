@@ -60,6 +60,10 @@ TWO = [
     C("hf-gpt2 pp2 zb-h2 full", "gpt2", pp=2, schedule="zb-h2", recompute="full"),
     C("hf-gpt2 pp2 zb-auto none", "gpt2", pp=2, schedule="zb-auto"),
     C("hf-gpt2 pp2 zb-scp full", "gpt2", pp=2, schedule="zb-scp", recompute="full"),
+    C("pp2 zb-interleaved stage-aware", pp=2, schedule="zb-interleaved", virtual_stages=2,
+      recompute="stage-aware"),
+    C("hf-gpt2 pp2 zb-interleaved none", "gpt2", pp=2, schedule="zb-interleaved",
+      virtual_stages=2),
 ]
 FOUR = [
     C("pp2xtp2 1f1b sub stage-aware", pp=2, tp=2, recompute="stage-aware", **SUB),

@@ -46,6 +46,8 @@ def _valid_args(name, pp, m, v):
     if spec.placement == "v":  # two chunks in a V, on at least two ranks
         pp, v = max(pp, 2), 2
         return pp, max(m, spec.min_microbatches(pp)), v
+    if spec.min_virtual_stages > 1:  # chunks on at least two ranks
+        pp, v = max(pp, 2), max(v, spec.min_virtual_stages)
     m = max(m, spec.min_microbatches(pp))
     if spec.interleaved:
         if pp == 1:

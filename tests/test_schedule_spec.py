@@ -79,7 +79,7 @@ def test_stage_fractions_follow_the_micro_batches_held(name):
 @pytest.mark.parametrize("rc", ["none", "full", "selective", "stage-aware"])
 def test_config_reads_the_spec_as_the_ir_says(name, rc):
     spec = SCHEDULES[name]
-    for S in range(2 if spec.placement == "v" else 1, 7):
+    for S in range(2 if spec.placement == "v" or spec.min_virtual_stages > 1 else 1, 7):
         v = 2 if spec.interleaved and S > 1 else 1
         M = max(spec.min_microbatches(S), S)
         cfg = ParallelConfig(pp=S, virtual_stages=v, global_batch_size=M, schedule=name,

@@ -27,7 +27,8 @@ SCHEDS = [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 3, 2, 1),
           ("last-no-recompute", 5, 7, 1), ("shifted-critical-path", 4, 8, 1),
           ("shifted-critical-path", 8, 16, 1), ("1f1b", 1, 4, 1), ("1f1b-split", 4, 8, 1),
           ("zb-h2", 4, 8, 1), ("zb-auto", 4, 8, 1), ("zb-scp", 4, 8, 1), ("zb-h1", 3, 2, 1),
-          ("zb-v", 4, 8, 2), ("zb-v", 2, 3, 2), ("dualpipev", 4, 8, 2)]
+          ("zb-v", 4, 8, 2), ("zb-v", 2, 3, 2), ("dualpipev", 4, 8, 2),
+          ("zb-interleaved", 4, 8, 2), ("zb-interleaved", 3, 6, 3)]
 
 
 def random_table(n: int, seed: int) -> CostTable:

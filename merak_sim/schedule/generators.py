@@ -24,6 +24,7 @@ from .replay import stage_aware_fractions
 from .spec import ScheduleSpec
 from .v_shape import dualpipev, zb_v
 from .zero_bubble import uniform_fractions, zb_auto, zb_h1, zb_h2, zb_scp
+from .zero_bubble_interleaved import zb_interleaved
 
 __all__ = ["SCHEDULES", "generate"]
 
@@ -72,7 +73,9 @@ def interleaved_1f1b(S: int, M: int, v: int) -> list[list[Step]]:
 
     Virtual micro-batch k runs chunk (k // S) % v of micro-batch (k // (S v)) S + k % S;
     backwards visit chunks in reverse. Rank s warms up with 2 (S - s - 1) + (v - 1) S
-    forwards (all of them when M == S). Needs M a multiple of S.
+    forwards, also when M == S (where Megatron runs every forward first: the same
+    makespan, but each rank below the first holds fewer chunk micro-batches at once).
+    Needs M a multiple of S.
     """
     total = M * v
 
@@ -84,7 +87,7 @@ def interleaved_1f1b(S: int, M: int, v: int) -> list[list[Step]]:
 
     progs = []
     for s in range(S):
-        warm = total if M == S else min(2 * (S - s - 1) + (v - 1) * S, total)
+        warm = min(2 * (S - s - 1) + (v - 1) * S, total)
         prog = []
         for k in range(warm):
             c, m = fwd(k)
@@ -234,6 +237,8 @@ SCHEDULES: dict[str, ScheduleSpec] = {
         ScheduleSpec("zb-h1", zb_h1, stage_fractions=uniform_fractions),
         ScheduleSpec("zb-h2", zb_h2, stage_fractions=uniform_fractions),
         ScheduleSpec("zb-auto", zb_auto, cost_aware=True, stage_fractions=uniform_fractions),
+        ScheduleSpec("zb-interleaved", zb_interleaved, interleaved=True, min_virtual_stages=2,
+                     microbatches_multiple_of_pp=True, stage_fractions=uniform_fractions),
         ScheduleSpec("zb-scp", zb_scp, last_stage_never_recomputes=True,
                      **dict(_MERAK, stage_fractions=uniform_fractions)),
         ScheduleSpec("pre-recompute", pre_recompute, **_MERAK),

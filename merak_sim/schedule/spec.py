@@ -69,6 +69,8 @@ class ScheduleSpec:
         cost_aware: ``order`` also takes per-rank costs (a
             :class:`~merak_sim.schedule.zero_bubble.ZeroBubbleCosts`, or None for unit
             costs) and adapts the order to them; :meth:`build` passes ``costs``.
+        min_virtual_stages: fewest virtual stages it accepts (an interleaved schedule
+            that cannot run one chunk per rank declares 2).
     """
 
     name: str
@@ -84,6 +86,7 @@ class ScheduleSpec:
     stage_fractions: Callable[[int, float], tuple[float, ...]] = stage_aware_fractions
     placement: str = "loop"
     cost_aware: bool = False
+    min_virtual_stages: int = 1
 
     def min_microbatches(self, pp: int) -> int:
         """Fewest micro-batches the schedule accepts with ``pp`` stages."""
@@ -102,6 +105,10 @@ class ScheduleSpec:
         if self.placement == "v" and virtual_stages != 2:
             return (f"schedule {self.name!r} runs two model chunks per rank in a V: it "
                     f"needs virtual stages 2, got {virtual_stages}; set virtual stages to 2")
+        if virtual_stages < self.min_virtual_stages:
+            return (f"schedule {self.name!r} needs virtual stages >= "
+                    f"{self.min_virtual_stages}, got {virtual_stages}; set virtual stages "
+                    f"to {self.min_virtual_stages} or more")
         if self.interleaved and virtual_stages > 1 and pp < 2:
             return f"{self.name} with virtual stages > 1 needs pp >= 2"
         if self.microbatches_multiple_of_pp and M % pp:
