@@ -35,9 +35,8 @@ Every action's start and end is recorded by a :class:`~merak_exec.result.Recorde
 
 Extension points (:meth:`PipelineRuntime.add_hooks`, :class:`merak_exec.hooks.RuntimeHooks`)
 let profilers observe every action, posting and saved tensor; :meth:`PipelineRuntime.run_action`
-performs one compute action on a :class:`~merak_exec.step_state.StepState`, so a
-stage can be timed action by action through the same code :meth:`PipelineRuntime.step`
-runs.
+performs one compute action on a :class:`~merak_exec.step_state.StepState`, so a stage
+can be timed action by action through the code :meth:`PipelineRuntime.step` runs.
 """
 
 from __future__ import annotations
