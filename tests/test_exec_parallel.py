@@ -97,6 +97,10 @@ FOUR = [
     C("hf-gpt2 pp4 zb-h1 none", "gpt2", pp=4, schedule="zb-h1"),
     C("hf-gpt2 pp4 zb-scp stage-aware", "gpt2", pp=4, schedule="zb-scp",
       recompute="stage-aware"),
+    C("pp4 zb-interleaved none", pp=4, schedule="zb-interleaved", virtual_stages=2,
+      n_layer=8),
+    C("hf-gpt2 pp4 zb-interleaved none", "gpt2", pp=4, schedule="zb-interleaved",
+      virtual_stages=2, n_layer=8),
 ]
 for c in TWO + FOUR:
     if "n_layer" in c["config"]:

@@ -73,7 +73,7 @@ def test_holds_one_f_one_b_peak_below_interleaved_1f1b(S, v):
 
 
 @settings(max_examples=30, deadline=None)
-@given(pp=st.integers(2, 8), rounds=st.integers(1, 3), v=st.integers(2, 3))
+@given(pp=st.integers(2, 16), rounds=st.integers(1, 3), v=st.integers(2, 3))
 def test_validates_and_posts_safely(pp, rounds, v):
     M = rounds * pp
     sched = generate("zb-interleaved", pp, M, v)
