@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from merak_sim.config import ParallelConfig
 from merak_sim.costs.calibrated import calibrated_cost_model
 from merak_sim.hardware import get_cluster
 from merak_sim.model import get_model
@@ -14,6 +15,7 @@ from merak_sim.planner import SearchSpace, search
 from merak_sim.planner.relaxed import TIME_FIELDS, RelaxedPricer, admissible
 from merak_sim.planner.screen import Pricer
 from merak_sim.planner.space import enumerate_candidates
+from merak_sim.sim import simulate
 
 FULL = SearchSpace(cp=(1, 2), zero=(0, 1, 2, 3), attention=("flash", "unfused"),
                    overlap_param_gather=(False, True), micro_batch_sizes=(1, 2),
@@ -85,3 +87,24 @@ def test_explanation_names_each_knob():
     assert "slower" in text
     best = res.best_config
     assert any(line.startswith(f"cp={best.cp} over cp=") for line in lines)
+
+
+def test_v_placement_candidates_priced_with_their_own_tables():
+    # A loop schedule of the same degrees is priced first; the V-shaped one must not
+    # reuse its cost table (which model stages share a rank differs) nor its bounds.
+    space = FULL.with_(schedules=("interleaved-1f1b", "dualpipev"), micro_batch_sizes=(1,),
+                       cp=(1,), zero=(1,), attention=("flash",), recompute=("none",),
+                       overlap_param_gather=(True,))
+    model, cluster = get_model("gpt-2.5b"), get_cluster("paper-3090", nodes=2)
+    cm = calibrated_cost_model()
+    for exhaustive in (False, True):
+        res = search(model, cluster, 16, space=space, top_k=1, confirm=False, cost_model=cm,
+                     exhaustive=exhaustive)
+        t = res.table
+        r = t[(t.schedule == "dualpipev") & (t.pp == 4) & t.time_s.notna()].iloc[0]
+        cfg = ParallelConfig(dp=int(r.dp), tp=1, pp=4, virtual_stages=2, micro_batch_size=1,
+                             global_batch_size=16, schedule="dualpipev", recompute="none",
+                             zero=1, attention="flash", overlap_param_gather=True)
+        sim = simulate(model, cluster, cfg, cost_model=cm, engine="evaluator",
+                       keep_trace=False)
+        assert r.time_s == pytest.approx(sim.iteration_time_s, rel=1e-9)

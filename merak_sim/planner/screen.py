@@ -21,8 +21,8 @@ import numpy as np
 
 from merak_sim.config import ParallelConfig
 from merak_sim.schedule import SCHEDULES
-from merak_sim.schedule.ir import stage_grid
 
+from .grid import rank_grid
 from .space import Candidate
 from .templates import MemoryTemplate, stage_arrays
 
@@ -73,7 +73,7 @@ def quick_memory(c: Candidate, arr: dict[str, np.ndarray], cap: float) -> tuple[
     """(largest excess over capacity of one micro-batch at the cheapest checkpointing,
     its rank): > 0 means the candidate cannot fit under any schedule."""
     S, v = c.pp, c.virtual_stages
-    grid = np.asarray(stage_grid(SCHEDULES[c.schedule].placement, S, v))
+    grid = rank_grid(SCHEDULES[c.schedule].placement, S, v)
     frac = 0.0 if c.recompute in ("none", "selective") else 1.0
     kept = frac * arr["checkpoint_bytes"] + (1 - frac) * arr["activation_bytes"]
     if c.recompute == "full":

@@ -271,7 +271,9 @@ def _relaxed_entries(job: _Job, rp: RelaxedPricer, pricer: Pricer, rows: list[di
                 exact.append((lower_bound(c, entry[1]), len(exact), c, *entry))
             continue
         full = c.recompute == "full"
-        shape = (akey, c.recompute, c.schedule if full else "")
+        # Bounds and memory read the placement's grid; under full recompute also the
+        # schedule's never-recompute ranks and explicit re-forwards.
+        shape = (akey, c.recompute, c.schedule if full else SCHEDULES[c.schedule].placement)
         mkey = (shape, c.zero)
         if mkey not in memory:
             memory[mkey] = quick_memory(c, state_view(arr, c.zero),
