@@ -9,6 +9,7 @@ reason ("pruned: tp=3 does not divide 32 attention heads", "memory: stage 0 need
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -73,10 +74,11 @@ def ranked_table(rows: list[dict]):
     """The rows as a pandas DataFrame: by status, then by time (or bound)."""
     import pandas as pd
 
-    # Every row has row()'s keys in row()'s order: tuples build the frame faster.
+    # Every row has row()'s keys: one column list per key builds the frame faster
+    # than records (a full space has a million rows).
     cols = list(rows[0]) if rows else []
     if all(len(r) == len(cols) for r in rows):
-        df = pd.DataFrame.from_records([tuple(r.values()) for r in rows], columns=cols)
+        df = pd.DataFrame({k: list(map(itemgetter(k), rows)) for k in cols}, columns=cols)
     else:
         df = pd.DataFrame(rows)
     df["_o"] = df.status.map(_STATUS_ORDER)

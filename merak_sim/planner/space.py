@@ -279,5 +279,5 @@ def _variants(model, dp, tp, pp, v, mbs, M, sched, space, cp=1) -> Iterator[Cand
     odps = _collapse(space.overlap_param_gather, dp * cp > 1, False)
     # Recompute outermost, the attention and DP overlap innermost: the row order.
     for rc, sp, ov, (z, zg), att, odp in product(rcs, sps, ovs, zgs, space.attention, odps):
-        yield Candidate(dp, tp, pp, v, mbs, M, sched, rc, sp, ov, z, pruned=rule, cp=cp,
-                        zero_group=zg, attention=att, overlap_param_gather=odp)
+        # Positional, in field order (pruned, cp, zero_group, attention, overlap).
+        yield Candidate(dp, tp, pp, v, mbs, M, sched, rc, sp, ov, z, rule, cp, zg, att, odp)
