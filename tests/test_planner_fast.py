@@ -89,11 +89,14 @@ def test_explanation_names_each_knob():
     assert any(line.startswith(f"cp={best.cp} over cp=") for line in lines)
 
 
-def test_v_placement_candidates_priced_with_their_own_tables():
-    # A loop schedule of the same degrees is priced first; the V-shaped one must not
-    # reuse its cost table (which model stages share a rank differs) nor its bounds.
-    space = FULL.with_(schedules=("interleaved-1f1b", "dualpipev"), micro_batch_sizes=(1,),
-                       cp=(1,), zero=(1,), attention=("flash",), recompute=("none",),
+@pytest.mark.parametrize("schedules,v", [(("interleaved-1f1b", "dualpipev"), 2),
+                                         (("zb-h1", "zb-auto"), 1)])
+def test_planner_times_equal_simulate(schedules, v):
+    # dualpipev after a loop schedule of the same degrees: it must not reuse that
+    # cost table (which model stages share a rank differs) nor its bounds. zb-auto:
+    # its order follows the candidate's own costs, as in simulate.
+    space = FULL.with_(schedules=schedules, micro_batch_sizes=(1,), cp=(1,), zero=(1,),
+                       attention=("flash",), recompute=("none",),
                        overlap_param_gather=(True,))
     model, cluster = get_model("gpt-2.5b"), get_cluster("paper-3090", nodes=2)
     cm = calibrated_cost_model()
@@ -101,9 +104,9 @@ def test_v_placement_candidates_priced_with_their_own_tables():
         res = search(model, cluster, 16, space=space, top_k=1, confirm=False, cost_model=cm,
                      exhaustive=exhaustive)
         t = res.table
-        r = t[(t.schedule == "dualpipev") & (t.pp == 4) & t.time_s.notna()].iloc[0]
-        cfg = ParallelConfig(dp=int(r.dp), tp=1, pp=4, virtual_stages=2, micro_batch_size=1,
-                             global_batch_size=16, schedule="dualpipev", recompute="none",
+        r = t[(t.schedule == schedules[1]) & (t.pp == 4) & t.time_s.notna()].iloc[0]
+        cfg = ParallelConfig(dp=int(r.dp), tp=1, pp=4, virtual_stages=v, micro_batch_size=1,
+                             global_batch_size=16, schedule=schedules[1], recompute="none",
                              zero=1, attention="flash", overlap_param_gather=True)
         sim = simulate(model, cluster, cfg, cost_model=cm, engine="evaluator",
                        keep_trace=False)

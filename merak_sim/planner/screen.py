@@ -1,7 +1,7 @@
 """Stage 2 of the planner: price candidates and screen out those that cannot fit.
 
-Pricing caches cost tables by what they depend on (:meth:`Candidate.table_key`: not
-the schedule nor the checkpointed fraction), so many candidates share one. The cheap
+Pricing caches cost tables by what they depend on (:meth:`Candidate.table_key`: the
+schedule's placement, not its name nor the checkpointed fraction), so many candidates share one. The cheap
 memory screen charges model state plus *one* micro-batch at the most economical
 checkpointing the policy allows (the liveness walk's count): a candidate over the
 capacity here can only be worse with more micro-batches in flight. The exact screen
@@ -59,8 +59,8 @@ class Pricer:
         return self._tables[key]
 
     def _config(self, c: Candidate) -> ParallelConfig:
-        # The table does not depend on the schedule or the checkpointed fraction
-        # (table_key); only selective recompute changes it.
+        # The table depends on the schedule only through its placement, not on the
+        # checkpointed fraction (table_key); only selective recompute changes it.
         return ParallelConfig(
             dp=c.dp, tp=c.tp, pp=c.pp, virtual_stages=c.virtual_stages,
             micro_batch_size=c.micro_batch_size, global_batch_size=self.global_batch_size,

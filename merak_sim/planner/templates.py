@@ -32,6 +32,7 @@ import numpy as np
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.schedule import SCHEDULES, Kind, Schedule, generate, iter_actions
 from merak_sim.schedule.liveness import liveness
+from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 from merak_sim.sim.evaluator import DependencyGraph, evaluate, plan
 from merak_sim.sim.program import Compiled, compile_program
 
@@ -117,9 +118,11 @@ class EvalTemplate:
 
 
 @lru_cache(maxsize=2048)
-def eval_template(name: str, pp: int, microbatches: int, virtual_stages: int) -> EvalTemplate:
-    """The :class:`EvalTemplate` of a schedule (cached)."""
-    sched = generate(name, pp, microbatches, virtual_stages)
+def eval_template(name: str, pp: int, microbatches: int, virtual_stages: int,
+                  costs: ZeroBubbleCosts | None = None) -> EvalTemplate:
+    """The :class:`EvalTemplate` of a schedule (cached); ``costs`` orders a cost-aware
+    schedule as :meth:`~merak_sim.config.ParallelConfig.build_schedule` does."""
+    sched = generate(name, pp, microbatches, virtual_stages, costs)
     zero = CostTable(stages=(_ZERO_STAGE,) * sched.num_model_stages,
                      memory_capacity_bytes=1.0, peak_flops=1.0)
     prog = compile_program(sched, zero, None)
