@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from merak_sim.config import ParallelConfig
 from merak_sim.costs.calibrated import calibrated_cost_model
 from merak_sim.hardware import get_cluster
 from merak_sim.model import get_model
@@ -14,6 +15,7 @@ from merak_sim.planner import SearchSpace, search
 from merak_sim.planner.relaxed import TIME_FIELDS, RelaxedPricer, admissible
 from merak_sim.planner.screen import Pricer
 from merak_sim.planner.space import enumerate_candidates
+from merak_sim.sim import simulate
 
 FULL = SearchSpace(cp=(1, 2), zero=(0, 1, 2, 3), attention=("flash", "unfused"),
                    overlap_param_gather=(False, True), micro_batch_sizes=(1, 2),
@@ -85,3 +87,27 @@ def test_explanation_names_each_knob():
     assert "slower" in text
     best = res.best_config
     assert any(line.startswith(f"cp={best.cp} over cp=") for line in lines)
+
+
+@pytest.mark.parametrize("schedules,v", [(("interleaved-1f1b", "dualpipev"), 2),
+                                         (("zb-h1", "zb-auto"), 1)])
+def test_planner_times_equal_simulate(schedules, v):
+    # dualpipev after a loop schedule of the same degrees: it must not reuse that
+    # cost table (which model stages share a rank differs) nor its bounds. zb-auto:
+    # its order follows the candidate's own costs, as in simulate.
+    space = FULL.with_(schedules=schedules, micro_batch_sizes=(1,), cp=(1,), zero=(1,),
+                       attention=("flash",), recompute=("none",),
+                       overlap_param_gather=(True,))
+    model, cluster = get_model("gpt-2.5b"), get_cluster("paper-3090", nodes=2)
+    cm = calibrated_cost_model()
+    for exhaustive in (False, True):
+        res = search(model, cluster, 16, space=space, top_k=1, confirm=False, cost_model=cm,
+                     exhaustive=exhaustive)
+        t = res.table
+        r = t[(t.schedule == schedules[1]) & (t.pp == 4) & t.time_s.notna()].iloc[0]
+        cfg = ParallelConfig(dp=int(r.dp), tp=1, pp=4, virtual_stages=v, micro_batch_size=1,
+                             global_batch_size=16, schedule=schedules[1], recompute="none",
+                             zero=1, attention="flash", overlap_param_gather=True)
+        sim = simulate(model, cluster, cfg, cost_model=cm, engine="evaluator",
+                       keep_trace=False)
+        assert r.time_s == pytest.approx(sim.iteration_time_s, rel=1e-9)

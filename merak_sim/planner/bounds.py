@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from merak_sim.schedule import SCHEDULES
-from merak_sim.schedule.ir import stage_grid
 
+from .grid import rank_grid
 from .space import Candidate
 
 __all__ = ["lower_bound"]
@@ -35,7 +35,7 @@ def lower_bound(c: Candidate, arr: dict[str, np.ndarray]) -> float:
     spec = SCHEDULES[c.schedule]
     F, B, BI = arr["forward_s"], arr["backward_s"], arr["backward_input_s"]
 
-    grid = np.asarray(stage_grid(spec.placement, S, v))
+    grid = rank_grid(spec.placement, S, v)
 
     def per_rank(x):
         return x[grid].sum(axis=0)

@@ -1,7 +1,7 @@
 """Stage 2 of the planner: price candidates and screen out those that cannot fit.
 
-Pricing caches cost tables by what they depend on (:meth:`Candidate.table_key`: not
-the schedule nor the checkpointed fraction), so many candidates share one. The cheap
+Pricing caches cost tables by what they depend on (:meth:`Candidate.table_key`: the
+schedule's placement, not its name nor the checkpointed fraction), so many candidates share one. The cheap
 memory screen charges model state plus *one* micro-batch at the most economical
 checkpointing the policy allows (the liveness walk's count): a candidate over the
 capacity here can only be worse with more micro-batches in flight. The exact screen
@@ -21,8 +21,8 @@ import numpy as np
 
 from merak_sim.config import ParallelConfig
 from merak_sim.schedule import SCHEDULES
-from merak_sim.schedule.ir import stage_grid
 
+from .grid import rank_grid
 from .space import Candidate
 from .templates import MemoryTemplate, stage_arrays
 
@@ -59,8 +59,8 @@ class Pricer:
         return self._tables[key]
 
     def _config(self, c: Candidate) -> ParallelConfig:
-        # The table does not depend on the schedule or the checkpointed fraction
-        # (table_key); only selective recompute changes it.
+        # The table depends on the schedule only through its placement, not on the
+        # checkpointed fraction (table_key); only selective recompute changes it.
         return ParallelConfig(
             dp=c.dp, tp=c.tp, pp=c.pp, virtual_stages=c.virtual_stages,
             micro_batch_size=c.micro_batch_size, global_batch_size=self.global_batch_size,
@@ -73,7 +73,7 @@ def quick_memory(c: Candidate, arr: dict[str, np.ndarray], cap: float) -> tuple[
     """(largest excess over capacity of one micro-batch at the cheapest checkpointing,
     its rank): > 0 means the candidate cannot fit under any schedule."""
     S, v = c.pp, c.virtual_stages
-    grid = np.asarray(stage_grid(SCHEDULES[c.schedule].placement, S, v))
+    grid = rank_grid(SCHEDULES[c.schedule].placement, S, v)
     frac = 0.0 if c.recompute in ("none", "selective") else 1.0
     kept = frac * arr["checkpoint_bytes"] + (1 - frac) * arr["activation_bytes"]
     if c.recompute == "full":

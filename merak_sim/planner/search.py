@@ -46,6 +46,7 @@ from merak_sim.plan import Plan
 from merak_sim.progress import WORK_LIMIT, Progress, progress_reporter
 from merak_sim.resolve import cluster_record, resolve_cluster, resolve_model
 from merak_sim.schedule import SCHEDULES, ScheduleError
+from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 
 from .bounds import lower_bound
 from .report import GiB, PlannerError, PlanResult, new_counts, no_fit, ranked_table, row
@@ -201,7 +202,11 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: list[di
         counts["schedules"] += 1
     # As ParallelConfig.engine_zero: whether the all-gather follows the optimizer.
     split = 1 if c.zero in (1, 2) and not c.overlap_param_gather else 0
-    t = eval_template(*skey).evaluate(arr, fit.fractions, zero=split,
+    # A cost-aware order follows this table's times (as ParallelConfig.build_schedule).
+    costs = (ZeroBubbleCosts.from_stage_costs(tab.stages, fit.fractions,
+                                              tab.memory_capacity_bytes)
+             if SCHEDULES[c.schedule].cost_aware else None)
+    t = eval_template(*skey, costs).evaluate(arr, fit.fractions, zero=split,
                                       overlap_dp=c.overlap_param_gather,
                                       tied=tab.tied_embeddings)
     counts["evaluated"] += 1
@@ -271,7 +276,9 @@ def _relaxed_entries(job: _Job, rp: RelaxedPricer, pricer: Pricer, rows: list[di
                 exact.append((lower_bound(c, entry[1]), len(exact), c, *entry))
             continue
         full = c.recompute == "full"
-        shape = (akey, c.recompute, c.schedule if full else "")
+        # Bounds and memory read the placement's grid; under full recompute also the
+        # schedule's never-recompute ranks and explicit re-forwards.
+        shape = (akey, c.recompute, c.schedule if full else SCHEDULES[c.schedule].placement)
         mkey = (shape, c.zero)
         if mkey not in memory:
             memory[mkey] = quick_memory(c, state_view(arr, c.zero),

@@ -26,6 +26,7 @@ schedule is 1F1B, so only one is kept.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import product
 from dataclasses import dataclass, replace
 
 from merak_sim.config import ATTENTIONS, RECOMPUTE_POLICIES, TP_OVERLAPS, ZERO_STAGES
@@ -173,10 +174,14 @@ class Candidate:
 
     def table_key(self) -> tuple:
         """What the cost table depends on (not the schedule or the checkpointed
-        fraction; selective recompute changes the backward and the kept bytes)."""
+        fraction; selective recompute changes the backward and the kept bytes; the
+        placement decides which model stages share a rank, hence the sends and the
+        per-rank gradient reduction)."""
+        spec = SCHEDULES.get(self.schedule)
         return (self.dp, self.tp, self.pp, self.virtual_stages, self.micro_batch_size,
                 self.sequence_parallel, self.tp_overlap, self.zero,
-                self.recompute == "selective", self.cp, self.zero_group, self.attention)
+                self.recompute == "selective", self.cp, self.zero_group, self.attention,
+                spec.placement if spec is not None else "")
 
 
 def _collapse(values, applicable: bool, off):
@@ -261,20 +266,18 @@ def _variants(model, dp, tp, pp, v, mbs, M, sched, space, cp=1) -> Iterator[Cand
         rule = f"pp={pp} x virtual stages {v} exceeds the model's {model.layers} layers"
     else:
         rule = spec.violation(pp, M, v)
-    for rc in (r for r in space.recompute if spec.pairs_with(r)):
-        for sp in _collapse(space.sequence_parallel, tp > 1, False):
-            ovs = tuple(dict.fromkeys(
-                o if (o == "none" or (tp > 1 and mbs % 2 == 0)) else "none"
-                for o in space.tp_overlap))
-            for ov in ovs:
-                for z in _collapse(space.zero, dp * cp > 1, 0):
-                    groups = tuple(dict.fromkeys(
-                        g for g in (space.zero_groups if z else (0,))
-                        if g == 0 or (g < dp * cp and (dp * cp) % g == 0)))
-                    for zg in groups or (0,):
-                        for att in space.attention:
-                            for odp in _collapse(space.overlap_param_gather, dp * cp > 1,
-                                                 False):
-                                yield Candidate(dp, tp, pp, v, mbs, M, sched, rc, sp, ov, z,
-                                                pruned=rule, cp=cp, zero_group=zg,
-                                                attention=att, overlap_param_gather=odp)
+    rcs = tuple(r for r in space.recompute if spec.pairs_with(r))
+    sps = _collapse(space.sequence_parallel, tp > 1, False)
+    ovs = tuple(dict.fromkeys(o if (o == "none" or (tp > 1 and mbs % 2 == 0)) else "none"
+                              for o in space.tp_overlap))
+    zgs = []
+    for z in _collapse(space.zero, dp * cp > 1, 0):
+        groups = tuple(dict.fromkeys(
+            g for g in (space.zero_groups if z else (0,))
+            if g == 0 or (g < dp * cp and (dp * cp) % g == 0)))
+        zgs.extend((z, zg) for zg in groups or (0,))
+    odps = _collapse(space.overlap_param_gather, dp * cp > 1, False)
+    # Recompute outermost, the attention and DP overlap innermost: the row order.
+    for rc, sp, ov, (z, zg), att, odp in product(rcs, sps, ovs, zgs, space.attention, odps):
+        # Positional, in field order (pruned, cp, zero_group, attention, overlap).
+        yield Candidate(dp, tp, pp, v, mbs, M, sched, rc, sp, ov, z, rule, cp, zg, att, odp)

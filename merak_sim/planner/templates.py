@@ -31,10 +31,12 @@ import numpy as np
 
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.schedule import SCHEDULES, Kind, Schedule, generate, iter_actions
-from merak_sim.schedule.ir import stage_grid
 from merak_sim.schedule.liveness import liveness
+from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 from merak_sim.sim.evaluator import DependencyGraph, evaluate, plan
 from merak_sim.sim.program import Compiled, compile_program
+
+from .grid import rank_grid
 
 __all__ = ["EvalTemplate", "MemoryTemplate", "eval_template", "memory_template",
            "stage_arrays"]
@@ -98,7 +100,7 @@ class EvalTemplate:
         dur[self.i_idx] = arrays["backward_input_s"][self.i_g] + cs * RC[self.i_g]
         dur[self.w_idx] = arrays["backward_weight_s"][self.w_g]
         ar = arrays["grad_allreduce_s"]
-        grid = np.asarray(stage_grid(self.schedule.placement, S, v))
+        grid = rank_grid(self.schedule.placement, S, v)
         dur[self.ar_idx] = ar[grid].sum(axis=0)[self.ar_rank]
         dur[self.opt_idx] = arrays["optimizer_s"][grid].sum(axis=0)[self.opt_rank]
         send = arrays["send_activation_s"][self.xfer_boundary].tolist()
@@ -116,9 +118,11 @@ class EvalTemplate:
 
 
 @lru_cache(maxsize=2048)
-def eval_template(name: str, pp: int, microbatches: int, virtual_stages: int) -> EvalTemplate:
-    """The :class:`EvalTemplate` of a schedule (cached)."""
-    sched = generate(name, pp, microbatches, virtual_stages)
+def eval_template(name: str, pp: int, microbatches: int, virtual_stages: int,
+                  costs: ZeroBubbleCosts | None = None) -> EvalTemplate:
+    """The :class:`EvalTemplate` of a schedule (cached); ``costs`` orders a cost-aware
+    schedule as :meth:`~merak_sim.config.ParallelConfig.build_schedule` does."""
+    sched = generate(name, pp, microbatches, virtual_stages, costs)
     zero = CostTable(stages=(_ZERO_STAGE,) * sched.num_model_stages,
                      memory_capacity_bytes=1.0, peak_flops=1.0)
     prog = compile_program(sched, zero, None)
@@ -187,7 +191,7 @@ class MemoryTemplate:
         S, v = self.pp, self.virtual_stages
         scalar = np.ndim(fractions) == 0
         cs = np.atleast_1d(np.asarray(fractions, dtype=float))
-        g = [int(x) for x in np.asarray(stage_grid(self.placement, S, v))[:, rank]]
+        g = rank_grid(self.placement, S, v)[:, rank]
         act, ck = arrays["activation_bytes"][g], arrays["checkpoint_bytes"][g]
         inp = arrays["input_bytes"][g]
         st = self.states[rank]
