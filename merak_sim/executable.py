@@ -15,11 +15,13 @@ must divide ``kv_heads``).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from merak_sim.config import ParallelConfig
 from merak_sim.model import ModelSpec
 from merak_sim.planner.space import SearchSpace
+from merak_sim.schedule import SCHEDULES
 
 __all__ = ["NOT_EXECUTED", "EXECUTED_FAMILIES", "unsupported", "executable_space"]
 
@@ -79,23 +81,43 @@ def _fsdp_unsupported(config: ParallelConfig) -> str | None:
     """ZeRO-2/3 runs through torch FSDP2, whose hooks follow whole backwards and own
     the dp reduction: no input/weight-split or no-grad-forward schedule, no sequence
     parallelism."""
-    build = getattr(config, "build_schedule", None)
     if getattr(config, "zero", 0) < 2:
         return None
-    head = f"ZeRO-{config.zero} (torch FSDP2) with"
-    if getattr(config, "sequence_parallel", False):
+    return fsdp_exclusion(getattr(config, "schedule", ""), config.zero,
+                          getattr(config, "sequence_parallel", False)) or None
+
+
+@lru_cache(maxsize=None)
+def _splitting_kinds(schedule: str) -> tuple[str, ...]:
+    """The backward-splitting action kinds (I, W, F*) a registered schedule runs: read
+    from a small build (pp 2, its fewest micro-batches, two chunks if interleaved)."""
+    spec = SCHEDULES.get(schedule)
+    if spec is None:
+        return ()
+    v = 2 if spec.interleaved else 1
+    try:
+        sched = spec.build(2, max(spec.min_microbatches(2), 4 if v > 1 else 1), v)
+    except ValueError:
+        return ()
+    kinds = {a.kind.value for prog in sched.programs for st in prog for a in st.parts}
+    return tuple(sorted(kinds & {"I", "W", "F*"}))
+
+
+def fsdp_exclusion(schedule: str, zero: int, sequence_parallel: bool) -> str:
+    """Why merak-exec's FSDP2 path cannot run ``zero`` with this schedule and sequence
+    parallelism ("" when it can): the joint rule of :attr:`SearchSpace.exclude`."""
+    if zero < 2:
+        return ""
+    head = f"ZeRO-{zero} (torch FSDP2) with"
+    if sequence_parallel:
         return (f"{head} sequence parallelism is simulated but not executed by merak-exec "
                 "(use zero=1 with sequence parallelism)")
-    try:
-        kinds = {a.kind.value for prog in build().programs for st in prog for a in st.parts}
-    except (TypeError, ValueError):
-        return None  # no schedule to read, or its own error is reported where it is built
-    split = sorted(kinds & {"I", "W", "F*"})
+    split = _splitting_kinds(schedule)
     if split:
-        return (f"{head} schedule {config.schedule!r} is simulated but not executed by "
+        return (f"{head} schedule {schedule!r} is simulated but not executed by "
                 f"merak-exec (its {'/'.join(split)} actions split the backward, and FSDP's "
                 "hooks need whole backwards; use 1f1b or gpipe)")
-    return None
+    return ""
 
 
 def executable_space(space: SearchSpace, model: ModelSpec) -> SearchSpace:
@@ -125,4 +147,5 @@ def executable_space(space: SearchSpace, model: ModelSpec) -> SearchSpace:
         if not kept_tp:
             raise ValueError(f"--executable: no allowed tp divides kv_heads={model.kv_heads}")
         changes["tp"] = kept_tp
+    changes["exclude"] = fsdp_exclusion
     return space.with_(**changes)

@@ -129,3 +129,25 @@ def test_version_help_and_aliases(tmp_path):
     assert r.returncode == 0, r.stderr
     assert re.match(r"parameters: \d+\n", r.stdout) and (tmp_path / "t.json").exists()
     json.loads((tmp_path / "t.json").read_text())
+
+
+def test_executable_search_pairs_zero_2_3_only_with_whole_backwards():
+    """FSDP2 (ZeRO-2/3) needs whole backwards and no sequence parallelism: a joint rule
+    the per-option tuples cannot state, so the executable space excludes the pairs and
+    keeps them as pruned rows naming why."""
+    from merak_sim.planner import search
+
+    spec = get_model("gpt-1.5b")
+    space = executable_space(SearchSpace(zero=(0, 1, 2, 3), pp=(2,), tp=(1, 2),
+                                         micro_batch_sizes=(1,), virtual_stages=(2,)), spec)
+    res = search(spec, "paper-3090", 16, nodes=2, space=space, top_k=1, confirm=False)
+    t = res.table
+    ran = t[t.status.isin(["best", "confirmed", "evaluated", "bounded"])]
+    deep = ran[ran.zero >= 2]
+    assert len(deep) > 0
+    assert set(deep.schedule) <= {"gpipe", "1f1b", "interleaved-1f1b"}
+    assert not deep.sequence_parallel.any()
+    split = t[(t.zero >= 2) & (t.schedule == "zb-h1")]
+    assert len(split) > 0 and split.status.eq("pruned").all()
+    assert split.reason.str.contains("split the backward").all()
+    assert unsupported(res.best_config, spec) is None

@@ -25,7 +25,7 @@ schedule is 1F1B, so only one is kept.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import product
 from dataclasses import dataclass, replace
 
@@ -63,6 +63,10 @@ class SearchSpace:
             ``ParallelConfig.overlap_param_gather``.
         dtype: training precision.
         name: a label for reports.
+        exclude: a joint restriction the per-option tuples cannot state, (schedule,
+            zero, sequence_parallel) -> why that combination is left out ("" when it is
+            allowed); excluded candidates are kept as pruned rows naming the reason
+            (:func:`merak_sim.executable.executable_space` sets it).
     """
 
     tp: tuple[int, ...] | None = None
@@ -81,6 +85,7 @@ class SearchSpace:
     overlap_param_gather: tuple[bool, ...] = (False,)
     dtype: str = "bf16"
     name: str = "full"
+    exclude: Callable[[str, int, bool], str] | None = None
 
     def __post_init__(self) -> None:
         for s in self.schedules:
@@ -278,6 +283,9 @@ def _variants(model, dp, tp, pp, v, mbs, M, sched, space, cp=1) -> Iterator[Cand
         zgs.extend((z, zg) for zg in groups or (0,))
     odps = _collapse(space.overlap_param_gather, dp * cp > 1, False)
     # Recompute outermost, the attention and DP overlap innermost: the row order.
+    excluded = {(z, sp): space.exclude(sched, z, sp) if space.exclude and not rule else rule
+                for z, _ in zgs for sp in sps}
     for rc, sp, ov, (z, zg), att, odp in product(rcs, sps, ovs, zgs, space.attention, odps):
         # Positional, in field order (pruned, cp, zero_group, attention, overlap).
-        yield Candidate(dp, tp, pp, v, mbs, M, sched, rc, sp, ov, z, rule, cp, zg, att, odp)
+        yield Candidate(dp, tp, pp, v, mbs, M, sched, rc, sp, ov, z, excluded[z, sp], cp, zg,
+                        att, odp)
