@@ -135,6 +135,8 @@ DEFAULT_EFFICIENCY: dict[str, Efficiency] = {
     "A100-80GB": Efficiency(),
     "H100-80GB": Efficiency(gemm_max=0.78, gemm_dim_half=96.0, gemm_flops_half=1.5e9),
     "H200-141GB": Efficiency(gemm_max=0.78, gemm_dim_half=96.0, gemm_flops_half=1.5e9),
+    # the same Hopper die as the H100 (its published defaults; fits are per stack)
+    "GH200-96GB": Efficiency(gemm_max=0.78, gemm_dim_half=96.0, gemm_flops_half=1.5e9),
     "V100-32GB": Efficiency(gemm_max=0.78, gemm_dim_half=48.0, gemm_flops_half=0.2e9,
                             kernel_overhead_s=5e-6),
     "RTX3090": Efficiency(gemm_max=0.85, gemm_dim_half=48.0, gemm_flops_half=0.15e9,
