@@ -24,6 +24,8 @@ def _valid(name, pp, m, v):
         v = 1
     if spec.placement == "v":  # two chunks in a V, on at least two ranks
         pp, v = max(pp, 2), 2
+    if spec.min_virtual_stages > 1:  # at least that many chunks, on at least two ranks
+        pp, v = max(pp, 2), max(v, spec.min_virtual_stages)
     m = max(m, spec.min_microbatches(pp))
     if spec.microbatches_multiple_of_pp:
         m = max(pp, (m // pp) * pp)
