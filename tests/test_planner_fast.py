@@ -20,7 +20,7 @@ from merak_sim.sim import simulate
 FULL = SearchSpace(cp=(1, 2), zero=(0, 1, 2, 3), attention=("flash", "unfused"),
                    overlap_param_gather=(False, True), micro_batch_sizes=(1, 2),
                    virtual_stages=(2,))
-CASES = [("llama2-7b", "dgx-h100", 2, 32), ("gpt-2.5b", "paper-3090", 2, 16)]
+CASES = [("llama2-7b", "dgx-h100", 1, 16), ("gpt-2.5b", "paper-3090", 2, 16)]
 
 
 def _ran(res, k):

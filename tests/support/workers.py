@@ -193,44 +193,6 @@ def scenario_resume(rank: int, arg: dict) -> dict:
     return {"full": full, "first": first, "resumed": resumed, "errors": errors}
 
 
-def scenario_kill(rank: int, arg: dict) -> dict:
-    """Rank 1 dies (``arg["mode"] == "die"``) or stalls for 2 timeouts ("stall") in the
-    middle of step 2; the others must fail with a clear error within the timeout."""
-    import time
-
-    from merak_exec.models import GPT
-    from merak_exec.parallel import parallelize
-    from merak_sim.config import ParallelConfig
-
-    pc = ParallelConfig(pp=2, global_batch_size=4, micro_batch_size=1, dtype="fp32")
-    mcfg = tiny_gpt_config()
-    torch.manual_seed(0)
-    pm = parallelize(GPT(mcfg), pc, seq_len=8)
-    (x, y), = data(mcfg, 4, 8, 1)
-    pm.train_step(x, y)
-    if rank == 1:
-        chunk = pm.chunks[0]
-        orig = chunk.forward
-        calls = {"n": 0}
-
-        def dying(*a, **k):
-            calls["n"] += 1
-            if calls["n"] == 2:
-                if arg.get("mode", "die") == "die":
-                    os._exit(3)
-                time.sleep(2 * arg["timeout_s"])
-            return orig(*a, **k)
-
-        chunk.forward = dying
-    t = time.monotonic()
-    try:
-        pm.train_step(x, y)
-    except Exception as e:
-        return {"error": f"{type(e).__name__}: {e}", "after_s": time.monotonic() - t,
-                "exit": 1}
-    return {"error": None, "after_s": time.monotonic() - t}
-
-
 class _DataDependent(torch.nn.Module):
     """Control flow on tensor values: torch.export cannot capture it."""
 
