@@ -10,7 +10,7 @@ tensors gathered from the shards) against a single-process run, relative error
 
 import pytest
 
-from support.workers import launch
+from support.workers import assert_equivalent, launch
 
 from merak_sim.config import ParallelConfig
 from merak_sim.executable import unsupported
@@ -34,22 +34,12 @@ FOUR = [
 ]
 
 
-def _check(results):
-    for rank, rs in enumerate(results):
-        errors = [r["error"] for r in rs if "error" in r]
-        assert not errors, f"rank {rank}: {errors[0]}"
-        for r in rs:
-            for what in ("loss", "param"):
-                assert r[what] <= 1e-5, f"rank {rank} {r['name']}: {what} rel err {r[what]}"
-            assert r["losses"][-1] != r["losses"][0]
-
-
 def test_fsdp_dp2_equals_single_process(tmp_path):
-    _check(launch(2, TWO, str(tmp_path), timeout_s=400))
+    assert_equivalent(launch(2, TWO, str(tmp_path), timeout_s=400), TWO)
 
 
 def test_fsdp_with_pp2_and_tp2_equals_single_process(tmp_path):
-    _check(launch(4, FOUR, str(tmp_path), timeout_s=600))
+    assert_equivalent(launch(4, FOUR, str(tmp_path), timeout_s=600), FOUR)
 
 
 @pytest.mark.parametrize("kw, fragment", [

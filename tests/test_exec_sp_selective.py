@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from support.workers import launch
+from support.workers import assert_equivalent, launch
 
 from merak_exec.mesh import ExecError
 
@@ -42,15 +42,7 @@ CASES = [
 
 
 def test_sp_and_selective_equal_single_process(tmp_path):
-    results = launch(2, CASES, str(tmp_path), timeout_s=500)
-    for rank, rs in enumerate(results):
-        errors = [r["error"] for r in rs if "error" in r]
-        assert not errors, f"rank {rank}: {errors[0]}"
-        assert [r["name"] for r in rs] == [c["name"] for c in CASES]
-        for r in rs:
-            for what in ("loss", "grad", "param"):
-                assert r[what] <= 1e-5, f"rank {rank} {r['name']}: {what} rel err {r[what]}"
-            assert r["losses"][-1] != r["losses"][0]
+    assert_equivalent(launch(2, CASES, str(tmp_path), timeout_s=500), CASES)
 
 
 def test_sequence_parallel_refuses_unknown_families():

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from support.workers import launch
+from support.workers import assert_equivalent, launch
 
 from merak_exec.launch import free_port, run_ranks
 
@@ -35,14 +35,8 @@ CASES = [
 
 
 def test_zero1_equals_single_process(tmp_path):
-    results = launch(2, CASES, str(tmp_path), timeout_s=500)
-    for rank, rs in enumerate(results):
-        errors = [r["error"] for r in rs if "error" in r]
-        assert not errors, f"rank {rank}: {errors[0]}"
-        for r in rs:
-            for what in ("loss", "param"):
-                assert r[what] <= 1e-5, f"rank {rank} {r['name']}: {what} rel err {r[what]}"
-            assert r["losses"][-1] != r["losses"][0]
+    # grads are not compared under ZeRO (run_case reports 0): losses and parameters are
+    assert_equivalent(launch(2, CASES, str(tmp_path), timeout_s=500), CASES)
 
 
 def memory_worker(rank: int, world: int, port: int, out_dir: str, zero: int) -> None:

@@ -62,6 +62,7 @@ from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.comm import measured_collectives
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.costs.nccl import A100_NVSWITCH
+from merak_sim.experiments.fitting import coordinate_search
 from merak_sim.hardware import Cluster, get_cluster
 from merak_sim.model import ModelSpec
 from merak_sim.schedule.ir import Schedule
@@ -202,37 +203,17 @@ def fit(rows: Sequence[VTrainRow], start: Efficiency | None = None, *, rounds: i
     """Fit efficiency parameters to ``rows`` within :data:`BOUNDS` (module docstring);
     returns (Efficiency, mean absolute log error)."""
     eff = start or Efficiency()
-    eff = eff.with_(**{k: min(max(getattr(eff, k), BOUNDS[k][0]), BOUNDS[k][1])
-                       for k in params})
     prepared = [PreparedRow.of(r) for r in rows]
     meas = [r.time_ms / 1e3 for r in rows]
 
-    def loss_of(e: Efficiency) -> float:
+    def loss_of(x: dict[str, float]) -> float:
+        try:
+            e = eff.with_(**x)
+        except ValueError:  # a combination Efficiency rejects: never chosen
+            return math.inf
         return _loss([p.predict(e) for p in prepared], meas)
 
-    best = loss_of(eff)
-    if log:
-        log(f"start loss {best:.4f} {eff.to_dict()}")
-    s = step
-    for rnd in range(rounds):
-        improved = False
-        for name in params:
-            for mult in (s, 1.0 / s):
-                old = getattr(eff, name)
-                lo, hi = BOUNDS[name]
-                v = min(max(old * mult, lo), hi)
-                if v == old:
-                    continue
-                try:
-                    cand = eff.with_(**{name: v})
-                except ValueError:
-                    continue
-                c_loss = loss_of(cand)
-                if c_loss < best:
-                    eff, best, improved = cand, c_loss, True
-                    break
-        if log:
-            log(f"round {rnd}: step x{s:.3f} loss {best:.4f} {eff.to_dict()}")
-        if not improved:
-            s = math.sqrt(s)
-    return eff, best
+    x, best = coordinate_search(loss_of, {k: getattr(eff, k) for k in params},
+                                {k: BOUNDS[k] for k in params}, rounds=rounds, step=step,
+                                log=log)
+    return eff.with_(**x), best
