@@ -62,6 +62,7 @@ TWO = [
     C("hf-gpt2 pp2 zb-scp full", "gpt2", pp=2, schedule="zb-scp", recompute="full"),
     C("pp2 zb-interleaved stage-aware", pp=2, schedule="zb-interleaved", virtual_stages=2,
       recompute="stage-aware"),
+    C("hf-gpt2 pp2 1f1b-split none", "gpt2", pp=2, schedule="1f1b-split"),
     C("hf-gpt2 pp2 zb-interleaved none", "gpt2", pp=2, schedule="zb-interleaved",
       virtual_stages=2),
 ]
@@ -99,6 +100,9 @@ FOUR = [
       recompute="stage-aware"),
     C("pp4 zb-interleaved none", pp=4, schedule="zb-interleaved", virtual_stages=2,
       n_layer=8),
+    C("hf-gpt2 pp4 zb-h2 none", "gpt2", pp=4, schedule="zb-h2"),
+    C("hf-gpt2 pp4 zb-auto none", "gpt2", pp=4, schedule="zb-auto"),
+    C("hf-gpt2 pp4 1f1b-split none", "gpt2", pp=4, schedule="1f1b-split"),
     C("hf-gpt2 pp4 zb-interleaved none", "gpt2", pp=4, schedule="zb-interleaved",
       virtual_stages=2, n_layer=8),
 ]
