@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/fidelity.py --fit      # refit the profiles, print values
     .venv/bin/python benchmarks/fidelity.py --fit --profile a100-pytorch  # one profile
     .venv/bin/python benchmarks/fidelity.py --limit 5  # 5 rows per file (a quick check)
+    .venv/bin/python benchmarks/fidelity.py --cv       # choose megatron-te's free parameters
 
 Prints and writes benchmarks/results/fidelity.md: per dataset and role (vTrain
 single-node = the A100 fit; llm-foundry H100 MPT-1b/7b/30b and NeMo H100 GPT-3 /
@@ -37,7 +38,15 @@ from merak_sim.experiments.fidelity import (
     summarise,
     vtrain_outcomes,
 )
-from merak_sim.experiments.hopper_fit import FIT_SPLIT, HopperParams, fit, fit_rows
+from merak_sim.experiments.fit_cv import choose
+from merak_sim.experiments.hopper_fit import (
+    FIT_SPLIT,
+    HopperParams,
+    cross_validate_profile,
+    fit,
+    fit_rows,
+    published_values,
+)
 from merak_sim.experiments.public_runs import load_rows
 from merak_sim.io import atomic_write_text
 
@@ -80,6 +89,25 @@ def _by_role(outs: list[Outcome]) -> list[Outcome]:
                     o.predicted_s, o.mem_err) for o in outs]
 
 
+def _cv(paths: list[Path]) -> int:
+    """Leave-one-family-out choice of megatron-te's free parameters (hopper_fit)."""
+    data = {f"public-runs/{p.stem}": load_rows(p) for p in paths}
+    profile = "megatron-te"
+    rows = fit_rows(data, profile)
+    results = cross_validate_profile(rows, profile, log=print)
+    print("| variant | free | " + " | ".join(results[0].fold_losses) + " | score |")
+    for r in results:
+        print(f"| {r.variant.name} | {len(r.variant.free)} | "
+              + " | ".join(f"{v:.4f}" for v in r.fold_losses.values()) + f" | {r.score:.4f} |")
+    win = choose(results).variant
+    print(f"chosen: {win.name} ({', '.join(win.free) or 'nothing fitted'})")
+    start = HopperParams(published_values(profile, win.free), profile)
+    params, loss = fit(rows, start, rounds=12)
+    print(f"{profile} refitted on {len(rows)} rows (mean |log error| {loss:.4f}): "
+          f"{params.values}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT / "data")
@@ -90,12 +118,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --fit: refit only this profile (repeatable)")
     ap.add_argument("--limit", type=int, default=0,
                     help="at most this many rows per file (0: all; the table is not written)")
+    ap.add_argument("--cv", action="store_true",
+                    help="cross-validate megatron-te's candidate parameter sets by model "
+                         "family, refit the winner on all its fit rows and print it")
     args = ap.parse_args(argv)
     if not (args.data / "vtrain").is_dir():
         print(f"fidelity: error: {args.data / 'vtrain'} not found; pass --data", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     paths = sorted((args.data / "public-runs").glob("*.csv"))
+    if args.cv:
+        return _cv(paths)
     if args.fit:
         data = {f"public-runs/{p.stem}": load_rows(p) for p in paths}
         print(FIT_SPLIT)

@@ -106,6 +106,10 @@ def test_fidelity_command_runs_on_a_small_subset(capsys, tmp_path):
     text = capsys.readouterr().out
     assert "public-runs/llmfoundry (held out)" in text and "vtrain-multi" in text
     assert "not expressible" in text and not out.exists()  # a subset writes no table
+    # The target's own section: per held-out source, its H100 / A100 bf16 rows.
+    assert "## Target: held-out H100/A100 bf16 rows, MAPE <= 10 % per source" in text
+    assert "| target=H100/A100 bf16 |" in text
+    assert "| public-runs/sailor (held out) | 0 | - |" in text
 
 
 def test_calibrated_model_serves_the_hopper_fit_as_the_fit_prices_it():
