@@ -18,8 +18,9 @@ model and source with a fitted one:
   vTrain's Megatron fit (:mod:`merak_sim.experiments.vtrain`).
 
 What moves: the efficiency curve's GEMM ceiling, its shape half-points, the memory
-efficiency, the per-kernel overhead, the flash-attention ceilings forward and backward,
-and (``megatron-te``, whose rows are FP8) the FP8 factor. Links keep their spec-sheet
+efficiency, the per-kernel overhead, the flash-attention ceilings forward and backward
+(``megatron-te``: only the GEMM ceiling and the per-kernel overhead, the variant its
+cross-validation chose, below). Links keep their spec-sheet
 figures. Bounds (:data:`BOUNDS`) come from physics, fixed before any result was seen:
 - gemm_max <= 0.80: large bf16 GEMMs on H100 / H200 reach 700-800 of 989 TFLOP/s (this
   workplace measured 769-798 on an H200, 8192^3); on A100, cuBLAS reaches about
