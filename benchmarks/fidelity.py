@@ -6,7 +6,8 @@
     .venv/bin/python benchmarks/fidelity.py --limit 5  # 5 rows per file (a quick check)
     .venv/bin/python benchmarks/fidelity.py --cv       # choose megatron-te's free parameters
 
-Prints and writes benchmarks/results/fidelity.md: per dataset and role (vTrain
+Prints and writes benchmarks/results/fidelity.md: first the target (per public-runs
+source, its held-out H100 / A100 bf16 rows: MAPE against 10 %), then per dataset and role (vTrain
 single-node = the A100 fit; llm-foundry H100 MPT-1b/7b/30b and NeMo H100 GPT-3 /
 LLaMA-2 / Nemotron = the two Hopper fits; llm-foundry A100 MPT-1b/7b = the A100
 PyTorch fit; every other row held out) and per group (GPU
@@ -16,7 +17,9 @@ every public-runs row the model cannot express with its reason
 (merak_sim/experiments/fidelity.py, public_runs.py). Uses the committed calibration
 (merak_sim/costs/calibrated.py, calibrated_hopper.py); ``--fit`` refits the Hopper
 and A100 PyTorch profiles (merak_sim/experiments/hopper_fit.py) and prints them to copy
-into calibrated_hopper.py, without writing the table.
+into calibrated_hopper.py, without writing the table; ``--cv`` cross-validates
+megatron-te's candidate parameter sets by model family inside its fit rows
+(merak_sim/experiments/fit_cv.py), refits the winner and prints it.
 """
 
 from __future__ import annotations
