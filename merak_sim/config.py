@@ -170,6 +170,9 @@ class ParallelConfig:
                              f"{', '.join(ATTENTIONS)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
+        if not isinstance(self.fused_elementwise, bool):
+            raise ValueError(f"fused_elementwise must be true or false, got "
+                             f"{self.fused_elementwise!r}")
         if self.virtual_stages > 1 and not SCHEDULES[self.schedule].interleaved:
             interleaving = ", ".join(n for n, s in SCHEDULES.items() if s.interleaved)
             raise ValueError(

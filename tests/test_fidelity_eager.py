@@ -149,3 +149,18 @@ def test_megatron_variants_start_from_published_defaults_by_family():
         "gemm_max": 0.78, "fp8_factor": 0.87}
     assert [family_of({"model": m}) for m in ("GPT3-175B", "LLAMA2-7B", "Nemotron-8B")] \
         == ["GPT3", "LLAMA2", "Nemotron"]
+
+
+def test_eager_torchtitan_row_is_slower_than_its_compiled_twin_by_less_than_measured():
+    from pathlib import Path
+
+    from merak_sim.experiments.fidelity import public_run_outcomes as outcomes
+    done, _ = outcomes(Path(__file__).resolve().parents[1] / "data" / "public-runs"
+                       / "torchtitan.csv", limit=2)
+    eager, compiled = done  # Llama 3.1 8B on 8 H100, bf16, without and with compile
+    assert "compile" in compiled.label and "compile" not in eager.label
+    measured = eager.measured_s / compiled.measured_s
+    predicted = eager.predicted_s / compiled.predicted_s
+    # The op-by-op bytes explain most of the measured gap; what is not modelled
+    # (checkpointed eager ops re-run, K/V copies) only adds eager time.
+    assert 1.05 < predicted < measured

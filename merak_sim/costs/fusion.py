@@ -16,7 +16,8 @@ Per element of the op's tensor (``e`` bytes per 16-bit element, 4 per fp32 one; 
 row-sized tensor such as a mean or an rsqrt counts as a kernel without bytes):
 
 - RMSNorm as torchtitan's Llama blocks define it, ``(x.float() * rsqrt(x.float()
-  .pow(2).mean(-1) + eps)).type_as(x) * weight``: forward ``float`` (e + 4), ``pow``
+  .pow(2).mean(-1) + eps)).type_as(x) * weight`` (PyTorch's ``nn.RMSNorm`` decomposes
+  into the same ops where it has no fused CUDA kernel): forward ``float`` (e + 4), ``pow``
   (8), ``mean`` (4), ``add`` and ``rsqrt`` (row-sized), ``mul`` (8), ``type_as``
   (4 + e), ``mul weight`` (2 e): 4 e + 28 bytes, 8 kernels. Backward: the weight mul
   (input gradient 2 e; weight gradient product 3 e and its row reduction e), the cast
@@ -38,7 +39,12 @@ row-sized tensor such as a mean or an rsqrt counts as a kernel without bytes):
 :func:`eager_extra` returns what eager execution adds to the fused charge (the
 difference of the two, per layer pass), which the layer cost prices at HBM bandwidth
 times the calibrated memory efficiency with the per-kernel overhead of each extra
-kernel.
+kernel. Nothing here is fitted. Check against torchtitan's own pairs of H100 runs
+that differ only in torch.compile (Llama 3.1 8B, 8 and 128 GPUs): measured, eager
+steps take 15.7 / 16.2 % longer than compiled ones; with the pytorch profile the model
+predicts 11.1 % for both. Not modelled: the eager ops that selective activation
+checkpointing re-runs in backward, ``repeat_kv``'s copies of K and V for grouped-query
+attention, and the fp32 intermediates' transient memory.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from dataclasses import dataclass
 from merak_sim.model import ModelSpec
 
 __all__ = ["OpPasses", "EagerExtra", "RMSNORM_EAGER", "ROPE_EAGER", "SWIGLU_EAGER",
-           "FUSED", "eager_extra"]
+           "FUSED", "FUSED_ACT", "eager_extra"]
 
 FP32 = 4
 
@@ -91,9 +97,10 @@ ROPE_EAGER = OpPasses(fwd_e=2, fwd_c=FP32 + 2 * FP32 + FP32, fwd_kernels=3,
                       bwd_e=2, bwd_c=FP32 + 2 * FP32 + FP32, bwd_kernels=3)
 #: SiLU and the gating product as two kernels.
 SWIGLU_EAGER = OpPasses(fwd_e=5, fwd_c=0, fwd_kernels=2, bwd_e=9, bwd_c=0, bwd_kernels=3)
-#: What :mod:`merak_sim.costs.layers` charges per op group (norm, rotary, activation):
-#: read + write (the activation 3 e, see ``FUSED_ACT``), backward twice that, one kernel.
+#: What :mod:`merak_sim.costs.layers` charges per op group (norm, rotary): read +
+#: write, backward twice that, one kernel.
 FUSED = OpPasses(fwd_e=2, fwd_c=0, fwd_kernels=1, bwd_e=4, bwd_c=0, bwd_kernels=1)
+#: Its charge for the gated activation: read gate and up, write one (3 e), backward twice.
 FUSED_ACT = OpPasses(fwd_e=3, fwd_c=0, fwd_kernels=1, bwd_e=6, bwd_c=0, bwd_kernels=1)
 
 
