@@ -43,6 +43,7 @@ from merak_sim.experiments.fidelity import (
 )
 from merak_sim.experiments.fit_cv import choose
 from merak_sim.experiments.hopper_fit import (
+    CHOSEN,
     FIT_SPLIT,
     HopperParams,
     cross_validate_profile,
@@ -103,7 +104,8 @@ def _cv(paths: list[Path]) -> int:
         print(f"| {r.variant.name} | {len(r.variant.free)} | "
               + " | ".join(f"{v:.4f}" for v in r.fold_losses.values()) + f" | {r.score:.4f} |")
     win = choose(results).variant
-    print(f"chosen: {win.name} ({', '.join(win.free) or 'nothing fitted'})")
+    print(f"chosen: {win.name} ({', '.join(win.free) or 'nothing fitted'}); committed: "
+          f"{CHOSEN[profile]} ({'same' if CHOSEN[profile] == win.name else 'DIFFERS'})")
     start = HopperParams(published_values(profile, win.free), profile)
     params, loss = fit(rows, start, rounds=12)
     print(f"{profile} refitted on {len(rows)} rows (mean |log error| {loss:.4f}): "

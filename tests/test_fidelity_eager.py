@@ -23,7 +23,8 @@ from merak_sim.experiments.fidelity import (
     target_group,
 )
 from merak_sim.experiments.fit_cv import Variant, choose, cross_validate
-from merak_sim.experiments.hopper_fit import VARIANTS, family_of, published_values
+from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES
+from merak_sim.experiments.hopper_fit import CHOSEN, VARIANTS, family_of, published_values
 from merak_sim.experiments.public_runs import eager_elementwise, row_setup
 from merak_sim.hardware import get_cluster
 from merak_sim.model import get_model
@@ -149,6 +150,10 @@ def test_megatron_variants_start_from_published_defaults_by_family():
         "gemm_max": 0.78, "fp8_factor": 0.87}
     assert [family_of({"model": m}) for m in ("GPT3-175B", "LLAMA2-7B", "Nemotron-8B")] \
         == ["GPT3", "LLAMA2", "Nemotron"]
+    # The committed profile moves exactly the chosen variant's parameters.
+    for profile, name in CHOSEN.items():
+        win = next(v for v in VARIANTS[profile] if v.name == name)
+        assert set(HOPPER_PROFILES[profile]) == set(win.free)
 
 
 def test_eager_torchtitan_row_is_slower_than_its_compiled_twin_by_less_than_measured():

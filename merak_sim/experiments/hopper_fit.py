@@ -75,7 +75,7 @@ from merak_sim.sim.api import simulate
 
 __all__ = ["FIT_SPLIT", "FIT_MODELS", "BOUNDS", "A100_BOUNDS", "profile_of",
            "fit_profile_of", "role_of", "fit_rows", "HopperParams", "predict", "fit",
-           "VARIANTS", "family_of", "published_values", "mean_log_error",
+           "VARIANTS", "CHOSEN", "family_of", "published_values", "mean_log_error",
            "cross_validate_profile"]
 
 #: Per fitted profile: (dataset, GPU-type prefix, model-name prefixes) of the rows the
@@ -200,6 +200,10 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
                         "fp8_factor")),
     ),
 }
+
+#: The variant the cross-validation chose per profile (``benchmarks/fidelity.py --cv``
+#: prints the scores); the committed profile fits exactly its parameters.
+CHOSEN: dict[str, str] = {"megatron-te": "ceiling+overhead"}
 
 
 def family_of(row: dict) -> str:
