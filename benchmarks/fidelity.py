@@ -4,8 +4,10 @@
     .venv/bin/python benchmarks/fidelity.py --fit      # refit the profiles, print values
     .venv/bin/python benchmarks/fidelity.py --fit --profile a100-pytorch  # one profile
     .venv/bin/python benchmarks/fidelity.py --limit 5  # 5 rows per file (a quick check)
+    .venv/bin/python benchmarks/fidelity.py --cv       # choose megatron-te's free parameters
 
-Prints and writes benchmarks/results/fidelity.md: per dataset and role (vTrain
+Prints and writes benchmarks/results/fidelity.md: first the target (per public-runs
+source, its held-out H100 / A100 bf16 rows: MAPE against 10 %), then per dataset and role (vTrain
 single-node = the A100 fit; llm-foundry H100 MPT-1b/7b/30b and NeMo H100 GPT-3 /
 LLaMA-2 / Nemotron = the two Hopper fits; llm-foundry A100 MPT-1b/7b = the A100
 PyTorch fit; every other row held out) and per group (GPU
@@ -15,7 +17,9 @@ every public-runs row the model cannot express with its reason
 (merak_sim/experiments/fidelity.py, public_runs.py). Uses the committed calibration
 (merak_sim/costs/calibrated.py, calibrated_hopper.py); ``--fit`` refits the Hopper
 and A100 PyTorch profiles (merak_sim/experiments/hopper_fit.py) and prints them to copy
-into calibrated_hopper.py, without writing the table.
+into calibrated_hopper.py, without writing the table; ``--cv`` cross-validates
+megatron-te's candidate parameter sets by model family inside its fit rows
+(merak_sim/experiments/fit_cv.py), refits the winner and prints it.
 """
 
 from __future__ import annotations
@@ -29,13 +33,24 @@ from pathlib import Path
 from merak_sim.costs.calibrated_hopper import A100_PROFILES, HOPPER_PROFILES
 from merak_sim.experiments.fidelity import (
     PUBLIC_GROUPS,
+    TARGET,
+    TARGET_MAPE_PCT,
     VTRAIN_GROUPS,
     Outcome,
     public_run_outcomes,
     summarise,
     vtrain_outcomes,
 )
-from merak_sim.experiments.hopper_fit import FIT_SPLIT, HopperParams, fit, fit_rows
+from merak_sim.experiments.fit_cv import choose
+from merak_sim.experiments.hopper_fit import (
+    CHOSEN,
+    FIT_SPLIT,
+    HopperParams,
+    cross_validate_profile,
+    fit,
+    fit_rows,
+    published_values,
+)
 from merak_sim.experiments.public_runs import load_rows
 from merak_sim.io import atomic_write_text
 
@@ -53,11 +68,49 @@ def _table(stats) -> list[str]:
     return out
 
 
+def _target(stats) -> list[str]:
+    """The target's rows: per source, its held-out H100 / A100 bf16 group."""
+    out = [f"## Target: held-out {TARGET} rows, MAPE <= {TARGET_MAPE_PCT:g} % per source",
+           "", "| dataset | rows | MAPE % | mean signed % | worst % | target |",
+           "|---|---|---|---|---|---|"]
+    cells = {s.dataset: s for s in stats if s.group == f"target={TARGET}"}
+    for ds in dict.fromkeys(s.dataset for s in stats if s.dataset.startswith("public-runs")
+                            and s.role == "held out"):
+        s = cells.get(ds)
+        if s is None:
+            out.append(f"| {ds} | 0 | - | - | - | no held-out {TARGET} rows |")
+            continue
+        met = "met" if s.mape_pct <= TARGET_MAPE_PCT else "missed"
+        out.append(f"| {ds} | {s.rows} | {s.mape_pct:.2f} | {s.signed_pct:+.2f} "
+                   f"| {s.worst_pct:+.1f} | {met} |")
+    return out + [""]
+
+
 def _by_role(outs: list[Outcome]) -> list[Outcome]:
     """Outcomes with the dataset split by role, so fitted and held-out rows of one file
     are reported apart."""
     return [Outcome(f"{o.dataset} ({o.role})", o.role, o.label, o.groups, o.measured_s,
                     o.predicted_s, o.mem_err) for o in outs]
+
+
+def _cv(paths: list[Path]) -> int:
+    """Leave-one-family-out choice of megatron-te's free parameters (hopper_fit)."""
+    data = {f"public-runs/{p.stem}": load_rows(p) for p in paths}
+    profile = "megatron-te"
+    rows = fit_rows(data, profile)
+    results = cross_validate_profile(rows, profile, log=print)
+    print("| variant | free | " + " | ".join(results[0].fold_losses) + " | score |")
+    for r in results:
+        print(f"| {r.variant.name} | {len(r.variant.free)} | "
+              + " | ".join(f"{v:.4f}" for v in r.fold_losses.values()) + f" | {r.score:.4f} |")
+    win = choose(results).variant
+    print(f"chosen: {win.name} ({', '.join(win.free) or 'nothing fitted'}); committed: "
+          f"{CHOSEN[profile]} ({'same' if CHOSEN[profile] == win.name else 'DIFFERS'})")
+    start = HopperParams(published_values(profile, win.free), profile)
+    params, loss = fit(rows, start, rounds=12)
+    print(f"{profile} refitted on {len(rows)} rows (mean |log error| {loss:.4f}): "
+          f"{params.values}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,12 +123,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --fit: refit only this profile (repeatable)")
     ap.add_argument("--limit", type=int, default=0,
                     help="at most this many rows per file (0: all; the table is not written)")
+    ap.add_argument("--cv", action="store_true",
+                    help="cross-validate megatron-te's candidate parameter sets by model "
+                         "family, refit the winner on all its fit rows and print it")
     args = ap.parse_args(argv)
     if not (args.data / "vtrain").is_dir():
         print(f"fidelity: error: {args.data / 'vtrain'} not found; pass --data", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     paths = sorted((args.data / "public-runs").glob("*.csv"))
+    if args.cv:
+        return _cv(paths)
     if args.fit:
         data = {f"public-runs/{p.stem}": load_rows(p) for p in paths}
         print(FIT_SPLIT)
@@ -109,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "measures: torchtitan the caching allocator's peak reserved memory, Sailor the "
         "device's used memory, both including backward's transient tensors).",
         "",
+        *_target(stats),
         *_table(stats),
         "",
         f"## Public-runs rows not expressible ({len(skipped)} of {len(skipped) + len(public)}"

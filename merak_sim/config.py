@@ -60,6 +60,9 @@ class ParallelConfig:
             --overlap-param-gather; the engine runs the all-gather in the buckets).
         dtype: training precision: bf16 / fp16 / fp32, or fp8 (GEMMs in FP8 with
             16-bit activations and mixed-precision master weights and optimizer).
+        fused_elementwise: the norms, rotary embedding and activation run as fused
+            kernels (Megatron, Transformer Engine, torch.compile); False: one eager
+            PyTorch kernel per op (:mod:`merak_sim.costs.fusion`).
     """
 
     dp: int = 1
@@ -81,6 +84,7 @@ class ParallelConfig:
     attention: str = "auto"
     overlap_param_gather: bool = False
     dtype: str = "bf16"
+    fused_elementwise: bool = True
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -166,6 +170,9 @@ class ParallelConfig:
                              f"{', '.join(ATTENTIONS)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
+        if not isinstance(self.fused_elementwise, bool):
+            raise ValueError(f"fused_elementwise must be true or false, got "
+                             f"{self.fused_elementwise!r}")
         if self.virtual_stages > 1 and not SCHEDULES[self.schedule].interleaved:
             interleaving = ", ".join(n for n, s in SCHEDULES.items() if s.interleaved)
             raise ValueError(

@@ -171,7 +171,7 @@ class AnalyticCostModel:
                                             and config.tp > 1) else 1
         opts = LayerOptions(attention=self.attention_kernel(config), cp=config.cp,
                             fp8_peak=(cluster.gpu.peak("fp8") if config.dtype == "fp8"
-                                      else 0.0),
+                                      else 0.0), fused_elementwise=config.fused_elementwise,
                             kernels=self.kernels or default_kernels(cluster.gpu.name))
         if opts == LayerOptions(kernels=opts.kernels):
             lay = layer_cost(model, peak, bw, eff, e, config.micro_batch_size, config.tp,

@@ -29,6 +29,9 @@ Compute (one layer, one micro-batch of b sequences, on one GPU of a TP group of 
   executes (half the tiles under causal masking); the softmax / dropout kernels and
   their s x s bytes vanish; its backward recomputes the scores inside the kernel (5/2
   of the forward's work). Model FLOPs are unchanged.
+- Eager elementwise ops (``fused_elementwise=False``, :mod:`merak_sim.costs.fusion`):
+  the norms, rotary embedding and SwiGLU run one PyTorch kernel per op, adding the
+  bytes and kernels of their upcasts and intermediate tensors to the fused charge.
 - Grouped-query attention: K and V are ``kv`` wide (``ModelSpec.kv_dim_per_rank``:
   kv/t, or one replicated head when t exceeds the kv heads) in the QKV GEMM, the rotary
   bytes, the ring exchange of context parallelism and the memory model.
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.costs.fusion import EagerExtra, eager_extra
 from merak_sim.costs.kernels import KernelEfficiency
 from merak_sim.model import ModelSpec
 
@@ -105,12 +109,15 @@ class LayerOptions:
         cp: context-parallel degree.
         fp8_peak: FP8 dense peak FLOP/s when GEMMs run in FP8 (0: 16-bit GEMMs).
         kernels: the flash / FP8 efficiency parameters.
+        fused_elementwise: False when the elementwise ops run one eager kernel each
+            (:mod:`merak_sim.costs.fusion`).
     """
 
     attention: str = "unfused"
     cp: int = 1
     fp8_peak: float = 0.0
     kernels: KernelEfficiency = KernelEfficiency()
+    fused_elementwise: bool = True
 
 
 def _qkv_width(model: ModelSpec, tp: int) -> float:
@@ -178,6 +185,10 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     n_soft = 0 if flash else (2 if p else 1)
     n_mem = 2 + 2 + n_soft + 1 + (1 if rope else 0)
     mem_fwd = eff.mem_time(mem_bytes, mem_bw, n_mem)
+    ex = EagerExtra() if opts.fused_elementwise else eager_extra(model, m, tp, sp, e, rope_n)
+    mem_fwd += eff.mem_time(ex.fwd_bytes, mem_bw, ex.fwd_kernels) if ex.fwd_kernels else 0.0
+    mem_bwd = eff.mem_time(2 * mem_bytes, mem_bw, n_mem + 2) + (
+        eff.mem_time(ex.bwd_bytes, mem_bw, ex.bwd_kernels) if ex.bwd_kernels else 0.0)
     softmax_t = eff.mem_time(softmax, mem_bw, n_soft) if softmax else 0.0
     cast_f = cast_b = 0.0
     if fp8:
@@ -185,14 +196,13 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
         cast_f = eff.mem_time(sum(mm * k for mm, _n, k in gemms) * (e + 1), mem_bw, nk)
         cast_b = eff.mem_time(sum(mm * n for mm, n, _k in gemms) * (e + 1), mem_bw, nk)
     fwd = parts * (g_fwd + attn + mem_fwd + cast_f)
-    bwd_in = parts * (g_fwd + attn_b + eff.mem_time(2 * mem_bytes, mem_bw, n_mem + 2)
-                      + cast_b)
+    bwd_in = parts * (g_fwd + attn_b + mem_bwd + cast_b)
     bwd_w = parts * g_fwd
     # Host issue floor (Efficiency.host_bound): kernels of each pass as charged above.
     n_attn = (1 if flash else 2) * (cp if flash else 1)
     n_cast = opts.kernels.fp8_cast_kernels * len(gemms) if fp8 else 0
-    n_fwd = parts * (len(gemms) + n_attn + n_mem + n_cast)
-    n_bwd = parts * (2 * len(gemms) + 2 * n_attn + n_mem + 2 + n_cast)
+    n_fwd = parts * (len(gemms) + n_attn + n_mem + n_cast + ex.fwd_kernels)
+    n_bwd = parts * (2 * len(gemms) + 2 * n_attn + n_mem + 2 + n_cast + ex.bwd_kernels)
     fwd = eff.host_bound(fwd, n_fwd)
     bwd_dev = bwd_in + bwd_w
     if bwd_dev > 0 and eff.host_op_s > 0:
@@ -204,7 +214,7 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     n_ar = 2 * parts
     kv_bytes = 2 * mbs * s_loc * model.kv_dim_per_rank(tp) * e if cp > 1 else 0.0
     return LayerCost(fwd, bwd_in, bwd_w, core, (ar_bytes, n_ar), (ar_bytes, n_ar), flops,
-                     parts * (4 + 2 + n_mem), attn_fwd_s=parts * attn,
+                     parts * (4 + 2 + n_mem + ex.fwd_kernels), attn_fwd_s=parts * attn,
                      attn_bwd_s=parts * attn_b, cp_kv_bytes=kv_bytes,
                      fp8_cast_s=parts * (cast_f + cast_b))
 

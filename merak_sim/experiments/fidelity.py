@@ -23,7 +23,9 @@ quantity the column measures
 (:func:`merak_sim.experiments.public_runs.comparable_peak_bytes`: allocator-level
 peaks, so the backward working set is added to the simulated stash peak). Per dataset and group (GPU type, tp, pp, cp, ZeRO
 stage, precision, ...):
-rows, MAPE, mean signed error and the worst row (:func:`summarise`).
+rows, MAPE, mean signed error and the worst row (:func:`summarise`). The group
+``target=H100/A100 bf16`` (:func:`target_group`) holds a source's held-out bf16 rows
+on H100 and A100 GPUs: the rows of the public-runs target (MAPE <= 10 % per source).
 """
 
 from __future__ import annotations
@@ -57,11 +59,26 @@ from merak_sim.experiments.vtrain import load_vtrain, predict_row
 from merak_sim.sim.api import simulate
 
 __all__ = ["Outcome", "Skipped", "GroupStats", "vtrain_outcomes", "public_run_outcomes",
-           "summarise", "VTRAIN_GROUPS", "PUBLIC_GROUPS"]
+           "summarise", "VTRAIN_GROUPS", "PUBLIC_GROUPS", "TARGET", "TARGET_GPUS",
+           "TARGET_MAPE_PCT", "target_group"]
 
 #: Group keys reported for each kind of dataset.
 VTRAIN_GROUPS = ("gpu", "gpus", "tp", "pp")
-PUBLIC_GROUPS = ("gpu", "stack", "tp", "pp", "cp", "zero", "precision")
+PUBLIC_GROUPS = ("target", "gpu", "stack", "tp", "pp", "cp", "zero", "precision")
+#: The public-runs accuracy target's rows: held out, on these GPUs, in this precision
+#: (its group value, :func:`target_group`).
+TARGET = "H100/A100 bf16"
+TARGET_GPUS = ("H100", "A100")
+TARGET_MAPE_PCT = 10.0
+
+
+def target_group(role: str, gpu: str, dtype: str) -> str | None:
+    """``target=`` group value of a public-runs row: :data:`TARGET` for a held-out
+    bf16 row on an H100 or A100 (the rows the <= 10 % MAPE target is about), else
+    None (no such group)."""
+    if role == "held out" and gpu.startswith(TARGET_GPUS) and dtype == "bf16":
+        return TARGET
+    return None
 
 
 @dataclass(frozen=True)
@@ -174,11 +191,15 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
         mem_err = (None if pub is None else
                    comparable_peak_bytes(model, cfg, res.peak_memory_bytes) / pub - 1)
         zero = f"{cfg.zero}" + (f" (HSDP {cfg.zero_group})" if cfg.zero_group else "")
-        done.append(Outcome(dataset, role_of(dataset, row), label,
-                            {"gpu": cluster.gpu.name, "stack": profile_of(row),
-                             "tp": str(cfg.tp), "pp": str(cfg.pp),
-                             "cp": str(cfg.cp), "zero": zero, "precision": cfg.dtype},
-                            measured_step_s(row), res.iteration_time_s, mem_err))
+        role = role_of(dataset, row)
+        groups = {"gpu": cluster.gpu.name, "stack": profile_of(row), "tp": str(cfg.tp),
+                  "pp": str(cfg.pp), "cp": str(cfg.cp), "zero": zero,
+                  "precision": cfg.dtype}
+        target = target_group(role, cluster.gpu.name, cfg.dtype)
+        if target is not None:
+            groups["target"] = target
+        done.append(Outcome(dataset, role, label, groups, measured_step_s(row),
+                            res.iteration_time_s, mem_err))
     return done, skipped
 
 

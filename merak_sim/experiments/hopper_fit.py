@@ -18,8 +18,9 @@ model and source with a fitted one:
   vTrain's Megatron fit (:mod:`merak_sim.experiments.vtrain`).
 
 What moves: the efficiency curve's GEMM ceiling, its shape half-points, the memory
-efficiency, the per-kernel overhead, the flash-attention ceilings forward and backward,
-and (``megatron-te``, whose rows are FP8) the FP8 factor. Links keep their spec-sheet
+efficiency, the per-kernel overhead, the flash-attention ceilings forward and backward
+(``megatron-te``: only the GEMM ceiling and the per-kernel overhead, the variant its
+cross-validation chose, below). Links keep their spec-sheet
 figures. Bounds (:data:`BOUNDS`) come from physics, fixed before any result was seen:
 - gemm_max <= 0.80: large bf16 GEMMs on H100 / H200 reach 700-800 of 989 TFLOP/s (this
   workplace measured 769-798 on an H200, 8192^3); on A100, cuBLAS reaches about
@@ -41,13 +42,21 @@ figures. Bounds (:data:`BOUNDS`) come from physics, fixed before any result was 
 Method: the minimum of the mean absolute log error (symmetric relative error) by a
 derivative-free coordinate search in log space
 (:func:`merak_sim.experiments.fitting.coordinate_search`).
+
+How many parameters move (:data:`VARIANTS`, ``megatron-te``): its ten fit rows cover
+three model families, too few to pin eight parameters, so the candidates are the
+published H100 defaults (nothing fitted), the GEMM ceiling with the per-kernel
+overhead, those two with the flash ceilings, and all eight; the choice is made by
+leave-one-family-out cross-validation inside the fit rows
+(:mod:`merak_sim.experiments.fit_cv`, :func:`cross_validate_profile`), never by the
+held-out rows.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.calibrated_hopper import (
@@ -57,12 +66,17 @@ from merak_sim.costs.calibrated_hopper import (
     a100_cost_model,
     hopper_cost_model,
 )
+from merak_sim.costs.efficiency import default_efficiency
+from merak_sim.costs.kernels import default_kernels
+from merak_sim.experiments.fit_cv import CvResult, Variant, cross_validate
 from merak_sim.experiments.fitting import coordinate_search
 from merak_sim.experiments.public_runs import measured_step_s, row_setup, skip_reason
 from merak_sim.sim.api import simulate
 
 __all__ = ["FIT_SPLIT", "FIT_MODELS", "BOUNDS", "A100_BOUNDS", "profile_of",
-           "fit_profile_of", "role_of", "fit_rows", "HopperParams", "predict", "fit"]
+           "fit_profile_of", "role_of", "fit_rows", "HopperParams", "predict", "fit",
+           "VARIANTS", "CHOSEN", "family_of", "published_values", "mean_log_error",
+           "cross_validate_profile"]
 
 #: Per fitted profile: (dataset, GPU-type prefix, model-name prefixes) of the rows the
 #: fit sees.
@@ -152,19 +166,73 @@ def predict(row: dict, params: HopperParams) -> float:
                     sub_cluster=True, keep_trace=False).iteration_time_s
 
 
+def mean_log_error(rows: Sequence[dict], params: HopperParams) -> float:
+    """Mean absolute log error (predicted / measured) of ``rows`` under ``params``."""
+    errs = [abs(math.log(predict(r, params) / measured_step_s(r))) for r in rows]
+    return sum(errs) / len(errs)
+
+
 def fit(rows: Sequence[dict], start: HopperParams | None = None, *, rounds: int = 10,
         log: Callable[[str], None] | None = None) -> tuple[HopperParams, float]:
     """Fit a profile's parameters (those of ``start``, default the committed values of
     the default profile) to ``rows`` within :data:`BOUNDS`; returns the values and the
     mean absolute log error."""
     start = start or HopperParams.committed()
-    meas = [measured_step_s(r) for r in rows]
 
     def loss(x: dict[str, float]) -> float:
-        p = HopperParams(x, start.profile)
-        errs = [abs(math.log(predict(r, p) / m)) for r, m in zip(rows, meas, strict=True)]
-        return sum(errs) / len(errs)
+        return mean_log_error(rows, HopperParams(x, start.profile))
 
     bounds = A100_BOUNDS if start.profile in A100_PROFILES else BOUNDS
     x, best = coordinate_search(loss, dict(start.values), bounds, rounds=rounds, log=log)
     return HopperParams(x, start.profile), best
+
+
+#: Candidate parameter sets per profile (module docstring); every parameter a variant
+#: leaves out keeps its published default.
+VARIANTS: dict[str, tuple[Variant, ...]] = {
+    "megatron-te": (
+        Variant("published", ()),
+        Variant("ceiling+overhead", ("gemm_max", "kernel_overhead_s")),
+        Variant("ceiling+overhead+flash", ("gemm_max", "kernel_overhead_s",
+                                           "flash_max_fwd", "flash_max_bwd")),
+        Variant("all", ("gemm_max", "gemm_dim_half", "gemm_flops_half", "mem_bw_eff",
+                        "kernel_overhead_s", "flash_max_fwd", "flash_max_bwd",
+                        "fp8_factor")),
+    ),
+}
+
+#: The variant the cross-validation chose per profile (``benchmarks/fidelity.py --cv``
+#: prints the scores); the committed profile fits exactly its parameters.
+CHOSEN: dict[str, str] = {"megatron-te": "ceiling+overhead"}
+
+
+def family_of(row: dict) -> str:
+    """The model family of a fit row: the :data:`FIT_MODELS` prefix its model has."""
+    for _ds, _gpu, prefixes in FIT_MODELS.values():
+        for p in prefixes:
+            if row.get("model", "").startswith(p):
+                return p.rstrip("-")
+    return row.get("model", "?")
+
+
+def published_values(profile: str, names: Sequence[str]) -> dict[str, float]:
+    """The published defaults of ``names`` on the profile's GPU (H100 for Hopper
+    profiles, A100 for A100 ones)."""
+    gpu = "A100-80GB" if profile in A100_PROFILES else "H100-80GB"
+    pub = {**default_efficiency(gpu).to_dict(), **asdict(default_kernels(gpu))}
+    return {n: float(pub[n]) for n in names}
+
+
+def cross_validate_profile(rows: Sequence[dict], profile: str = DEFAULT_PROFILE, *,
+                           rounds: int = 8, log: Callable[[str], None] | None = None
+                           ) -> list[CvResult]:
+    """Leave-one-family-out cross-validation of ``profile``'s :data:`VARIANTS` on its fit
+    ``rows``, every fit starting from the published defaults."""
+    def fit_variant(train: Sequence[dict], v: Variant) -> HopperParams:
+        start = HopperParams(published_values(profile, v.free), profile)
+        params, best = fit(train, start, rounds=rounds)
+        if log:
+            log(f"{v.name}: {len(train)} rows, loss {best:.4f} {params.values}")
+        return params
+
+    return cross_validate(rows, family_of, VARIANTS[profile], fit_variant, mean_log_error)

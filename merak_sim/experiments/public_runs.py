@@ -43,6 +43,13 @@ How a row maps (assumptions stated once, here):
 - Recompute: "full" -> full; "selective (op ...)" -> selective; "selective layer"
   (torchtitan's every second layer) -> stage-aware with half the layers; "none"/"no" or
   unstated -> none.
+- Elementwise kernels: torchtitan rows without torch.compile run their RMSNorm, rotary
+  embedding and SwiGLU one eager PyTorch op at a time (``fused_elementwise=False``,
+  :mod:`merak_sim.costs.fusion`); compiled when the flags say torch.compile, when they
+  use async TP (an Inductor pass, so it needs compile) or when the notes say the run's
+  config sets ``compile=true``. Every other stack fuses them (Megatron and Transformer
+  Engine kernels) or calls one native kernel per op (llm-foundry's MPT: LayerNorm,
+  GELU), which is what the default charges.
 - Batch: micro-batch from the row; a pipelined torchtitan row without one uses
   torchtitan's default of as many micro-batches as stages. Schedules: 1F1B, or
   interleaved 1F1B with the row's virtual stages.
@@ -67,7 +74,8 @@ from merak_sim.model import ModelSpec, get_model
 
 __all__ = ["PRESET_BY_NAME", "load_rows", "skip_reason", "row_setup", "measured_step_s",
            "published_peak_bytes", "preset_for", "cluster_name", "precision_of",
-           "row_label", "MEMORY_MEASURE", "comparable_peak_bytes", "stage_layers"]
+           "row_label", "MEMORY_MEASURE", "comparable_peak_bytes", "stage_layers",
+           "eager_elementwise"]
 
 GiB = 1 << 30
 
@@ -269,6 +277,16 @@ def skip_reason(row: dict) -> str | None:
     return None
 
 
+def eager_elementwise(row: dict) -> bool:
+    """Whether a row's elementwise ops run as eager PyTorch kernels (module docstring:
+    torchtitan without torch.compile)."""
+    if "torchtitan" not in row.get("framework", "").lower():
+        return False
+    flags = row.get("other_flags", "").lower()
+    return not ("compile" in flags or "asynctp" in flags
+                or "compile=true" in row.get("notes", "").lower())
+
+
 def _micro_batch(row: dict, dp: int, pp: int) -> int | None:
     if row.get("micro_batch_size", "").strip():
         return _int(row["micro_batch_size"])
@@ -343,5 +361,6 @@ def row_setup(row: dict) -> tuple[ModelSpec, Cluster, ParallelConfig]:
                          attention="unfused" if model.dtype == "fp32" else "flash",
                          dtype=precision_of(row),
                          sequence_parallel=tp > 1 and not _sailor(row),
+                         fused_elementwise=not eager_elementwise(row),
                          **_recompute(row, pp), **zero)
     return model, cluster, cfg
