@@ -14,11 +14,13 @@ data): GPT with the row's layers, hidden size, heads and sequence length, vocabu
 vTrain's link figures); 1F1B, full recomputation, no overlap of the data-parallel
 all-reduce.
 
-Communication as the runs had it: collectives inside a node priced from vTrain's
-measured NCCL all-reduce tables (:data:`merak_sim.costs.nccl.A100_NVSWITCH`: bus
-bandwidth per group size and message size), the inter-node network at vTrain's stated
-800 Gb/s per node shared by the node's GPUs, and pipeline sends as Megatron-LM sends them
-by default (scatter-gather: 1/tp of the activation per GPU, then an NVLink all-gather;
+Communication as the runs had it (:data:`merak_sim.costs.nccl.VTRAIN_A100`):
+collectives inside a node priced from vTrain's measured NCCL all-reduce tables (bus
+bandwidth per group size and message size); between nodes, vTrain's stated 800 Gb/s
+per node (4 HDR adapters) as NCCL measures it on that node design, 91 GB/s of
+all-reduce bus bandwidth per node (:data:`merak_sim.costs.nccl.HDR4_A100_NODES`), shared
+by the node's GPUs; pipeline sends as Megatron-LM sends them by default
+(scatter-gather: 1/tp of the activation per GPU, then an NVLink all-gather;
 ``pipeline_send="full"`` for the whole activation).
 
 Host issue: Megatron-LM runs eagerly, so every pass is at least its kernel count times
@@ -61,7 +63,7 @@ from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.comm import measured_collectives
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.costs.nccl import A100_NVSWITCH
+from merak_sim.costs.nccl import VTRAIN_A100
 from merak_sim.experiments.fitting import coordinate_search
 from merak_sim.hardware import Cluster, get_cluster
 from merak_sim.model import ModelSpec
@@ -151,7 +153,7 @@ def vtrain_cost_model(efficiency: Efficiency | None = None,
                       pipeline_send: str = MEGATRON_PIPELINE_SEND) -> AnalyticCostModel:
     """The analytic model as the vTrain rows are priced (module docstring)."""
     return AnalyticCostModel(efficiency=efficiency,
-                             collectives=measured_collectives(A100_NVSWITCH),
+                             collectives=measured_collectives(VTRAIN_A100),
                              pipeline_send=pipeline_send)
 
 
