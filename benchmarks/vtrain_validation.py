@@ -8,11 +8,13 @@ single-node row about 150 times, each row's schedule built once):
 Protocol (merak_sim/experiments/vtrain.py): the A100 efficiency parameters of the
 analytic cost model are fitted to ground_truth_single.csv only, within physical bounds
 (experiments.vtrain.BOUNDS: GEMM ceiling 0.80, host seconds per kernel 10-100 us);
-links inside a node come from vTrain's measured NCCL tables and pipeline sends are
+links inside a node come from vTrain's measured NCCL tables, the network between
+nodes from NCCL's measured bus bandwidth on that node design, and pipeline sends are
 Megatron's scatter-gather; every row of
 ground_truth_multi.csv is then predicted without refitting, by the exact fast
 evaluator (contention-free) and by the SimPy engine with link contention. Writes
-benchmarks/results/vtrain_validation.md (per-row table and MAPE per GPU count),
+benchmarks/results/vtrain_validation.md (per-row table, MAPE per GPU count and where
+each group's predicted time goes: compute, bubble, TP / PP / DP communication),
 vtrain_validation.csv and vtrain_calibration.json (the fitted parameters).
 vTrain's own published error: 8.37 % MAPE single-node, 14.73 % multi-node.
 """
@@ -28,7 +30,15 @@ from pathlib import Path
 
 from merak_sim.costs.calibrated import CALIBRATED
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.vtrain import BOUNDS, FIT_PARAMS, fit, load_vtrain, predict_row
+from merak_sim.experiments.vtrain import (
+    BOUNDS,
+    FIT_PARAMS,
+    PreparedRow,
+    fit,
+    load_vtrain,
+    predict_row,
+)
+from merak_sim.experiments.vtrain_breakdown import RowBreakdown, comm_scale_needed, row_breakdown
 from merak_sim.io import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +64,27 @@ def _group_lines(title: str, errs: dict) -> list[str]:
         e = errs[k]
         out.append(f"| {k} | {len(e)} | {_mape(e):.2f} | {_bias(e):+.2f} | "
                    f"{100 * max(e, key=abs):+.1f} |")
+    return out
+
+
+def _breakdown_lines(groups: dict[str, list[RowBreakdown]]) -> list[str]:
+    """Per group: mean error, each term's share of the prediction, and the factor all
+    communication would need to explain the group's error."""
+    out = ["| multi-node group | rows | mean signed % | compute % | bubble % | tp comm % | "
+           "pp comm % | dp comm % | optimizer % | comm x needed |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for k in sorted(groups):
+        bs = groups[k]
+        tot = sum(b.predicted_s for b in bs)
+
+        def share(f, bs=bs, tot=tot) -> str:
+            return f"{100 * sum(f(b) for b in bs) / tot:.1f}"
+
+        out.append(f"| {k} | {len(bs)} | {_bias([b.error for b in bs]):+.2f} | "
+                   f"{share(lambda b: b.compute_s)} | {share(lambda b: b.bubble_s)} | "
+                   f"{share(lambda b: b.tp_comm_s)} | {share(lambda b: b.pp_comm_s)} | "
+                   f"{share(lambda b: b.dp_comm_s)} | {share(lambda b: b.optimizer_s)} | "
+                   f"{comm_scale_needed(bs):.2f} |")
     return out
 
 
@@ -99,12 +130,17 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = []
     csv_rows = ["params_b,gpus,global_batch,micro_batch,hidden,heads,layers,seq,tp,dp,pp,"
-                "measured_ms,evaluator_ms,evaluator_err_pct,simpy_ms,simpy_err_pct"]
+                "measured_ms,evaluator_ms,evaluator_err_pct,simpy_ms,simpy_err_pct,"
+                "compute_ms,bubble_ms,tp_comm_ms,pp_comm_ms,dp_comm_ms,optimizer_ms"]
     by_gpus: dict[int, dict[str, list[float]]] = {}
     multi_tp: dict[str, list[float]] = {}
     multi_pp: dict[str, list[float]] = {}
+    parts: dict[str, list[RowBreakdown]] = {}
     for r in multi:
-        ev = predict_row(r, eff) * 1e3
+        b = row_breakdown(PreparedRow.of(r), eff)
+        parts.setdefault(f"tp={r.tp}", []).append(b)
+        parts.setdefault("all", []).append(b)
+        ev = b.predicted_s * 1e3
         sp = None if args.no_simpy else predict_row(r, eff, engine="simpy",
                                                     contention=True) * 1e3
         e1 = ev / r.time_ms - 1
@@ -123,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.params_b},{r.gpus},{r.global_batch},{r.micro_batch},{r.hidden},{r.heads},"
             f"{r.layers},{r.seq_len},{r.tp},{r.dp},{r.pp},{r.time_ms},{ev:.3f},"
             f"{100 * e1:.3f},{'' if sp is None else f'{sp:.3f}'},"
-            f"{'' if e2 is None else f'{100 * e2:.3f}'}")
+            f"{'' if e2 is None else f'{100 * e2:.3f}'},{1e3 * b.compute_s:.3f},"
+            f"{1e3 * b.bubble_s:.3f},{1e3 * b.tp_comm_s:.3f},{1e3 * b.pp_comm_s:.3f},"
+            f"{1e3 * b.dp_comm_s:.3f},{1e3 * b.optimizer_s:.3f}")
     all_ev = [e for g in by_gpus.values() for e in g["ev"]]
     all_sp = [e for g in by_gpus.values() for e in g["sp"]]
     summary = [f"Evaluator, all multi-node: MAPE {_mape(all_ev):.2f} %, mean signed error "
@@ -145,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `.venv/bin/python benchmarks/vtrain_validation.py` "
         f"(data: data/vtrain; {time.strftime('%Y-%m-%d')}).",
         "Assumptions: vocab 51,200, fp16, 1F1B, full recompute, no DP overlap, cluster "
-        "vtrain-a100 (8 A100 per node, 800 Gb/s per node between nodes), Megatron rank "
+        "vtrain-a100 (8 A100 per node, 800 Gb/s per node between nodes: 4 HDR adapters, "
+        "91 GB/s as NCCL measures it on that node design), Megatron rank "
         "placement; collectives inside a node from vTrain's measured NCCL all-reduce "
         "tables (data/vtrain/nccl-a100); pipeline sends as Megatron's scatter-gather.",
         f"Time: {time.perf_counter() - t0:.0f} s on this machine (fit {fit_s:.0f} s).",
@@ -158,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         f"- fitted efficiency parameters: `{json.dumps(fitted)}`",
         f"- bounds (physics, merak_sim.experiments.vtrain.BOUNDS): `{json.dumps(BOUNDS)}`",
         "- links are not fitted: NVLink collectives are vTrain's measured NCCL tables, the "
-        "inter-node network vTrain's 800 Gb/s per node",
+        "inter-node network vTrain's 800 Gb/s per node at NCCL's measured 91 GB/s "
+        "(merak_sim.costs.nccl.HDR4_A100_NODES)",
         "",
         *_group_lines("single-node group", single_tp),
         "",
@@ -169,6 +209,14 @@ def main(argv: list[str] | None = None) -> int:
         *summary,
         "",
         *_group_lines("multi-node group", {**multi_tp, **multi_pp}),
+        "",
+        "Where the predicted time goes (experiments.vtrain_breakdown: each communication "
+        "term is its marginal cost on the critical path; shares of the summed "
+        "prediction). 'comm x needed': the factor on all modelled communication that "
+        "would close the group's summed error; communication is priced from measured "
+        "NCCL figures, so a factor well above 1 places the error elsewhere.",
+        "",
+        *_breakdown_lines(parts),
         "",
         "vTrain's own multi-node MAPE: 14.73 %.",
         "",

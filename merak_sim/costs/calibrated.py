@@ -6,8 +6,9 @@ measured runs, and measured collectives where the cluster has them.
 MICRO 2024), copied here from benchmarks/results/vtrain_calibration.json by hand so a
 reviewer sees them change. On clusters with a measured NCCL table
 (:data:`merak_sim.costs.nccl.NCCL_TABLES`: the A100 presets) the intra-node collectives
-come from that table and pipeline sends are Megatron-LM's scatter-gather, as in the runs
-the fit was made on. :class:`CalibratedCostModel` serves them to
+come from that table (and off-node transfers from its measured inter-node bus bandwidth
+where it has one: ``vtrain-a100``) and pipeline sends are Megatron-LM's scatter-gather,
+as in the runs the fit was made on. :class:`CalibratedCostModel` serves them to
 :func:`merak_sim.sim.simulate` and the planner for A100 clusters and the published
 defaults elsewhere (other GPUs keep the alpha-beta links and full pipeline sends).
 """
@@ -34,7 +35,9 @@ __all__ = ["CALIBRATED", "CalibratedCostModel", "calibrated_cost_model"]
 
 #: Fitted efficiency parameters per GPU family, from ``benchmarks/vtrain_validation.py``
 #: (3 rounds from the previous fit, 2026-12-01; single-node MAPE 7.26 %, multi-node
-#: 6.95 % without refitting, mean signed error -5.20 %). The single-node runs are
+#: 6.95 % without refitting, mean signed error -5.20 %; 6.77 % and -4.83 % with the
+#: network between nodes at NCCL's measured bus bandwidth,
+#: :data:`merak_sim.costs.nccl.HDR4_A100_NODES`). The single-node runs are
 #: host bound at small micro-batches (about 70 us of host time per modelled kernel,
 #: :meth:`merak_sim.costs.efficiency.Efficiency.host_bound`); gemm_max, attn_factor and
 #: mem_bw_eff sit at their physical bounds (:data:`merak_sim.experiments.vtrain.BOUNDS`:

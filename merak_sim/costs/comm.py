@@ -15,6 +15,10 @@ Measured collectives (``intra_table``, :func:`measured_collectives`): where a cl
 a measured NCCL table (:mod:`merak_sim.costs.nccl`), every collective inside one node,
 and the intra-node halves of the hierarchical algorithm, take the measured time of that
 group size and message size instead of one bandwidth and latency for every group.
+A table that also carries a measured bus bandwidth between nodes
+(``NcclTable.inter``) caps every off-node transfer priced with it, the flat ring's and
+the hierarchical algorithm's inter-node steps and point-to-point sends alike, at that
+figure shared by the node's GPUs (:func:`inter_bandwidth_per_gpu`).
 
 Pipeline sends (:func:`pipeline_send_time`): "full" sends the whole activation from each
 GPU of a stage's TP group to its peer; "scatter-gather" (Megatron-LM's default without
@@ -33,8 +37,8 @@ from merak_sim.hardware import Cluster
 from merak_sim.layout import RankLayout
 
 __all__ = ["COLLECTIVES", "PIPELINE_SENDS", "CostModelError", "clear_caches", "collective_time",
-           "group_ranks", "group_shape", "measured_collectives", "pipeline_send_time",
-           "stage_placement"]
+           "group_ranks", "group_shape", "inter_bandwidth_per_gpu", "measured_collectives",
+           "pipeline_send_time", "stage_placement"]
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "p2p")
 #: How activations cross a pipeline boundary (module docstring).
@@ -54,6 +58,16 @@ def group_ranks(kind: str, config: Any, pp_rank: int = 0, dp_rank: int = 0,
         return layout.group(kind, layout.rank(pp_rank, dp_rank, tp_rank))
     except ValueError as e:
         raise CostModelError(str(e)) from None
+
+
+def inter_bandwidth_per_gpu(cluster: Cluster, table: NcclTable | None = None) -> float:
+    """Off-node bandwidth of one GPU while every GPU of its node sends: the link's
+    share, capped by the table's measured inter-node bus bandwidth where it has one
+    (module docstring)."""
+    link = cluster.inter_bandwidth_per_gpu_Bps
+    if table is None or table.inter is None:
+        return link
+    return table.inter.per_gpu_Bps(link, cluster.gpus_per_node)
 
 
 def _ring(kind: str, nbytes: float, p: int, bw: float, lat: float) -> float:
@@ -82,7 +96,7 @@ def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: C
             return 0.0
         if cluster.same_node(a, b):
             return cluster.intra.time(nbytes)
-        return cluster.inter.latency_s + nbytes / cluster.inter_bandwidth_per_gpu_Bps
+        return cluster.inter.latency_s + nbytes / inter_bandwidth_per_gpu(cluster, intra_table)
     return _collective_cached(kind, float(nbytes), group_shape(ranks, cluster), cluster,
                               intra_table)
 
@@ -137,7 +151,7 @@ def _collective_cached(kind: str, nbytes: float, shape: tuple[int, int],
     p = n_nodes * local
     if n_nodes == 1:
         return _intra(kind, nbytes, local, cluster, table)
-    bw_g = cluster.inter_bandwidth_per_gpu_Bps
+    bw_g = inter_bandwidth_per_gpu(cluster, table)
     # Flat ring over all p ranks: the node-crossing edges are the bottleneck; NCCL's
     # parallel rings let the group's l GPUs per node use l shares of the network.
     flat = _ring(kind, nbytes, p, min(intra.bandwidth_Bps, bw_g * local),

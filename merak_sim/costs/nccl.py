@@ -14,6 +14,21 @@ of the out-of-place and in-place runs at every power of two from 1 MiB to 1 GiB 
 rebuilds these numbers from the CSV files). Bus bandwidth grows with the group size
 (about 166 / 185 / 202 GB/s at 64 MiB for 2 / 4 / 8 GPUs) and the 1 MiB floor is 45 us
 (2 GPUs) to 92 us (8 GPUs): not one bandwidth and one latency for every group.
+
+Across nodes (:class:`InterNodeBusBandwidth`): NCCL does not reach an InfiniBand
+adapter's line rate. Its ring all-reduce across nodes is bounded by the node's
+adapters, so its measured bus bandwidth is the node's achievable network bandwidth;
+a table that carries one (``NcclTable.inter``) caps every off-node transfer of the
+collectives and point-to-point sends priced with it at that figure shared by the
+node's GPUs (:func:`merak_sim.costs.comm.inter_bandwidth_per_gpu`).
+:data:`HDR4_A100_NODES`: nodes of 8 A100 SXM with 4 HDR 200 Gb/s adapters (100 GB/s
+line rate per node, vTrain's cluster) measure 85-96 GB/s of all-reduce bus bandwidth
+between nodes in public nccl-tests reports on that node design (NVIDIA/nccl-tests
+issues #100: 91 GB/s with 1-8 GB messages on HGX A100 80GB with four ConnectX-6 HDR;
+#119: 84.8 GB/s mean and 96 peak on three such servers; #175: 86 GB/s on two), i.e.
+85-96 % of line rate; the large-message figure, 91 GB/s, is used.
+:data:`VTRAIN_A100` is the intra-node table with that inter-node figure (the
+``vtrain-a100`` preset); the DGX presets (8 adapters per node) keep the link model.
 """
 
 from __future__ import annotations
@@ -21,7 +36,37 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
-__all__ = ["NcclTable", "A100_NVSWITCH", "NCCL_TABLES", "nccl_table_for"]
+__all__ = ["InterNodeBusBandwidth", "NcclTable", "A100_NVSWITCH", "HDR4_A100_NODES",
+           "VTRAIN_A100", "NCCL_TABLES", "nccl_table_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class InterNodeBusBandwidth:
+    """Measured NCCL all-reduce bus bandwidth between nodes (module docstring).
+
+    Attributes:
+        name: what was measured.
+        node_Bps: bus bandwidth per node at large messages (bytes/s): what the node's
+            adapters deliver to NCCL, shared by the node's GPUs when all send.
+        low_Bps / high_Bps: the spread of the measurements (bounds of ``node_Bps``).
+        source: provenance.
+    """
+
+    name: str
+    node_Bps: float
+    low_Bps: float
+    high_Bps: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.low_Bps <= self.node_Bps <= self.high_Bps:
+            raise ValueError(f"inter-node bus bandwidth {self.node_Bps} must lie in its "
+                             f"measured range [{self.low_Bps}, {self.high_Bps}]")
+
+    def per_gpu_Bps(self, link_per_gpu_Bps: float, gpus_per_node: int) -> float:
+        """Bandwidth one GPU gets off-node when all GPUs of its node send: the node's
+        measured figure shared by its GPUs, never above the link's own share."""
+        return min(link_per_gpu_Bps, self.node_Bps / gpus_per_node)
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,12 +78,15 @@ class NcclTable:
         sizes_bytes: message sizes, increasing.
         allreduce_s: ``((group size, seconds per size), ...)``.
         source: provenance.
+        inter: measured bus bandwidth between nodes of this node design (None: the
+            link model prices off-node transfers).
     """
 
     name: str
     sizes_bytes: tuple[int, ...]
     allreduce_s: tuple[tuple[int, tuple[float, ...]], ...]
     source: str = ""
+    inter: InterNodeBusBandwidth | None = None
 
     def group_sizes(self) -> tuple[int, ...]:
         """Group sizes the table measured."""
@@ -91,9 +139,22 @@ A100_NVSWITCH = NcclTable(
     source="vTrain (Bang et al., MICRO 2024), data/vtrain/nccl-a100, MIT",
 )
 
-#: Cluster preset name -> measured table of its intra-node collectives.
+_GB = 1e9
+HDR4_A100_NODES = InterNodeBusBandwidth(
+    name="NCCL all-reduce between nodes of 8 A100 SXM + 4x HDR 200 Gb/s",
+    node_Bps=91 * _GB, low_Bps=84.8 * _GB, high_Bps=96 * _GB,
+    source="NVIDIA/nccl-tests issues #100, #119, #175 (public nccl-tests reports)",
+)
+
+VTRAIN_A100 = NcclTable(
+    name="NCCL, 8-GPU A100 nodes with 4 HDR adapters (vTrain's cluster)",
+    sizes_bytes=A100_NVSWITCH.sizes_bytes, allreduce_s=A100_NVSWITCH.allreduce_s,
+    source=A100_NVSWITCH.source, inter=HDR4_A100_NODES,
+)
+
+#: Cluster preset name -> measured table of its collectives.
 NCCL_TABLES: dict[str, NcclTable] = {
-    "vtrain-a100": A100_NVSWITCH,
+    "vtrain-a100": VTRAIN_A100,
     "dgx-a100-80g": A100_NVSWITCH,
     "dgx-a100-40g": A100_NVSWITCH,
 }

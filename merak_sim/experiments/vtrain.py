@@ -14,11 +14,13 @@ data): GPT with the row's layers, hidden size, heads and sequence length, vocabu
 vTrain's link figures); 1F1B, full recomputation, no overlap of the data-parallel
 all-reduce.
 
-Communication as the runs had it: collectives inside a node priced from vTrain's
-measured NCCL all-reduce tables (:data:`merak_sim.costs.nccl.A100_NVSWITCH`: bus
-bandwidth per group size and message size), the inter-node network at vTrain's stated
-800 Gb/s per node shared by the node's GPUs, and pipeline sends as Megatron-LM sends them
-by default (scatter-gather: 1/tp of the activation per GPU, then an NVLink all-gather;
+Communication as the runs had it (:data:`merak_sim.costs.nccl.VTRAIN_A100`):
+collectives inside a node priced from vTrain's measured NCCL all-reduce tables (bus
+bandwidth per group size and message size); between nodes, vTrain's stated 800 Gb/s
+per node (4 HDR adapters) as NCCL measures it on that node design, 91 GB/s of
+all-reduce bus bandwidth per node (:data:`merak_sim.costs.nccl.HDR4_A100_NODES`), shared
+by the node's GPUs; pipeline sends as Megatron-LM sends them by default
+(scatter-gather: 1/tp of the activation per GPU, then an NVLink all-gather;
 ``pipeline_send="full"`` for the whole activation).
 
 Host issue: Megatron-LM runs eagerly, so every pass is at least its kernel count times
@@ -35,9 +37,14 @@ from device-bound rows the single-node rows cannot inform: the 39.1B tp=2 runs r
 about 85 TFLOP/s per GPU where tp=4 and tp=8 runs of the same model reach 124-127,
 and several series move with the micro-batch far beyond any kernel-size effect (for
 the same global batch, 3.6B at tp=4 and tp=8 runs 31 % and 58 % slower at micro-batch
-2 than at 4; 39.1B at tp=4 dp=16 pp=8 takes 16.1, 17.6, 17.4, 16.1 s at 2, 3, 4, 6). The
-single-node device-bound rows instead push gemm_max, attn_factor and mem_bw_eff to
-their upper bounds.
+2 than at 4; 39.1B at tp=4 dp=16 pp=8 takes 16.1, 17.6, 17.4, 16.1 s at 2, 3, 4, 6,
+where a fixed per-GPU work and a bubble growing from 7/48 to 7/16 of it allow no
+decrease). The single-node device-bound rows instead push gemm_max, attn_factor and
+mem_bw_eff to their upper bounds. :mod:`merak_sim.experiments.vtrain_breakdown` splits
+every prediction into compute, bubble and TP / PP / DP communication: for tp <= 8
+the communication is 3-16 % of the predicted time per tp group and would have to grow
+about 2x (tp=1) to 4x (tp=2) to close those groups' bias, far beyond the measured NCCL
+figures it is priced from, so the bias is not in the communication.
 
 The fit (:func:`fit`) moves only the efficiency curve: the single-node rows' links are
 measured (the NCCL tables), not fitted. Bounds come from physics, fixed before looking
@@ -61,7 +68,7 @@ from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.comm import measured_collectives
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.costs.nccl import A100_NVSWITCH
+from merak_sim.costs.nccl import VTRAIN_A100
 from merak_sim.experiments.fitting import coordinate_search
 from merak_sim.hardware import Cluster, get_cluster
 from merak_sim.model import ModelSpec
@@ -151,7 +158,7 @@ def vtrain_cost_model(efficiency: Efficiency | None = None,
                       pipeline_send: str = MEGATRON_PIPELINE_SEND) -> AnalyticCostModel:
     """The analytic model as the vTrain rows are priced (module docstring)."""
     return AnalyticCostModel(efficiency=efficiency,
-                             collectives=measured_collectives(A100_NVSWITCH),
+                             collectives=measured_collectives(VTRAIN_A100),
                              pipeline_send=pipeline_send)
 
 
