@@ -41,14 +41,15 @@ How a row maps (assumptions stated once, here):
   Sailor's Megatron-DeepSpeed fork. Sailor's uneven layers per stage are kept
   (:func:`stage_layers`): its pipeline counts the embedding and the LM head as one
   layer each of the first and last stages (7/9/9/9 for GPT-Neo's 32 layers).
-- Recompute: "full" -> full; "selective (op ...)" -> selective (torchtitan's op-level
-  policy keeps what :data:`merak_sim.memory.TORCHTITAN` says, :func:`activation_profile`);
-  "selective layer"
+- Recompute: "full" -> full; "selective (op ...)" -> selective; "selective layer"
   (torchtitan's every second layer) -> stage-aware with half the layers; "none"/"no" or
   unstated -> none.
 - Batch: micro-batch from the row; a pipelined torchtitan row without one uses
   torchtitan's default of as many micro-batches as stages. Schedules: 1F1B, or
   interleaved 1F1B with the row's virtual stages.
+- Activation storage: torchtitan's own (:data:`merak_sim.memory.TORCHTITAN`,
+  :func:`activation_profile`: its op-level selective policy and its loss), the cost
+  model's default elsewhere; the memory columns: :func:`comparable_peak_bytes`.
 Not expressible: MoE, fine-tuning, Blackwell GPUs (no preset), heterogeneous clusters,
 rows the data flags as likely copy errors, unstated precision or virtual stages, rows
 without a measured time or throughput (the long-sequence NeMo table publishes model
