@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.experiments.public_runs import (
     activation_profile,
@@ -115,7 +116,6 @@ def test_runtime_memory_is_measured_on_gh200_and_zero_elsewhere():
 
 def test_cost_table_capacity_leaves_the_runtime_its_share():
     m = get_model("llama3-8b")
-    from merak_sim.config import ParallelConfig
     cfg = ParallelConfig(dp=4, micro_batch_size=1, global_batch_size=8)
     gh = get_cluster("alps-gh200")
     h100 = get_cluster("dgx-h100")
@@ -127,7 +127,6 @@ def test_cost_table_capacity_leaves_the_runtime_its_share():
 
 def test_with_profile_changes_the_stash_and_nothing_else():
     m = get_model("llama3-8b").with_(seq_len=4096)
-    from merak_sim.config import ParallelConfig
     cfg = ParallelConfig(dp=8, zero=3, micro_batch_size=1, global_batch_size=8,
                          recompute="selective", attention="flash")
     cl = get_cluster("dgx-h100")
