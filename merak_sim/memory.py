@@ -22,7 +22,8 @@ h hidden, f ffn, kv the K/V width, a heads, s sequence, t tensor parallel degree
 
 - residual stream (replicated under TP, divided by t with sequence parallelism):
   LN1 input, LN1 output (QKV input), LN2 input, LN2 output (fc1 input): 4eh, and the
-  two dropout masks after attention and MLP: 2mh (if dropout).
+  two dropout masks after attention and MLP: 2mh (if dropout). (DTensor's sequence
+  parallelism, ``sp_saves_gathered``, keeps the two norm outputs all-gathered: 2eh.)
 - sharded by TP: Q, K (e(h + kv)), V (e kv), projection input (eh), the MLP's saved
   f-sized tensors (GELU: input and output = 2ef; fused SwiGLU: 3ef).
 - attention core (sharded): softmax output e*a*s, plus its dropout mask m*a*s and the
@@ -129,8 +130,12 @@ class ActivationProfile:
             h + 2kv instead of kv. Measured; see tests/test_memory_measured.py.
         selective: what selective recompute keeps: "attention-core" (Megatron) or
             "alternate-mm" (torchtitan's op-level policy; module docstring).
-        loss: how the cross entropy stores the logits: "fp32-log-softmax" or "fused"
-            (module docstring).
+        loss: how the cross entropy stores the logits: "fp32-log-softmax",
+            "fp32-loss-parallel" or "fused" (module docstring).
+        sp_saves_gathered: with sequence parallelism the matmuls after each norm save
+            the all-gathered (full-sequence) norm output, as DTensor's sequence
+            parallelism runs the all-gather as an op of its own (torchtitan); False:
+            Megatron keeps it sharded and gathers it again in backward.
     """
 
     name: str
@@ -142,6 +147,7 @@ class ActivationProfile:
     math_sdpa_keeps_fused_qkv: bool = False
     selective: str = "attention-core"
     loss: str = "fp32-log-softmax"
+    sp_saves_gathered: bool = False
 
     def __post_init__(self) -> None:
         if self.selective not in SELECTIVE_POLICIES:
@@ -167,9 +173,10 @@ CPU_EAGER_HF_GPT2 = ActivationProfile("cpu-eager-hf-gpt2", act_bytes=4, mask_byt
 #: 2024 releases ran it, and with the loss compiled (its releases since 2025 compile the
 #: loss with the model under ``--compile``).
 TORCHTITAN = ActivationProfile("torchtitan", attention="flash", selective="alternate-mm",
-                               loss="fp32-loss-parallel")
+                               loss="fp32-loss-parallel", sp_saves_gathered=True)
 TORCHTITAN_COMPILED_LOSS = ActivationProfile("torchtitan-compiled-loss", attention="flash",
-                                             selective="alternate-mm", loss="fused")
+                                             selective="alternate-mm", loss="fused",
+                                             sp_saves_gathered=True)
 PROFILES = {p.name: p for p in (KORTHIKANTI, FLASH, CPU_EAGER, CPU_EAGER_HF_GPT2,
                                 TORCHTITAN, TORCHTITAN_COMPILED_LOSS)}
 
@@ -210,7 +217,8 @@ def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
     else:
         raise MemoryModelError(f"unknown attention storage {profile.attention!r}")
     return {
-        "residual": tok * 4 * e * h / rep,
+        "residual": tok * 2 * e * h * (1 / rep + (1 if profile.sp_saves_gathered
+                                                  and sp else 1 / rep)),
         "masks": tok * (2 * m * h if p else 0) / rep,
         "norm_stats": tok * 2 * profile.norm_stats_bytes / rep,
         "qkv": tok * e * (qkv / tp if model.kv_heads % tp == 0 else
@@ -308,12 +316,14 @@ def last_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: 
                            profile: ActivationProfile = KORTHIKANTI,
                            dtype: str | None = None, cp: int = 1) -> float:
     """LM head activations on the last stage: final-norm input and output (2eh, /t
-    with sp) and the logits the cross entropy keeps, per token: fp32 (4V/t), or 16-bit
-    (eV/t) with a fused loss."""
+    with sp; the output all-gathered with ``sp_saves_gathered``) and the logits the
+    cross entropy keeps, per token: fp32 (4V/t), or 16-bit (eV/t) with a fused loss."""
     e = _e(model, profile, dtype)
     tok = micro_batch * model.seq_len / cp if cp > 1 else micro_batch * model.seq_len
     logits = e if profile.loss == "fused" else 4
-    return float(tok * (2 * e * model.hidden / (tp if sp else 1) + logits * model.vocab / tp))
+    norm_out = 1 if sp and profile.sp_saves_gathered else 1 / (tp if sp else 1)
+    return float(tok * (e * model.hidden * (1 / (tp if sp else 1) + norm_out)
+                        + logits * model.vocab / tp))
 
 
 def backward_working_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,

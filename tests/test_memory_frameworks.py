@@ -166,5 +166,22 @@ def test_torchtitan_pp_adds_fp32_accumulation_and_drops_the_fp8_copy():
     n = -(-model.layers // cfg.pp)  # the even split puts the remainder first
     p0 = stage_params(model, n, True, False, cfg.tp)
     # Stage 0 (the largest with the embedding): + 2 B (fp32 accumulation) - 1 B (no FP8
-    # copy, weights unsharded under ZeRO 1) per parameter.
-    assert got - ref == pytest.approx(p0, rel=0.02)
+    # copy, weights unsharded under ZeRO 1) per parameter, and torchtitan's larger
+    # recompute working set (gathered norm outputs).
+    work = [backward_working_bytes(model, cfg.micro_batch_size, cfg.tp, True, "full", p,
+                                   cfg.dtype, cfg.cp) for p in (TORCHTITAN, FLASH)]
+    assert got - ref == pytest.approx(p0 + work[0] - work[1], rel=0.02)
+
+
+def test_dtensor_sequence_parallelism_keeps_the_gathered_norm_outputs():
+    m = get_model("llama3-70b")
+    t, e, tok, h = 8, 2, m.seq_len, m.hidden
+    mega = layer_activation_bytes(m, 1, t, True, "none", FLASH)
+    titan = layer_activation_bytes(m, 1, t, True, "none", TORCHTITAN)
+    assert titan - mega == pytest.approx(tok * 2 * e * h * (1 - 1 / t))
+    # Without sequence parallelism both keep the replicated norm outputs.
+    assert layer_activation_bytes(m, 1, t, False, "none", TORCHTITAN) == \
+        layer_activation_bytes(m, 1, t, False, "none", FLASH)
+    head = last_stage_extra_bytes(m, 1, t, True, TORCHTITAN) - \
+        last_stage_extra_bytes(m, 1, t, True, FLASH)
+    assert head == pytest.approx(tok * e * h * (1 - 1 / t))
