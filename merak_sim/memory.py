@@ -217,8 +217,8 @@ def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
     else:
         raise MemoryModelError(f"unknown attention storage {profile.attention!r}")
     return {
-        "residual": tok * 2 * e * h * (1 / rep + (1 if profile.sp_saves_gathered
-                                                  and sp else 1 / rep)),
+        "residual": (tok * 4 * e * h / rep if not (sp and profile.sp_saves_gathered)
+                     else tok * 2 * e * h * (1 + 1 / rep)),
         "masks": tok * (2 * m * h if p else 0) / rep,
         "norm_stats": tok * 2 * profile.norm_stats_bytes / rep,
         "qkv": tok * e * (qkv / tp if model.kv_heads % tp == 0 else
@@ -321,9 +321,9 @@ def last_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: 
     e = _e(model, profile, dtype)
     tok = micro_batch * model.seq_len / cp if cp > 1 else micro_batch * model.seq_len
     logits = e if profile.loss == "fused" else 4
-    norm_out = 1 if sp and profile.sp_saves_gathered else 1 / (tp if sp else 1)
-    return float(tok * (e * model.hidden * (1 / (tp if sp else 1) + norm_out)
-                        + logits * model.vocab / tp))
+    norm = (2 * e * model.hidden / (tp if sp else 1) if not (sp and profile.sp_saves_gathered)
+            else e * model.hidden * (1 + 1 / tp))
+    return float(tok * (norm + logits * model.vocab / tp))
 
 
 def backward_working_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
