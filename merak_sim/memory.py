@@ -22,7 +22,8 @@ h hidden, f ffn, kv the K/V width, a heads, s sequence, t tensor parallel degree
 
 - residual stream (replicated under TP, divided by t with sequence parallelism):
   LN1 input, LN1 output (QKV input), LN2 input, LN2 output (fc1 input): 4eh, and the
-  two dropout masks after attention and MLP: 2mh (if dropout).
+  two dropout masks after attention and MLP: 2mh (if dropout). (DTensor's sequence
+  parallelism, ``sp_saves_gathered``, keeps the two norm outputs all-gathered: 2eh.)
 - sharded by TP: Q, K (e(h + kv)), V (e kv), projection input (eh), the MLP's saved
   f-sized tensors (GELU: input and output = 2ef; fused SwiGLU: 3ef).
 - attention core (sharded): softmax output e*a*s, plus its dropout mask m*a*s and the
@@ -50,6 +51,26 @@ taking the flash path (q, k, v, output, log-sum-exp) without dropout and the mat
 HuggingFace GPT-2's ``gelu_new`` written in Python saving five f-sized tensors instead
 of two.
 
+Selective recompute comes in two policies (``ActivationProfile.selective``):
+"attention-core" (Megatron: everything above except the s x s part, which the
+attention core recomputes) and "alternate-mm" (torchtitan's op-level selective
+checkpointing: each layer is a checkpointed region whose policy saves the outputs of
+its matmuls except every second one, of the attention kernel and of the TP
+reduce-scatters; everything else is recomputed in backward). With LLaMA's block
+(q, k, v, o, w1, w3, w2 in that order) that keeps, per token, the layer input
+(eh, /t with sp), Q (eh/t), V (e kv/t), the attention output (eh/t) with its
+log-sum-exp (4a/t), the w1 output (ef/t) and the w2 output (eh: the partial sums before
+the reduce-scatter under TP), plus under TP the two reduce-scatter outputs (2eh/t)
+(:func:`alternate_mm_layer_bytes`).
+
+The loss (``ActivationProfile.loss``): "fp32-log-softmax" (eager PyTorch and Megatron:
+the logits cast to fp32 and the log-softmax output, 4V/t bytes per token, kept; its
+backward holds two more fp32 V-sized tensors), "fp32-loss-parallel" (the same, except
+that under TP the cross entropy runs torch's DTensor loss-parallel decomposition, whose
+backward ``(zeros + exp(log_probs)) * grad`` holds three fp32 V/t-sized temporaries) or
+"fused" (a compiled or fused cross entropy: the 16-bit logits kept, 2V/t, and one
+16-bit gradient of them in backward).
+
 Context parallelism (cp) keeps s/cp tokens of each sequence per GPU: every per-token
 term above is divided by cp, the s x s term keeps its full key length (local queries
 against all keys).
@@ -76,6 +97,8 @@ __all__ = [
     "layer_activation_bytes", "layer_checkpoint_bytes", "korthikanti_layer_bytes",
     "stage_input_bytes", "first_stage_extra_bytes", "last_stage_extra_bytes",
     "peak_memory", "StageMemory", "DTYPE_BYTES", "backward_working_bytes",
+    "TORCHTITAN", "TORCHTITAN_COMPILED_LOSS", "alternate_mm_layer_bytes",
+    "SELECTIVE_POLICIES", "LOSS_STORAGE",
 ]
 
 #: Bytes per activation element (and per element of a TP collective) by training dtype:
@@ -105,6 +128,14 @@ class ActivationProfile:
             reshapes V by a view when the batch is 1, which keeps the whole fused QKV
             projection output alive (HuggingFace GPT-2's ``c_attn``): V then costs
             h + 2kv instead of kv. Measured; see tests/test_memory_measured.py.
+        selective: what selective recompute keeps: "attention-core" (Megatron) or
+            "alternate-mm" (torchtitan's op-level policy; module docstring).
+        loss: how the cross entropy stores the logits: "fp32-log-softmax",
+            "fp32-loss-parallel" or "fused" (module docstring).
+        sp_saves_gathered: with sequence parallelism the matmuls after each norm save
+            the all-gathered (full-sequence) norm output, as DTensor's sequence
+            parallelism runs the all-gather as an op of its own (torchtitan); False:
+            Megatron keeps it sharded and gathers it again in backward.
     """
 
     name: str
@@ -114,7 +145,22 @@ class ActivationProfile:
     mlp_saved_f: int = 0
     norm_stats_bytes: int = 0
     math_sdpa_keeps_fused_qkv: bool = False
+    selective: str = "attention-core"
+    loss: str = "fp32-log-softmax"
+    sp_saves_gathered: bool = False
 
+    def __post_init__(self) -> None:
+        if self.selective not in SELECTIVE_POLICIES:
+            raise MemoryModelError(f"unknown selective policy {self.selective!r}; choose "
+                                   f"{' or '.join(SELECTIVE_POLICIES)}")
+        if self.loss not in LOSS_STORAGE:
+            raise MemoryModelError(f"unknown loss storage {self.loss!r}; choose "
+                                   f"{' or '.join(LOSS_STORAGE)}")
+
+
+#: Selective-recompute policies and loss storages an ActivationProfile may name.
+SELECTIVE_POLICIES = ("attention-core", "alternate-mm")
+LOSS_STORAGE = ("fp32-log-softmax", "fp32-loss-parallel", "fused")
 
 KORTHIKANTI = ActivationProfile("korthikanti")
 FLASH = ActivationProfile("flash", attention="flash")
@@ -123,7 +169,16 @@ CPU_EAGER = ActivationProfile("cpu-eager", act_bytes=4, mask_bytes=4, attention=
 CPU_EAGER_HF_GPT2 = ActivationProfile("cpu-eager-hf-gpt2", act_bytes=4, mask_bytes=4,
                                       attention="sdpa-cpu", mlp_saved_f=5,
                                       norm_stats_bytes=8, math_sdpa_keeps_fused_qkv=True)
-PROFILES = {p.name: p for p in (KORTHIKANTI, FLASH, CPU_EAGER, CPU_EAGER_HF_GPT2)}
+#: torchtitan (flash attention, op-level selective checkpointing): eager loss, as its
+#: 2024 releases ran it, and with the loss compiled (its releases since 2025 compile the
+#: loss with the model under ``--compile``).
+TORCHTITAN = ActivationProfile("torchtitan", attention="flash", selective="alternate-mm",
+                               loss="fp32-loss-parallel", sp_saves_gathered=True)
+TORCHTITAN_COMPILED_LOSS = ActivationProfile("torchtitan-compiled-loss", attention="flash",
+                                             selective="alternate-mm", loss="fused",
+                                             sp_saves_gathered=True)
+PROFILES = {p.name: p for p in (KORTHIKANTI, FLASH, CPU_EAGER, CPU_EAGER_HF_GPT2,
+                                TORCHTITAN, TORCHTITAN_COMPILED_LOSS)}
 
 
 def _e(model: ModelSpec, profile: ActivationProfile, dtype: str | None) -> int:
@@ -162,7 +217,8 @@ def layer_activation_breakdown(model: ModelSpec, micro_batch: int, tp: int = 1,
     else:
         raise MemoryModelError(f"unknown attention storage {profile.attention!r}")
     return {
-        "residual": tok * 4 * e * h / rep,
+        "residual": (tok * 4 * e * h / rep if not (sp and profile.sp_saves_gathered)
+                     else tok * 2 * e * h * (1 + 1 / rep)),
         "masks": tok * (2 * m * h if p else 0) / rep,
         "norm_stats": tok * 2 * profile.norm_stats_bytes / rep,
         "qkv": tok * e * (qkv / tp if model.kv_heads % tp == 0 else
@@ -178,10 +234,12 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: 
                            profile: ActivationProfile = KORTHIKANTI,
                            dtype: str | None = None, cp: int = 1) -> float:
     """Bytes one layer keeps per micro-batch under ``recompute`` ("none",
-    "selective": the attention core is recomputed so its s x s part is not kept,
-    "full": only the layer input)."""
+    "selective": what the profile's selective policy keeps, by default everything but
+    the attention core's s x s part, "full": only the layer input)."""
     if recompute == "full":
         return layer_checkpoint_bytes(model, micro_batch, tp, sp, profile, dtype, cp)
+    if recompute == "selective" and profile.selective == "alternate-mm":
+        return alternate_mm_layer_bytes(model, micro_batch, tp, sp, profile, dtype, cp)
     d = layer_activation_breakdown(model, micro_batch, tp, sp, profile, dtype, cp)
     if recompute == "selective":
         d = dict(d, scores=0.0)
@@ -196,6 +254,23 @@ def layer_checkpoint_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: 
                            dtype: str | None = None, cp: int = 1) -> float:
     """Bytes a fully checkpointed layer keeps: its input, e*s*b*h (/t with sp, /cp)."""
     return stage_input_bytes(model, micro_batch, tp, sp, profile, dtype, cp)
+
+
+def alternate_mm_layer_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
+                             sp: bool = False, profile: ActivationProfile = KORTHIKANTI,
+                             dtype: str | None = None, cp: int = 1) -> float:
+    """Bytes one layer keeps under torchtitan's op-level selective checkpointing (module
+    docstring): the layer input, Q, V, the attention output and log-sum-exp, the w1 and
+    w2 outputs, and under TP the two reduce-scatter outputs."""
+    model.check_tp(tp)
+    e = _e(model, profile, dtype)
+    h, f, a = model.hidden, model.ffn_hidden, model.heads
+    tok = micro_batch * model.seq_len / cp
+    kv = (model.kv_dim / tp if model.kv_heads % tp == 0 else model.kv_dim_per_rank(tp))
+    rs = 2 * e * h / tp if tp > 1 else 0.0
+    per_tok = (e * h / (tp if sp else 1) + e * h / tp + e * kv + e * h / tp + 4 * a / tp
+               + e * f / tp + e * h + rs)
+    return float(tok * per_tok)
 
 
 def stage_input_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
@@ -241,10 +316,14 @@ def last_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: 
                            profile: ActivationProfile = KORTHIKANTI,
                            dtype: str | None = None, cp: int = 1) -> float:
     """LM head activations on the last stage: final-norm input and output (2eh, /t
-    with sp) and fp32 logits kept by the cross entropy (4V/t), per token."""
+    with sp; the output all-gathered with ``sp_saves_gathered``) and the logits the
+    cross entropy keeps, per token: fp32 (4V/t), or 16-bit (eV/t) with a fused loss."""
     e = _e(model, profile, dtype)
     tok = micro_batch * model.seq_len / cp if cp > 1 else micro_batch * model.seq_len
-    return float(tok * (2 * e * model.hidden / (tp if sp else 1) + 4 * model.vocab / tp))
+    logits = e if profile.loss == "fused" else 4
+    norm = (2 * e * model.hidden / (tp if sp else 1) if not (sp and profile.sp_saves_gathered)
+            else e * model.hidden * (1 + 1 / tp))
+    return float(tok * (norm + logits * model.vocab / tp))
 
 
 def backward_working_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False,
@@ -262,17 +341,23 @@ def backward_working_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: 
     - The loss on the last stage: the cross entropy's backward holds the fp32 gradient
       of the log-probabilities and the fp32 gradient of the logits at once
       (8V/t bytes per token) next to the fp32 log-probabilities it saved (already in
-      :func:`last_stage_extra_bytes`).
+      :func:`last_stage_extra_bytes`); DTensor's loss-parallel backward (TP) three
+      (12V/t); a fused loss writes one 16-bit gradient of the logits (eV/t).
     The larger of the two (they do not overlap in time)."""
     e = _e(model, profile, dtype)
     tok = micro_batch * model.seq_len / cp
     layer = 2 * tok * e * model.hidden / (tp if sp else 1)
     if recompute in ("full", "stage-aware"):
         layer += layer_activation_bytes(model, micro_batch, tp, sp, "none", profile, dtype, cp)
+    elif recompute == "selective" and profile.selective == "alternate-mm":
+        layer += max(0.0, layer_activation_bytes(model, micro_batch, tp, sp, "none", profile,
+                                                 dtype, cp)
+                     - alternate_mm_layer_bytes(model, micro_batch, tp, sp, profile, dtype, cp))
     elif recompute == "selective":
         layer += layer_activation_breakdown(model, micro_batch, tp, sp, profile, dtype,
                                             cp)["scores"]
-    head = tok * 8 * model.vocab / tp if last else 0.0
+    per_v = {"fused": e, "fp32-loss-parallel": 12 if tp > 1 else 8}.get(profile.loss, 8)
+    head = tok * per_v * model.vocab / tp if last else 0.0
     return float(max(layer, head))
 
 

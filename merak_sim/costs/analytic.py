@@ -1,10 +1,10 @@
 """AnalyticCostModel: per-layer, per-action costs from FLOPs, bytes and link models.
 
 Compute: per-layer costs (GEMMs, memory-bound kernels, backward halves, recompute,
-sub-pipelined TP) in :mod:`merak_sim.costs.layers`.
-
-Communication: alpha-beta ring / hierarchical collectives and Megatron rank
-placement, in :mod:`merak_sim.costs.comm`.
+sub-pipelined TP) in :mod:`merak_sim.costs.layers`. Communication: alpha-beta ring /
+hierarchical collectives and Megatron rank placement, in :mod:`merak_sim.costs.comm`.
+Memory capacity: the GPU's memory less what the runtime holds outside the allocator
+(:mod:`merak_sim.runtime_memory`).
 
 Tensor parallelism adds 2 all-reduces of b*s*h activations per layer in forward and 2
 in backward (sequence parallel: an all-gather and a reduce-scatter in place of each,
@@ -46,19 +46,10 @@ from merak_sim.costs.ring import check_cp, ring_pass
 from merak_sim.costs.sharded_dp import fsdp_pass, fsdp_working_bytes, grad_sync_seconds
 from merak_sim.costs.sharded_dp import sixteen_bit_bytes, sync_groups
 from merak_sim.hardware import Cluster
-from merak_sim.memory import (
-    CPU_EAGER,
-    DTYPE_BYTES,
-    KORTHIKANTI,
-    ActivationProfile,
-    first_stage_extra_bytes,
-    last_stage_extra_bytes,
-    layer_activation_bytes,
-    layer_checkpoint_bytes,
-    model_state_bytes,
-    stage_input_bytes,
-    stage_params,
-)
+from merak_sim.memory import CPU_EAGER, DTYPE_BYTES, KORTHIKANTI, ActivationProfile
+from merak_sim.memory import first_stage_extra_bytes, last_stage_extra_bytes
+from merak_sim.memory import layer_activation_bytes, layer_checkpoint_bytes, model_state_bytes
+from merak_sim.memory import stage_input_bytes, stage_params
 from merak_sim.model import ModelSpec
 from merak_sim.partition import (
     Partition,
@@ -68,6 +59,7 @@ from merak_sim.partition import (
     time_balanced,
     uniform,
 )
+from merak_sim.runtime_memory import usable_memory_bytes
 
 if TYPE_CHECKING:
     from merak_sim.config import ParallelConfig
@@ -125,6 +117,11 @@ class AnalyticCostModel:
                                  f"{', '.join(PIPELINE_SENDS)}")
         self.pipeline_send = pipeline_send
         self.kernels = kernels
+
+    def with_profile(self, profile: ActivationProfile) -> AnalyticCostModel:
+        """The same model storing activations as ``profile`` says."""
+        return AnalyticCostModel(self.efficiency, profile, self.partition_method,
+                                 self._comm, self.pipeline_send, self.kernels)
 
     def with_collectives(self, collectives: CollectiveTime) -> AnalyticCostModel:
         """The same model with collectives priced by ``collectives``."""
@@ -344,7 +341,7 @@ class AnalyticCostModel:
             + tuple(extra_notes)
         return CostTable(
             stages=stages,
-            memory_capacity_bytes=cluster.gpu.memory_bytes,
+            memory_capacity_bytes=usable_memory_bytes(cluster.gpu),
             peak_flops=self.peak16(cluster, config),
             notes=notes,
             meta={"source": "analytic", "efficiency": eff.to_dict(),

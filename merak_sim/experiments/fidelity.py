@@ -46,6 +46,7 @@ from merak_sim.costs.calibrated_hopper import (
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.hopper_fit import fit_profile_of, profile_of, role_of
 from merak_sim.experiments.public_runs import (
+    activation_profile,
     comparable_peak_bytes,
     load_rows,
     measured_step_s,
@@ -178,6 +179,8 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
                 key = fit_profile_of(row)
                 cm = cost_model or (by_profile[key] if key is not None and (
                     is_hopper(cluster.gpu.name) or key in A100_PROFILES) else served)
+                if activation_profile(row) is not None and hasattr(cm, "with_profile"):
+                    cm = cm.with_profile(activation_profile(row))
                 split = stage_layers(row) if cfg.pp > 1 else None
                 table = None if split is None else cm.cost_table(model, cluster, cfg, split)
                 res = simulate(model, cluster, cfg, cost_model=cm, cost_table=table,
@@ -189,7 +192,8 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
             continue
         pub = published_peak_bytes(row)
         mem_err = (None if pub is None else
-                   comparable_peak_bytes(model, cfg, res.peak_memory_bytes) / pub - 1)
+                   comparable_peak_bytes(row, model, cluster, cfg, res.peak_memory_bytes)
+                   / pub - 1)
         zero = f"{cfg.zero}" + (f" (HSDP {cfg.zero_group})" if cfg.zero_group else "")
         role = role_of(dataset, row)
         groups = {"gpu": cluster.gpu.name, "stack": profile_of(row), "tp": str(cfg.tp),

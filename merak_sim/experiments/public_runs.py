@@ -21,7 +21,8 @@ How a row maps (assumptions stated once, here):
   resharding after forward off when pp > 1 and the pipeline schedule syncs gradients
   on the last micro-batch only, so parameters and gradients stay unsharded through the
   step and only the fp32 master weights and optimizer state are sharded (its fp32
-  gradient accumulation, 2 bytes more per parameter, is not modelled);
+  gradient accumulation, 2 bytes more per parameter, is added to the memory column's
+  prediction, :func:`comparable_peak_bytes`);
   Megatron / NeMo DDP -> ZeRO 1 (NeMo's recipes enable the distributed optimizer) with
   the gradient reduce and parameter gather overlapped (its performance recipes' default).
 - Precision: bf16 (also llm-foundry's amp_bf16 / PURE), FP8 with current (per-tensor)
@@ -53,6 +54,9 @@ How a row maps (assumptions stated once, here):
 - Batch: micro-batch from the row; a pipelined torchtitan row without one uses
   torchtitan's default of as many micro-batches as stages. Schedules: 1F1B, or
   interleaved 1F1B with the row's virtual stages.
+- Activation storage: torchtitan's own (:data:`merak_sim.memory.TORCHTITAN`,
+  :func:`activation_profile`: its op-level selective policy and its loss), the cost
+  model's default elsewhere; the memory columns: :func:`comparable_peak_bytes`.
 Not expressible: MoE, fine-tuning, Blackwell GPUs (no preset), heterogeneous clusters,
 rows the data flags as likely copy errors, unstated precision or virtual stages, rows
 without a measured time or throughput (the long-sequence NeMo table publishes model
@@ -69,13 +73,22 @@ from pathlib import Path
 
 from merak_sim.config import ParallelConfig
 from merak_sim.hardware import Cluster, get_cluster
-from merak_sim.memory import FLASH, KORTHIKANTI, backward_working_bytes
+from merak_sim.memory import (
+    FLASH,
+    KORTHIKANTI,
+    TORCHTITAN,
+    TORCHTITAN_COMPILED_LOSS,
+    ActivationProfile,
+    backward_working_bytes,
+    stage_params,
+)
 from merak_sim.model import ModelSpec, get_model
+from merak_sim.runtime_memory import runtime_memory_bytes
 
 __all__ = ["PRESET_BY_NAME", "load_rows", "skip_reason", "row_setup", "measured_step_s",
            "published_peak_bytes", "preset_for", "cluster_name", "precision_of",
            "row_label", "MEMORY_MEASURE", "comparable_peak_bytes", "stage_layers",
-           "eager_elementwise"]
+           "eager_elementwise", "activation_profile"]
 
 GiB = 1 << 30
 
@@ -188,22 +201,70 @@ def published_peak_bytes(row: dict) -> float | None:
 MEMORY_MEASURE: dict[str, str] = {
     "torchtitan": ("peak memory reserved by PyTorch's caching allocator (torchtitan logs "
                    "torch.cuda's max_reserved as 'memory'), max across GPUs"),
-    "sailor": "device total used memory (max over ranks, last line of the memory log)",
+    "sailor": ("device total used memory (nvidia-smi memory.used after every pipeline "
+               "instruction; max over ranks, last line of the memory log)"),
 }
 
 
-def comparable_peak_bytes(model: ModelSpec, cfg: ParallelConfig,
+def activation_profile(row: dict) -> ActivationProfile | None:
+    """How the row's framework stores activations, where it differs from the cost
+    model's default (None): torchtitan's op-level selective checkpointing, with its
+    loss compiled under ``torch.compile`` in its 2025 releases (the 2024 benchmark's
+    training loop calls an uncompiled loss)."""
+    if "torchtitan" not in row.get("framework", "").lower():
+        return None
+    m = re.search(r"_(20\d\d)(\d\d)_", row.get("source_path", ""))
+    compiled = "torch.compile" in row.get("other_flags", "")
+    if compiled and m is not None and int(m.group(1)) >= 2025:
+        return TORCHTITAN_COMPILED_LOSS
+    return TORCHTITAN
+
+
+def _measure(row: dict) -> str:
+    return "sailor" if _sailor(row) else "torchtitan"
+
+
+def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: ParallelConfig,
                           stage_peaks: tuple[float, ...]) -> float:
-    """The prediction of a published memory column (:data:`MEMORY_MEASURE`): both are
-    allocator-level peaks, so each stage's simulated peak (state, stash, FSDP buffers)
-    gets the transient working set of its largest backward step
-    (:func:`merak_sim.memory.backward_working_bytes`); the max over stages. Caching
-    slack beyond it is not modelled (torchtitan runs with expandable segments)."""
-    prof = FLASH if cfg.attention == "flash" else KORTHIKANTI
+    """The prediction of a row's published memory column (:data:`MEMORY_MEASURE`), the
+    max over stages of the simulated peak (state, stash, FSDP buffers) plus:
+
+    - the transient working set of the stage's largest backward step
+      (:func:`merak_sim.memory.backward_working_bytes`), which an allocator-level peak
+      sees and the stash does not;
+    - torchtitan's FSDP under pipelining: gradients accumulate unsharded over the
+      micro-batches in FSDP2's reduce dtype, torchtitan's default fp32 (FSDP2 upcasts
+      an unsynchronised unsharded gradient to the reduce dtype), 2 bytes per parameter
+      more than the 16-bit gradients of the ZeRO 1 mapping;
+    - torchtitan's fp8 (torchao's Float8Linear) casts the weights to FP8 at every use
+      and saves the 16-bit ones for backward: none of the cached FP8 copy the fp8 state
+      counts (1 byte per parameter, sharded like the weights);
+    - for a device-level reading (Sailor), the memory the runtime holds outside the
+      allocator (:func:`merak_sim.runtime_memory.runtime_memory_bytes`).
+    Caching slack between allocated and reserved bytes is not modelled (torchtitan runs
+    with expandable segments)."""
+    prof = activation_profile(row) or (FLASH if cfg.attention == "flash" else KORTHIKANTI)
+    prof = prof if prof.attention == cfg.attention else replace(prof, attention=cfg.attention)
     pp = len(stage_peaks)
-    return max(peak + backward_working_bytes(
-        model, cfg.micro_batch_size, cfg.tp, cfg.sequence_parallel, cfg.recompute, prof,
-        cfg.dtype, cfg.cp, last=s == pp - 1) for s, peak in enumerate(stage_peaks))
+    titan = "torchtitan" in row.get("framework", "").lower()
+    fp32_accum = titan and cfg.pp > 1 and cfg.zero > 0
+    no_fp8_copy = titan and cfg.dtype == "fp8"
+    shard = cfg.shard_group if cfg.zero >= 3 else 1
+    layers = stage_layers(row) or _even_split(model.layers, pp)
+    outside = runtime_memory_bytes(cluster.gpu.name) if _measure(row) == "sailor" else 0.0
+    out = []
+    for s, peak in enumerate(stage_peaks):
+        extra = backward_working_bytes(model, cfg.micro_batch_size, cfg.tp,
+                                       cfg.sequence_parallel, cfg.recompute, prof, cfg.dtype,
+                                       cfg.cp, last=s == pp - 1)
+        params = stage_params(model, layers[s], s == 0, s == pp - 1, cfg.tp)
+        extra += (2 * params if fp32_accum else 0.0) - (params / shard if no_fp8_copy else 0.0)
+        out.append(peak + extra + outside)
+    return max(out)
+
+
+def _even_split(n: int, parts: int) -> tuple[int, ...]:
+    return tuple(n // parts + (1 if i < n % parts else 0) for i in range(parts))
 
 
 def stage_layers(row: dict) -> tuple[int, ...] | None:
