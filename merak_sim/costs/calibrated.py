@@ -45,11 +45,11 @@ __all__ = ["CALIBRATED", "CalibratedCostModel", "calibrated_cost_model"]
 CALIBRATED: dict[str, dict[str, float]] = {
     "A100": {
         "gemm_max": 0.8,
-        "gemm_dim_half": 74.73880087128256,
-        "gemm_flops_half": 6162834940.331166,
+        "gemm_dim_half": 59.40810402841484,
+        "gemm_flops_half": 7753199684.468766,
         "attn_factor": 1.0,
         "mem_bw_eff": 0.92,
-        "kernel_overhead_s": 8.16496580927726e-06,
+        "kernel_overhead_s": 7.161148740394328e-06,
         "host_op_s": 7e-05,
     },
 }
