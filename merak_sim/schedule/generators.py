@@ -21,7 +21,7 @@ from __future__ import annotations
 from .ir import Action, Kind, Schedule, ScheduleError, Step
 from .lowering import lower
 from .replay import stage_aware_fractions
-from .spec import ScheduleSpec
+from .spec import Period, ScheduleSpec
 from .v_shape import dualpipev, zb_v
 from .zero_bubble import uniform_fractions, zb_auto, zb_h1, zb_h2, zb_scp
 from .zero_bubble_interleaved import zb_interleaved
@@ -58,6 +58,14 @@ def _1f1b_order(S: int, M: int, s: int) -> list[tuple[Kind, int]]:
         order += [(F, warm + i), (B, i)]
     order += [(B, m) for m in range(M - warm, M)]
     return order
+
+
+def one_f_one_b_period(S: int, v: int = 1) -> Period:
+    """1F1B's steady state: once M >= S - 1 every rank runs its full warm-up, and
+    one more micro-batch adds one (F, B) pair to every rank's steady phase (block j
+    of rank s: F of micro-batch S - 1 - s + j, then B of micro-batch j)."""
+    warm = [S - 1 - s for s in range(S)]
+    return Period(max(S - 1, 1), 1, tuple(warm), (2,) * S, tuple(w + 2 for w in warm))
 
 
 def one_f_one_b(S: int, M: int) -> list[list[Step]]:
@@ -230,7 +238,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
     s.name: s
     for s in (
         ScheduleSpec("gpipe", gpipe),
-        ScheduleSpec("1f1b", one_f_one_b),
+        ScheduleSpec("1f1b", one_f_one_b, period=one_f_one_b_period),
         ScheduleSpec("interleaved-1f1b", interleaved_1f1b, interleaved=True,
                      microbatches_multiple_of_pp=True),
         ScheduleSpec("1f1b-split", one_f_one_b_split),
