@@ -1,5 +1,5 @@
-"""Exact evaluation of a periodic schedule with many micro-batches from two small
-ones.
+"""Exact evaluation of a periodic schedule with many micro-batches from one small
+one.
 
 A generator that declares a :class:`~merak_sim.schedule.spec.Period` promises that
 M + p micro-batches insert one block of compute steps on every rank and change
@@ -7,46 +7,47 @@ nothing else. With fixed costs the evaluator's times are a max-plus linear syste
 every time is a maximum of earlier times plus durations. Index the blocks from the
 prefix (block j of every rank is one period) and call the blocks every rank has the
 *complete* ones, the last J; the blocks after J (only some ranks have them) and the
-suffixes form the *ending*. Then, for the evaluation of the base schedule G(n):
+suffixes form the *ending*. Then, for the evaluation of a base schedule G(n):
 
 1. if every node of the complete blocks J-w+1 .. J depends only on nodes of blocks
-   j - d .. j (d < w) through the same pattern in every block, with the same cost
-   rules, the blocks obey one recursion X_j = F(X_{j-1}, .., X_{j-d}) with F
+   j - w + 1 .. j through the same pattern in every block, with the same cost
+   rules, the blocks obey one recursion X_j = F(X_{j-1}, .., X_{j-w+1}) with F
    max-plus linear, so F(X + c) = F(X) + c;
 2. if the times of blocks J-w .. J are an arithmetic progression X_j = X_{j-1} + L
    (every start, end and consumed transfer of every rank), the recursion keeps it
    for every inserted block;
 3. if the ending depends only on itself and on blocks J-w .. J, and nothing before
    the ending depends on the ending, then in G(n + k) the prefix and the first J
-   blocks have G(n)'s times, the k inserted blocks repeat block J shifted by L, L2,
+   blocks have G(n)'s times, the k inserted blocks repeat block J shifted by L, 2L,
    .., and the ending is G(n)'s shifted by k L.
 
 So every figure of :func:`~merak_sim.sim.result.build_result` is affine in k: the
-makespan (T(n+1) - T(n) = L is checked), the per-GPU compute, recompute and exposed
-communication sums (each inserted block adds what block J adds), and the FLOPs; peak
-memory is G(n)'s when each block frees what it allocates (checked, as is the absence
-of out-of-memory in both bases). The slopes are read off G(n) and G(n+1), both
-evaluated by the one exact path. Rounding: the maps are non-expansive in the maximum
-norm, so a progression that holds to a tolerance tol keeps every extended time
-within tol. Any failed check returns None and the caller evaluates in full.
+makespan gains k L when G(n)'s is reached in the ending (checked), each GPU's
+compute, recompute and exposed communication gain k times what block J adds
+(:func:`~merak_sim.sim.result.rank_breakdown` of block J after its predecessor),
+and the FLOPs k times block J's; peak memory is G(n)'s when each block frees what
+it allocates (checked, as is the absence of out-of-memory). Rounding: the maps are
+non-expansive in the maximum norm, so a progression that holds to a tolerance keeps
+every extended time within it. Any failed check returns None and the caller
+evaluates in full; a base still in its transient is retried with twice the blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from merak_sim.schedule.spec import Period
 
 from .engine import EventLog
 from .evaluator import DependencyGraph, plan
 from .program import Compiled
-from .result import SimResult
+from .result import SimResult, rank_breakdown
 
 __all__ = ["Evaluated", "Extended", "extended", "BASE_BLOCKS"]
 
 #: Complete blocks the first base tries (doubled while the transient has not ended).
-BASE_BLOCKS = 4
+BASE_BLOCKS = 6
 #: Blocks whose dependencies and times are checked (a block may depend on the
 #: WINDOW - 1 blocks before it).
 WINDOW = 3
@@ -94,8 +95,7 @@ def _layout(prog: Compiled, period: Period) -> list[int] | None:
     return out
 
 
-def _block_map(prog: Compiled, period: Period, blocks: list[int], last: int
-               ) -> tuple[list, list[bool]]:
+def _block_map(prog: Compiled, period: Period, last: int) -> tuple[list, list[bool]]:
     """Per action id, (rank, block, offset) for blocks 0 .. ``last`` (None for the
     prefix and the ending), and whether it belongs to the ending."""
     n = len(prog.actions)
@@ -196,39 +196,69 @@ def _balanced(prog: Compiled, period: Period, last: int) -> bool:
     return True
 
 
-def _figures(ev: Evaluated) -> list[tuple[int, int, float, float, float, float]]:
-    return [(r.rank, r.stage, r.compute_s, r.recompute_s, r.exposed_comm_s,
-             r.peak_memory_bytes) for r in ev.result.ranks]
+def _checked(ev: Evaluated, period: Period) -> tuple[int, float] | None:
+    """(last complete block J, shift L) when every check of the module docstring
+    holds for the base ``ev``, else None."""
+    if ev.result.oom is not None:
+        return None
+    blocks = _layout(ev.prog, period)
+    if blocks is None:
+        return None
+    last = min(blocks) - 1
+    if last - WINDOW < 0:
+        return None
+    where, ending = _block_map(ev.prog, period, last)
+    if not _pattern_ok(ev.prog, plan(ev.prog), where, ending, last, WINDOW):
+        return None
+    shift = _progression(ev, period, last, WINDOW)
+    if shift is None or shift < 0 or not _balanced(ev.prog, period, last):
+        return None
+    tr = ev.trace
+    top = max((e for rows in tr.buckets for _c, _s, e in rows), default=0.0)
+    for r, rows in enumerate(tr.acts):
+        for _aid, _s, e in rows[period.prefix[r] + (last + 1) * period.block[r]:]:
+            top = max(top, e)
+    return (last, shift) if top == tr.makespan else None
 
 
-def _checked(one: Evaluated, two: Evaluated, period: Period) -> bool:
-    """Every check of the module docstring on the bases G(n) and G(n+1)."""
-    if one.result.oom is not None or two.result.oom is not None:
-        return False
-    b1, b2 = _layout(one.prog, period), _layout(two.prog, period)
-    if b1 is None or b2 is None or any(y != x + 1 for x, y in zip(b1, b2, strict=True)):
-        return False
-    last = min(b1) - 1
-    window = WINDOW
-    if last - window < 0:
-        return False
-    where, ending = _block_map(one.prog, period, b1, last)
-    if not _pattern_ok(one.prog, plan(one.prog), where, ending, last, window):
-        return False
-    shift = _progression(one, period, last, window)
-    if shift is None or _progression(two, period, last + 1, window) is None:
-        return False
-    tol = TOLERANCE * max(one.trace.makespan, 1e-300)
-    if abs(two.trace.makespan - one.trace.makespan - shift) > tol:
-        return False
-    if not _balanced(one.prog, period, last):
-        return False
-    return all(a[5] == b[5] for a, b in zip(_figures(one), _figures(two), strict=True))
+def _block_breakdown(tr: EventLog, period: Period, last: int
+                     ) -> list[tuple[float, float, float]]:
+    """What block ``last`` adds to each entity's breakdown: the breakdown of the
+    last step before it plus the block, less that step's alone (both start from
+    the same state, so only the block's share remains)."""
+    out = []
+    for e, s in enumerate(tr.stage_of):
+        first = period.prefix[s] + last * period.block[s]
+        rows = tr.acts[e][first - 1: first + period.block[s]]
+        with_block = replace(tr, acts=[rows if i == e else [] for i in range(len(tr.acts))])
+        alone = replace(with_block, acts=[rows[:1] if i == e else []
+                                          for i in range(len(tr.acts))])
+        out.append(tuple(x - y for x, y in zip(rank_breakdown(with_block, e),
+                                              rank_breakdown(alone, e), strict=True)))
+    return out
+
+
+def _extend(ev: Evaluated, period: Period, last: int, shift: float, k: int) -> Extended:
+    """The figures with ``k`` more blocks than the base ``ev``."""
+    tr, prog = ev.trace, ev.prog
+    pre, blk = period.prefix, period.block
+    figures = []
+    for r, add in zip(ev.result.ranks, _block_breakdown(tr, period, last), strict=True):
+        base = (r.compute_s, r.recompute_s, r.exposed_comm_s)
+        figures.append((r.rank, r.stage, *(b + k * x for b, x in zip(base, add, strict=True)),
+                        r.peak_memory_bytes))
+    fl = rf = 0.0
+    for r, ids in enumerate(prog.structure.compute_ids):
+        f, c = prog.flops_of(ids[pre[r] + last * blk[r]: pre[r] + (last + 1) * blk[r]])
+        fl += f
+        rf += c
+    return Extended(tr.makespan + k * shift, figures, sum(prog.flops) + k * fl,
+                    sum(prog.recompute_flops) + k * rf)
 
 
 def extended(period: Period | None, microbatches: int,
              evaluated: Callable[[int], Evaluated]) -> Extended | None:
-    """The figures for ``microbatches`` micro-batches from bases evaluated by
+    """The figures for ``microbatches`` micro-batches from a base evaluated by
     ``evaluated(M)`` (the exact path at M micro-batches), or None where the schedule
     declares no period, M is too small to gain, or a check fails."""
     if period is None:
@@ -237,19 +267,11 @@ def extended(period: Period | None, microbatches: int,
     if microbatches < m0 or (microbatches - m0) % p:
         return None
     q = BASE_BLOCKS
-    while m0 + p * (q + 1) < microbatches:
+    while m0 + p * q < microbatches:
         m1 = m0 + p * q
-        one, two = evaluated(m1), evaluated(m1 + p)
-        if _checked(one, two, period):
-            k = (microbatches - m1) // p
-            f1, f2 = _figures(one), _figures(two)
-            figures = [(a[0], a[1], *(x + k * (y - x) for x, y in zip(a[2:5], b[2:5],
-                                                                     strict=True)), a[5])
-                       for a, b in zip(f1, f2, strict=True)]
-            t1, t2 = one.trace.makespan, two.trace.makespan
-            fl1, fl2 = sum(one.prog.flops), sum(two.prog.flops)
-            rf1, rf2 = sum(one.prog.recompute_flops), sum(two.prog.recompute_flops)
-            return Extended(t1 + k * (t2 - t1), figures, fl1 + k * (fl2 - fl1),
-                            rf1 + k * (rf2 - rf1))
+        ev = evaluated(m1)
+        found = _checked(ev, period)
+        if found is not None:
+            return _extend(ev, period, *found, (microbatches - m1) // p)
         q *= 2
     return None

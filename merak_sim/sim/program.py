@@ -193,6 +193,24 @@ def program_structure(sched: Schedule) -> ProgramStructure:
     return ps
 
 
+def _tags(sched: Schedule, fn: Callable[[Schedule, Action], tuple | None]
+          ) -> Callable[[Action], tuple | None]:
+    """``a -> fn(sched, a)`` for a tag function of the lowering (a comm key: tensor,
+    source model stage, micro-batch), evaluated once per (kind, rank, chunk): only
+    the micro-batch varies between the actions sharing those."""
+    seen: dict[tuple, tuple | None] = {}
+
+    def tag(a: Action) -> tuple | None:
+        k = (a.kind, a.stage, a.chunk)
+        head = seen.get(k, False)
+        if head is False:
+            key = fn(sched, a)
+            head = seen[k] = None if key is None else key[:2]
+        return None if head is None else (*head, a.microbatch)
+
+    return tag
+
+
 def _first_pass(sched: Schedule) -> tuple[dict, list, list, list, set, list]:
     """One pass over every action: (comm key -> transfer id, per rank the transfer id
     of each send and receive in program order, per transfer id (key, src, dst, send,
@@ -202,6 +220,8 @@ def _first_pass(sched: Schedule) -> tuple[dict, list, list, list, set, list]:
     sends: dict = {}
     recvs: dict = {}
     posted, explicit_r, chunks = [], set(), []
+    key_of = _tags(sched, comm_key)
+    recompute = Kind.RECOMPUTE
     for prog in sched.programs:
         ids = []
         used = set()
@@ -209,10 +229,13 @@ def _first_pass(sched: Schedule) -> tuple[dict, list, list, list, set, list]:
             for a in step.parts:
                 k = a.kind
                 if k.is_comm:
-                    key = comm_key(sched, a)
+                    key = key_of(a)
                     (sends if k.is_send else recvs)[key] = a
-                    ids.append(tid.setdefault(key, len(tid)))
-                elif k is Kind.RECOMPUTE:
+                    t = tid.get(key)
+                    if t is None:
+                        t = tid[key] = len(tid)
+                    ids.append(t)
+                elif k is recompute:
                     explicit_r.add((a.stage, a.chunk, a.microbatch))
                 if k.per_microbatch:
                     used.add(a.chunk)
@@ -233,6 +256,9 @@ def _first_pass(sched: Schedule) -> tuple[dict, list, list, list, set, list]:
 def _build_structure(sched: Schedule) -> ProgramStructure:
     """One walk of ``sched``: everything :func:`compile_program` needs but the costs."""
     tid, posted, ends, bounds, explicit_r, chunks_all = _first_pass(sched)
+    consumed_of = _tags(sched, consumed_key)
+    stage_at = [[sched.stage_of(r, ch) for ch in range(sched.virtual_stages)]
+                for r in range(sched.num_stages)]
     rules: dict[tuple, int] = {}
     mem_rules: dict = {None: 0}
     actions: list[Action] = []
@@ -242,6 +268,8 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     free_of: list[int] = []
     ops_all, flops_r, rec_r, ar_order, last_bwd = [], [], [], [], []
     n_actions = 0
+    reads_explicit = (Kind.BACKWARD, Kind.BACKWARD_INPUT)
+    last_kinds = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
     for rank, prog in enumerate(sched.programs):
         ops = []
         post = iter(posted[rank])
@@ -250,10 +278,12 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         last_b: dict[int, int] = {}
         fl: list[int] = []
         rf: list[int] = []
+        at = stage_at[rank]
         for step in prog:
-            n_actions += len(step.parts)
-            if isinstance(step, Fused) or step.kind.is_comm:
-                for p in step.parts:
+            parts = step.parts
+            n_actions += len(parts)
+            if len(parts) > 1 or step.kind.is_comm:
+                for p in parts:
                     ops.append((OP_POST, next(post), int(p.kind.is_send)))
                 continue
             a = step
@@ -262,34 +292,35 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             actions.append(a)
             rank_of.append(rank)
             live = next(steps)
-            item = (a.chunk, a.microbatch)
             al = fr = 0
             if live.enters is not None:
+                item = (a.chunk, a.microbatch)
                 h = history[item] = history.get(item, ()) + (live.enters,)
                 al = mem_rules.setdefault((rank, a.chunk, h, False), len(mem_rules))
             elif live.leaves is not None:
-                h = history.pop(item, ())
+                h = history.pop((a.chunk, a.microbatch), ())
                 fr = mem_rules.setdefault((rank, a.chunk, h, True), len(mem_rules))
             alloc_of.append(al)
             free_of.append(fr)
             if k.per_microbatch:
-                reads_explicit = k in (Kind.BACKWARD, Kind.BACKWARD_INPUT)
-                rule = (k, sched.model_stage(a),
-                        reads_explicit and (rank, a.chunk, a.microbatch) in explicit_r, rank)
+                rule = (k, at[a.chunk], k in reads_explicit
+                        and (rank, a.chunk, a.microbatch) in explicit_r, rank)
             else:
                 rule = (k, rank)
-            rid = rules.setdefault(rule, len(rules))
+            rid = rules.get(rule)
+            if rid is None:
+                rid = rules[rule] = len(rules)
             rule_of.append(rid)
             if k in _FORWARDS:
                 fl.append(rid)
             elif k in _RECOMPUTING:
                 rf.append(rid)
-            if k is Kind.BACKWARD or k is Kind.BACKWARD_WEIGHT:
+            if k in last_kinds:
                 last_b[a.chunk] = aid
             if k is Kind.ALL_REDUCE:
                 ops.append((OP_AR, aid, -1))
             else:
-                ck = consumed_key(sched, a)
+                ck = consumed_of(a) if k.per_microbatch else None
                 ops.append((OP_COMPUTE, aid, tid[ck] if ck is not None else -1))
         ops_all.append(tuple(ops))
         order = sorted(last_b, key=lambda ch: last_b[ch])
@@ -303,9 +334,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         transfer_boundary=tuple(bounds), rules=tuple(rules), rule_of_action=tuple(rule_of),
         memory_rules=tuple(mem_rules), alloc_rule=tuple(alloc_of), free_rule=tuple(free_of),
         flops_rules=tuple(flops_r), recompute_rules=tuple(rec_r), chunks=tuple(chunks_all),
-        chunk_stages=tuple(tuple(sched.model_stage(Action(Kind.FORWARD, r, 0, ch))
-                                 for ch in range(sched.virtual_stages))
-                           for r in range(sched.num_stages)),
+        chunk_stages=tuple(tuple(row) for row in stage_at),
         ar_order=tuple(ar_order), last_backward=tuple(last_bwd))
 
 
@@ -405,6 +434,21 @@ class Compiled:
         return tuple(Transfer(key, s, d, snd, rcv, x, n) for (key, s, d, snd, rcv), x, n
                      in zip(self.structure.transfer_ends, self.transfer_s,
                             self.transfer_bytes, strict=True))
+
+    def flops_of(self, ids: tuple[int, ...] | list[int]) -> tuple[float, float]:
+        """Model and recomputation FLOPs of the actions ``ids``, counted as
+        :attr:`flops` and :attr:`recompute_flops` count them."""
+        fl = self.rule_values[6]
+        rule = self.structure.rule_of_action
+        acts = self.actions
+        model = rec = 0.0
+        for x in ids:
+            k = acts[x].kind
+            if k in _FORWARDS:
+                model += fl[rule[x]]
+            elif k in _RECOMPUTING:
+                rec += fl[rule[x]]
+        return model, rec
 
     def repriced(self, duration_s: tuple[float, ...], transfer_s: list[float],
                  ar_chunks: tuple[tuple[tuple[int, float], ...], ...],

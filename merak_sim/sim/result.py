@@ -40,7 +40,8 @@ from merak_sim.timeline import EVENT_COLUMNS, TP_KIND
 
 from .engine import EventLog
 
-__all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "build_result", "result_of"]
+__all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "build_result", "result_of",
+           "rank_breakdown"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,8 +299,8 @@ class SimResult:
         return ax.figure
 
 
-def _breakdown(tr: EventLog, e: int) -> tuple[float, float, float]:
-    """(compute, recompute, exposed comm) seconds of entity ``e``."""
+def rank_breakdown(tr: EventLog, e: int) -> tuple[float, float, float]:
+    """(compute, recompute, exposed comm) seconds of entity ``e`` (module docstring)."""
     prog = tr.prog
     s = tr.stage_of[e]
     ci = tr.copy_of[e]
@@ -369,7 +370,7 @@ def build_result(tr: EventLog, *, capacity: float, peak_flops: float, engine: st
     for e, grank in enumerate(tr.ranks):
         s = tr.stage_of[e]
         hbm = tr.memory[e]
-        figures.append((grank, s, *_breakdown(tr, e), hbm.peak))
+        figures.append((grank, s, *rank_breakdown(tr, e), hbm.peak))
         if hbm.oom_time is not None:
             cand = OutOfMemory(
                 grank, s, hbm.oom_time,
