@@ -31,7 +31,7 @@ from .program import Compiled, compile_program
 from .result import SimResult, build_result, result_of
 
 __all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config", "schedule_of",
-           "shape_schedule"]
+           "shape_schedule", "forget_schedules"]
 
 #: How many generated schedules :func:`schedule_of` keeps (least recently used out).
 SCHEDULES_KEPT = 64
@@ -85,6 +85,12 @@ def shape_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
     else:
         _SCHEDULES.move_to_end(key)
     return sched
+
+
+def forget_schedules() -> None:
+    """Empty :func:`shape_schedule`'s cache, so that the next simulation of every
+    shape starts cold (benchmarks of the first call; freeing memory)."""
+    _SCHEDULES.clear()
 
 
 def _load_schedule(schedule: Schedule | str | Path) -> Schedule:

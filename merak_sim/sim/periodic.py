@@ -41,7 +41,7 @@ from merak_sim.schedule.spec import Period
 
 from .engine import EventLog
 from .evaluator import DependencyGraph, plan
-from .program import Compiled
+from .program import FORWARD_KINDS, RECOMPUTING_KINDS, Compiled
 from .result import SimResult, rank_breakdown
 
 __all__ = ["Evaluated", "Extended", "extended", "BASE_BLOCKS"]
@@ -238,6 +238,21 @@ def _block_breakdown(tr: EventLog, period: Period, last: int
     return out
 
 
+def _flops_of(prog: Compiled, ids: tuple[int, ...]) -> tuple[float, float]:
+    """Model and recomputation FLOPs of the actions ``ids``, counted as
+    ``Compiled.flops`` and ``Compiled.recompute_flops`` count them."""
+    fl = prog.rule_values[6]
+    rule = prog.structure.rule_of_action
+    model = rec = 0.0
+    for x in ids:
+        k = prog.actions[x].kind
+        if k in FORWARD_KINDS:
+            model += fl[rule[x]]
+        elif k in RECOMPUTING_KINDS:
+            rec += fl[rule[x]]
+    return model, rec
+
+
 def _extend(ev: Evaluated, period: Period, last: int, shift: float, k: int) -> Extended:
     """The figures with ``k`` more blocks than the base ``ev``."""
     tr, prog = ev.trace, ev.prog
@@ -249,7 +264,7 @@ def _extend(ev: Evaluated, period: Period, last: int, shift: float, k: int) -> E
                         r.peak_memory_bytes))
     fl = rf = 0.0
     for r, ids in enumerate(prog.structure.compute_ids):
-        f, c = prog.flops_of(ids[pre[r] + last * blk[r]: pre[r] + (last + 1) * blk[r]])
+        f, c = _flops_of(prog, ids[pre[r] + last * blk[r]: pre[r] + (last + 1) * blk[r]])
         fl += f
         rf += c
     return Extended(tr.makespan + k * shift, figures, sum(prog.flops) + k * fl,

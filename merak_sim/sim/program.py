@@ -55,13 +55,14 @@ from merak_sim.schedule.lowering import comm_key, consumed_key
 from .action_costs import gatherer, memory_value, rule_costs
 
 __all__ = ["Compiled", "Transfer", "ProgramStructure", "program_structure", "compile_program",
-           "OP_COMPUTE", "OP_POST", "OP_AR"]
+           "OP_COMPUTE", "OP_POST", "OP_AR", "FORWARD_KINDS", "RECOMPUTING_KINDS"]
 
 #: Op codes of a compiled program step.
 OP_COMPUTE, OP_POST, OP_AR = 0, 1, 2
 
-_FORWARDS = (Kind.FORWARD, Kind.FORWARD_NOGRAD)
-_RECOMPUTING = (Kind.RECOMPUTE, Kind.BACKWARD, Kind.BACKWARD_INPUT)
+#: Kinds whose rule FLOPs count as model FLOPs, and as recomputation FLOPs.
+FORWARD_KINDS = (Kind.FORWARD, Kind.FORWARD_NOGRAD)
+RECOMPUTING_KINDS = (Kind.RECOMPUTE, Kind.BACKWARD, Kind.BACKWARD_INPUT)
 
 #: How many schedules' structures :func:`program_structure` keeps (least recently
 #: used dropped first): enough for a fit's rows or a planner's shapes in flight.
@@ -211,54 +212,20 @@ def _tags(sched: Schedule, fn: Callable[[Schedule, Action], tuple | None]
     return tag
 
 
-def _first_pass(sched: Schedule) -> tuple[dict, list, list, list, set, list]:
-    """One pass over every action: (comm key -> transfer id, per rank the transfer id
-    of each send and receive in program order, per transfer id (key, src, dst, send,
-    recv) and the boundary it crosses, the (rank, chunk, micro-batch) of explicit
-    re-forwards, per rank its chunks with per-micro-batch actions)."""
-    tid: dict = {}
-    sends: dict = {}
-    recvs: dict = {}
-    posted, explicit_r, chunks = [], set(), []
-    key_of = _tags(sched, comm_key)
-    recompute = Kind.RECOMPUTE
-    for prog in sched.programs:
-        ids = []
-        used = set()
-        for step in prog:
-            for a in step.parts:
-                k = a.kind
-                if k.is_comm:
-                    key = key_of(a)
-                    (sends if k.is_send else recvs)[key] = a
-                    t = tid.get(key)
-                    if t is None:
-                        t = tid[key] = len(tid)
-                    ids.append(t)
-                elif k is recompute:
-                    explicit_r.add((a.stage, a.chunk, a.microbatch))
-                if k.per_microbatch:
-                    used.add(a.chunk)
-        posted.append(ids)
-        chunks.append(tuple(sorted(used)))
-    ends, bounds = [], []
-    for key in tid:  # insertion order is id order
-        s, r = sends.get(key), recvs.get(key)
-        if s is None or r is None:
-            a = s or r
-            raise ScheduleError(f"{a} on rank {a.stage} has no matching "
-                                f"{'receive' if a.kind.is_send else 'send'}")
-        ends.append((key, s.stage, r.stage, s, r))
-        bounds.append(key[1] if key[0] == "A" else key[1] - 1)
-    return tid, posted, ends, bounds, explicit_r, chunks
-
-
 def _build_structure(sched: Schedule) -> ProgramStructure:
-    """One walk of ``sched``: everything :func:`compile_program` needs but the costs."""
-    tid, posted, ends, bounds, explicit_r, chunks_all = _first_pass(sched)
+    """One walk of ``sched``: everything :func:`compile_program` needs but the costs.
+    A receive precedes its consumer on the consumer's rank, so every consumed
+    transfer has its id when the consumer is reached."""
+    recompute = Kind.RECOMPUTE
+    explicit_r = {(a.stage, a.chunk, a.microbatch) for prog in sched.programs
+                  for step in prog for a in step.parts if a.kind is recompute}
+    key_of = _tags(sched, comm_key)
     consumed_of = _tags(sched, consumed_key)
     stage_at = [[sched.stage_of(r, ch) for ch in range(sched.virtual_stages)]
                 for r in range(sched.num_stages)]
+    tid: dict = {}
+    sends: dict = {}
+    recvs: dict = {}
     rules: dict[tuple, int] = {}
     mem_rules: dict = {None: 0}
     actions: list[Action] = []
@@ -266,25 +233,32 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     rule_of: list[int] = []
     alloc_of: list[int] = []
     free_of: list[int] = []
-    ops_all, flops_r, rec_r, ar_order, last_bwd = [], [], [], [], []
+    ops_all, flops_r, rec_r, ar_order, last_bwd, chunks_all = [], [], [], [], [], []
     n_actions = 0
     reads_explicit = (Kind.BACKWARD, Kind.BACKWARD_INPUT)
     last_kinds = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
     for rank, prog in enumerate(sched.programs):
         ops = []
-        post = iter(posted[rank])
         steps = iter(liveness(sched, rank).steps)
         history: dict[tuple[int, int], tuple[Held, ...]] = {}
         last_b: dict[int, int] = {}
         fl: list[int] = []
         rf: list[int] = []
+        used = set()
         at = stage_at[rank]
         for step in prog:
             parts = step.parts
             n_actions += len(parts)
             if len(parts) > 1 or step.kind.is_comm:
                 for p in parts:
-                    ops.append((OP_POST, next(post), int(p.kind.is_send)))
+                    key = key_of(p)
+                    send = p.kind.is_send
+                    (sends if send else recvs)[key] = p
+                    t = tid.get(key)
+                    if t is None:
+                        t = tid[key] = len(tid)
+                    ops.append((OP_POST, t, int(send)))
+                    used.add(p.chunk)
                 continue
             a = step
             k = a.kind
@@ -303,6 +277,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             alloc_of.append(al)
             free_of.append(fr)
             if k.per_microbatch:
+                used.add(a.chunk)
                 rule = (k, at[a.chunk], k in reads_explicit
                         and (rank, a.chunk, a.microbatch) in explicit_r, rank)
             else:
@@ -311,9 +286,9 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             if rid is None:
                 rid = rules[rule] = len(rules)
             rule_of.append(rid)
-            if k in _FORWARDS:
+            if k in FORWARD_KINDS:
                 fl.append(rid)
-            elif k in _RECOMPUTING:
+            elif k in RECOMPUTING_KINDS:
                 rf.append(rid)
             if k in last_kinds:
                 last_b[a.chunk] = aid
@@ -321,13 +296,26 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 ops.append((OP_AR, aid, -1))
             else:
                 ck = consumed_of(a) if k.per_microbatch else None
+                if ck is not None and ck not in tid:
+                    raise ScheduleError(f"{a} on rank {rank} consumes {ck} before its "
+                                        "receive; lower the schedule")
                 ops.append((OP_COMPUTE, aid, tid[ck] if ck is not None else -1))
         ops_all.append(tuple(ops))
+        chunks_all.append(tuple(sorted(used)))
         order = sorted(last_b, key=lambda ch: last_b[ch])
         ar_order.append(tuple(order))
         last_bwd.append(tuple(last_b[ch] for ch in order))
         flops_r.append(tuple(fl))
         rec_r.append(tuple(rf))
+    ends, bounds = [], []
+    for key in tid:  # insertion order is id order
+        s, r = sends.get(key), recvs.get(key)
+        if s is None or r is None:
+            a = s or r
+            raise ScheduleError(f"{a} on rank {a.stage} has no matching "
+                                f"{'receive' if a.kind.is_send else 'send'}")
+        ends.append((key, s.stage, r.stage, s, r))
+        bounds.append(key[1] if key[0] == "A" else key[1] - 1)
     return ProgramStructure(
         schedule=sched, ops=tuple(ops_all), actions=tuple(actions),
         rank_of_action=tuple(rank_of), num_actions=n_actions, transfer_ends=tuple(ends),
@@ -434,21 +422,6 @@ class Compiled:
         return tuple(Transfer(key, s, d, snd, rcv, x, n) for (key, s, d, snd, rcv), x, n
                      in zip(self.structure.transfer_ends, self.transfer_s,
                             self.transfer_bytes, strict=True))
-
-    def flops_of(self, ids: tuple[int, ...] | list[int]) -> tuple[float, float]:
-        """Model and recomputation FLOPs of the actions ``ids``, counted as
-        :attr:`flops` and :attr:`recompute_flops` count them."""
-        fl = self.rule_values[6]
-        rule = self.structure.rule_of_action
-        acts = self.actions
-        model = rec = 0.0
-        for x in ids:
-            k = acts[x].kind
-            if k in _FORWARDS:
-                model += fl[rule[x]]
-            elif k in _RECOMPUTING:
-                rec += fl[rule[x]]
-        return model, rec
 
     def repriced(self, duration_s: tuple[float, ...], transfer_s: list[float],
                  ar_chunks: tuple[tuple[tuple[int, float], ...], ...],
