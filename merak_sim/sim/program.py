@@ -194,39 +194,33 @@ def program_structure(sched: Schedule) -> ProgramStructure:
     return ps
 
 
-def _tags(sched: Schedule, fn: Callable[[Schedule, Action], tuple | None]
-          ) -> Callable[[Action], tuple | None]:
-    """``a -> fn(sched, a)`` for a tag function of the lowering (a comm key: tensor,
-    source model stage, micro-batch), evaluated once per (kind, rank, chunk): only
-    the micro-batch varies between the actions sharing those."""
-    seen: dict[tuple, tuple | None] = {}
-
-    def tag(a: Action) -> tuple | None:
-        k = (a.kind, a.stage, a.chunk)
-        head = seen.get(k, False)
-        if head is False:
-            key = fn(sched, a)
-            head = seen[k] = None if key is None else key[:2]
-        return None if head is None else (*head, a.microbatch)
-
-    return tag
+def _step_facts(sched: Schedule, a: Action) -> tuple:
+    """Facts of ``a``'s (kind, rank, chunk), whatever its micro-batch: a send or
+    receive's (is send, comm key less its micro-batch); a compute action's (per
+    micro-batch, model stage, reads the explicit-R flag, FLOPs class 1 model / 2
+    recompute / 0, is B or W, is AR, consumed key less its micro-batch or None)."""
+    k = a.kind
+    if k.is_comm:
+        return (k.is_send, comm_key(sched, a)[:2])
+    ck = consumed_key(sched, a) if k.per_microbatch else None
+    return (k.per_microbatch, sched.model_stage(a) if k.per_microbatch else -1,
+            k in (Kind.BACKWARD, Kind.BACKWARD_INPUT),
+            1 if k in FORWARD_KINDS else 2 if k in RECOMPUTING_KINDS else 0,
+            k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT), k is Kind.ALL_REDUCE,
+            None if ck is None else ck[:2])
 
 
 def _build_structure(sched: Schedule) -> ProgramStructure:
-    """One walk of ``sched``: everything :func:`compile_program` needs but the costs.
-    A receive precedes its consumer on the consumer's rank, so every consumed
-    transfer has its id when the consumer is reached."""
-    recompute = Kind.RECOMPUTE
+    """One walk of ``sched``: everything :func:`compile_program` needs but the costs
+    (a receive precedes its consumer, so its transfer has an id by then; facts per
+    (kind, chunk) of a rank are keyed by the kind's identity: enum hashing is slow)."""
     explicit_r = {(a.stage, a.chunk, a.microbatch) for prog in sched.programs
-                  for step in prog for a in step.parts if a.kind is recompute}
-    key_of = _tags(sched, comm_key)
-    consumed_of = _tags(sched, consumed_key)
-    stage_at = [[sched.stage_of(r, ch) for ch in range(sched.virtual_stages)]
-                for r in range(sched.num_stages)]
+                  for step in prog for a in step.parts if a.kind is Kind.RECOMPUTE}
     tid: dict = {}
     sends: dict = {}
     recvs: dict = {}
-    rules: dict[tuple, int] = {}
+    rules: list[tuple] = []
+    rule_ids: dict[tuple, int] = {}
     mem_rules: dict = {None: 0}
     actions: list[Action] = []
     rank_of: list[int] = []
@@ -235,8 +229,6 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     free_of: list[int] = []
     ops_all, flops_r, rec_r, ar_order, last_bwd, chunks_all = [], [], [], [], [], []
     n_actions = 0
-    reads_explicit = (Kind.BACKWARD, Kind.BACKWARD_INPUT)
-    last_kinds = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
     for rank, prog in enumerate(sched.programs):
         ops = []
         steps = iter(liveness(sched, rank).steps)
@@ -245,23 +237,27 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         fl: list[int] = []
         rf: list[int] = []
         used = set()
-        at = stage_at[rank]
+        facts: dict[tuple[int, int], tuple] = {}
         for step in prog:
             parts = step.parts
             n_actions += len(parts)
             if len(parts) > 1 or step.kind.is_comm:
                 for p in parts:
-                    key = key_of(p)
-                    send = p.kind.is_send
-                    (sends if send else recvs)[key] = p
+                    f = facts.get((id(p.kind), p.chunk)) or facts.setdefault(
+                        (id(p.kind), p.chunk), _step_facts(sched, p))
+                    key = (*f[1], p.microbatch)
+                    (sends if f[0] else recvs)[key] = p
                     t = tid.get(key)
                     if t is None:
                         t = tid[key] = len(tid)
-                    ops.append((OP_POST, t, int(send)))
+                    ops.append((OP_POST, t, int(f[0])))
                     used.add(p.chunk)
                 continue
             a = step
             k = a.kind
+            f = facts.get((id(k), a.chunk)) or facts.setdefault((id(k), a.chunk),
+                                                                  _step_facts(sched, a))
+            per_mb, g, reads, flops_class, is_last, is_ar, head = f
             aid = len(actions)
             actions.append(a)
             rank_of.append(rank)
@@ -276,30 +272,33 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 fr = mem_rules.setdefault((rank, a.chunk, h, True), len(mem_rules))
             alloc_of.append(al)
             free_of.append(fr)
-            if k.per_microbatch:
+            if per_mb:
                 used.add(a.chunk)
-                rule = (k, at[a.chunk], k in reads_explicit
-                        and (rank, a.chunk, a.microbatch) in explicit_r, rank)
+                explicit = reads and (rank, a.chunk, a.microbatch) in explicit_r
+                rk = (id(k), g, explicit, rank)
             else:
-                rule = (k, rank)
-            rid = rules.get(rule)
+                rk = (id(k), rank)
+            rid = rule_ids.get(rk)
             if rid is None:
-                rid = rules[rule] = len(rules)
+                rid = rule_ids[rk] = len(rules)
+                rules.append((k, g, explicit, rank) if per_mb else (k, rank))
             rule_of.append(rid)
-            if k in FORWARD_KINDS:
+            if flops_class == 1:
                 fl.append(rid)
-            elif k in RECOMPUTING_KINDS:
+            elif flops_class == 2:
                 rf.append(rid)
-            if k in last_kinds:
+            if is_last:
                 last_b[a.chunk] = aid
-            if k is Kind.ALL_REDUCE:
+            if is_ar:
                 ops.append((OP_AR, aid, -1))
+            elif head is None:
+                ops.append((OP_COMPUTE, aid, -1))
             else:
-                ck = consumed_of(a) if k.per_microbatch else None
-                if ck is not None and ck not in tid:
+                ck = (*head, a.microbatch)
+                if ck not in tid:
                     raise ScheduleError(f"{a} on rank {rank} consumes {ck} before its "
                                         "receive; lower the schedule")
-                ops.append((OP_COMPUTE, aid, tid[ck] if ck is not None else -1))
+                ops.append((OP_COMPUTE, aid, tid[ck]))
         ops_all.append(tuple(ops))
         chunks_all.append(tuple(sorted(used)))
         order = sorted(last_b, key=lambda ch: last_b[ch])
@@ -322,7 +321,8 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         transfer_boundary=tuple(bounds), rules=tuple(rules), rule_of_action=tuple(rule_of),
         memory_rules=tuple(mem_rules), alloc_rule=tuple(alloc_of), free_rule=tuple(free_of),
         flops_rules=tuple(flops_r), recompute_rules=tuple(rec_r), chunks=tuple(chunks_all),
-        chunk_stages=tuple(tuple(row) for row in stage_at),
+        chunk_stages=tuple(tuple(sched.stage_of(r, ch) for ch in range(sched.virtual_stages))
+                           for r in range(sched.num_stages)),
         ar_order=tuple(ar_order), last_backward=tuple(last_bwd))
 
 
