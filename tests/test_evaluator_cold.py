@@ -59,6 +59,7 @@ def flat(x, key=""):
 def assert_same(cold, full):
     """Equal to 1e-9: seconds relative to the iteration time, fractions absolutely,
     everything else relative to itself."""
+    assert (cold.meta, cold.peak_flops, cold.trace) == (full.meta, full.peak_flops, None)
     a, b = flat(cold.to_dict()), flat(full.to_dict())
     assert a.keys() == b.keys()
     T = full.iteration_time_s
@@ -182,3 +183,24 @@ def test_declared_period_describes_the_generated_programs(S):
                     for x in tail] == [(x.kind, x.chunk, x.microbatch) for x in
                                        steps[0][cut:]]
             assert all(x.kind is not Kind.ALL_REDUCE for x in steps[1][cut:cut + blk])
+
+
+def test_vtrain_rows_cold_equal_full():
+    """vTrain multi-node rows (the calibrated A100 model, 1F1B, full recompute) of
+    three pipeline depths with many micro-batches: the cold path extends them."""
+    from pathlib import Path
+
+    from merak_sim.experiments.vtrain import load_vtrain, row_setup, vtrain_cost_model
+
+    rows = load_vtrain(Path(__file__).resolve().parents[1] / "data" / "vtrain"
+                       / "ground_truth_multi.csv")
+    picked = {}
+    for r in rows:
+        model, cluster, cfg = row_setup(r)
+        if cfg.pp in (2, 8, 16) and cfg.num_microbatches >= cfg.pp + 16:
+            picked.setdefault(cfg.pp, (model, cluster, cfg))
+    assert sorted(picked) == [2, 8, 16]
+    for model, cluster, cfg in picked.values():
+        kw = dict(cost_model=vtrain_cost_model(), engine="evaluator", sub_cluster=True)
+        assert_same(simulate(model, cluster, cfg, keep_trace=False, **kw),
+                    simulate(model, cluster, cfg, keep_trace=True, **kw))

@@ -246,7 +246,10 @@ def simulate(
         mode: "representative" (one pipeline, replicas folded by symmetry) or "full"
             (every GPU its own entity).
         engine: "simpy" (discrete events, contention) or "evaluator" (exact
-            contention-free critical path, representative mode only).
+            contention-free critical path, representative mode only; without a
+            trace, a generated schedule whose generator declares a steady-state
+            period is evaluated on a small base of it and extended exactly,
+            :mod:`merak_sim.sim.periodic`).
         contention: share link bandwidth between concurrent transfers; default on when
             the engine is simpy and the cluster's links are known.
         overlap_dp: bucketed data-parallel gradient reduction overlapped with the last
