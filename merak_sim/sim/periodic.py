@@ -29,7 +29,8 @@ and the FLOPs k times block J's; peak memory is G(n)'s when each block frees wha
 it allocates (checked, as is the absence of out-of-memory). Rounding: the maps are
 non-expansive in the maximum norm, so a progression that holds to a tolerance keeps
 every extended time within it. Any failed check returns None and the caller
-evaluates in full; a base still in its transient is retried with twice the blocks.
+evaluates in full; a base still in its transient is retried with twice the blocks,
+up to BASES_TRIED bases.
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ from .result import SimResult, rank_breakdown
 
 __all__ = ["Evaluated", "Extended", "extended", "BASE_BLOCKS"]
 
-#: Complete blocks the first base tries (doubled while the transient has not ended).
+#: Complete blocks the first base has (doubled while the transient has not ended),
+#: and how many bases are tried before evaluating in full (a schedule that never
+#: settles into a one-block progression costs at most that many small evaluations).
 BASE_BLOCKS = 6
+BASES_TRIED = 3
 #: Blocks whose dependencies and times are checked (a block may depend on the
 #: WINDOW - 1 blocks before it).
 WINDOW = 3
@@ -282,8 +286,10 @@ def extended(period: Period | None, microbatches: int,
     if microbatches < m0 or (microbatches - m0) % p:
         return None
     q = BASE_BLOCKS
-    while m0 + p * q < microbatches:
+    for _ in range(BASES_TRIED):
         m1 = m0 + p * q
+        if m1 >= microbatches:
+            break
         ev = evaluated(m1)
         found = _checked(ev, period)
         if found is not None:
