@@ -214,8 +214,8 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     """One walk of ``sched``: everything :func:`compile_program` needs but the costs
     (a receive precedes its consumer, so its transfer has an id by then; facts per
     (kind, chunk) of a rank are keyed by the kind's identity: enum hashing is slow)."""
-    explicit_r = {(a.stage, a.chunk, a.microbatch) for prog in sched.programs
-                  for step in prog for a in step.parts if a.kind is Kind.RECOMPUTE}
+    explicit_r = {(a.stage, a.chunk, a.microbatch) for prog in sched.programs for a in prog
+                  if type(a) is Action and a.kind is Kind.RECOMPUTE}  # never fused
     tid: dict = {}
     sends: dict = {}
     recvs: dict = {}
@@ -236,13 +236,11 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         last_b: dict[int, int] = {}
         fl: list[int] = []
         rf: list[int] = []
-        used = set()
         facts: dict[tuple[int, int], tuple] = {}
+        first = len(actions)
         for step in prog:
-            parts = step.parts
-            n_actions += len(parts)
-            if len(parts) > 1 or step.kind.is_comm:
-                for p in parts:
+            if type(step) is not Action or step.kind.is_comm:
+                for p in step.parts:
                     f = facts.get((id(p.kind), p.chunk)) or facts.setdefault(
                         (id(p.kind), p.chunk), _step_facts(sched, p))
                     key = (*f[1], p.microbatch)
@@ -251,7 +249,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                     if t is None:
                         t = tid[key] = len(tid)
                     ops.append((OP_POST, t, int(f[0])))
-                    used.add(p.chunk)
+                    n_actions += 1
                 continue
             a = step
             k = a.kind
@@ -260,7 +258,6 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             per_mb, g, reads, flops_class, is_last, is_ar, head = f
             aid = len(actions)
             actions.append(a)
-            rank_of.append(rank)
             live = next(steps)
             al = fr = 0
             if live.enters is not None:
@@ -273,7 +270,6 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             alloc_of.append(al)
             free_of.append(fr)
             if per_mb:
-                used.add(a.chunk)
                 explicit = reads and (rank, a.chunk, a.microbatch) in explicit_r
                 rk = (id(k), g, explicit, rank)
             else:
@@ -299,8 +295,12 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                     raise ScheduleError(f"{a} on rank {rank} consumes {ck} before its "
                                         "receive; lower the schedule")
                 ops.append((OP_COMPUTE, aid, tid[ck]))
+        n_actions += len(actions) - first
+        rank_of += [rank] * (len(actions) - first)
+        # chunks with per-micro-batch actions (sends and receives all are)
+        chunks_all.append(tuple(sorted({ch for (_k, ch), f in facts.items()
+                                        if len(f) == 2 or f[0]})))
         ops_all.append(tuple(ops))
-        chunks_all.append(tuple(sorted(used)))
         order = sorted(last_b, key=lambda ch: last_b[ch])
         ar_order.append(tuple(order))
         last_bwd.append(tuple(last_b[ch] for ch in order))
