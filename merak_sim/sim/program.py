@@ -48,7 +48,7 @@ from functools import cached_property, reduce
 from operator import add
 
 from merak_sim.costs.base import CostTable
-from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, ScheduleError
+from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
 from merak_sim.schedule.liveness import Held, liveness, stash_sizes
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
