@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             xs = times[k]
             print(f"  {k:24s} {1e3 * statistics.median(xs):9.2f} {1e3 * max(xs):9.1f}")
         cold, full = times["cold"], times["cold, full evaluation"]
-        print(f"  full / cold               {statistics.median(full) / statistics.median(cold):8.1f}x"
-              f" {max(full) / max(cold):8.1f}x")
+        ratio = statistics.median(full) / statistics.median(cold)
+        print(f"  {'full / cold':24s} {ratio:8.1f}x {max(full) / max(cold):8.1f}x")
         worst = max(range(len(rows)), key=cold.__getitem__)
         _m, _c, cfg = row_setup(rows[worst])
         print(f"  slowest cold row: pp={cfg.pp} micro-batches={cfg.num_microbatches} "

@@ -133,15 +133,16 @@ def _bases(name, S, v, tab, overlap=False):
     return evaluated
 
 
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1"])
 @pytest.mark.parametrize("kind", ["uniform", "ends", "random"])
 @pytest.mark.parametrize("S", [1, 2, 4, 8])
-def test_one_f_one_b_is_extended_not_evaluated_in_full(kind, S):
-    period = SCHEDULES["1f1b"].steady_period(S)
+def test_periodic_schedules_are_extended_not_evaluated_in_full(name, kind, S):
+    period = SCHEDULES[name].steady_period(S)
     tab = table(S, kind, 3)
-    ext = extended(period, 60, _bases("1f1b", S, 1, tab))
+    ext = extended(period, 60, _bases(name, S, 1, tab))
     assert ext is not None
     full = simulate(config=dict(dp=1, tp=1, pp=S, micro_batch_size=1, global_batch_size=60,
-                                schedule="1f1b", recompute="full"), cost_table=tab,
+                                schedule=name, recompute="full"), cost_table=tab,
                     engine="evaluator")
     assert ext.makespan == pytest.approx(full.iteration_time_s, rel=1e-12)
 
@@ -163,44 +164,28 @@ def test_falls_back_where_a_check_fails():
     assert extended(wrong, 40, _bases("1f1b", 4, 1, tab)) is None
 
 
+PERIODIC = [name for name, spec in SCHEDULES.items() if spec.steady_period(4) is not None]
+
+
+@pytest.mark.parametrize("name", PERIODIC)
 @pytest.mark.parametrize("S", [1, 2, 3, 5, 8])
-def test_declared_period_describes_the_generated_programs(S):
+def test_declared_period_describes_the_generated_programs(name, S):
     """M + p inserts one block before every rank's suffix and changes nothing else
     (the micro-batches after it move up by p)."""
-    period = SCHEDULES["1f1b"].steady_period(S)
+    period = SCHEDULES[name].steady_period(S)
     p = period.microbatches
-    for M in range(period.first_microbatches, period.first_microbatches + 5):
-        a, b = generate("1f1b", S, M), generate("1f1b", S, M + p)
+    for M in range(period.first_microbatches, period.first_microbatches + 5 * p, p):
+        a, b = generate(name, S, M), generate(name, S, M + p)
         for r in range(S):
             steps = [[x for x in iter_actions(prog) if x.kind.is_compute] for prog in
                      (a.programs[r], b.programs[r])]
             pre, blk, suf = period.prefix[r], period.block[r], period.suffix[r]
             assert (len(steps[0]) - pre - suf) % blk == 0
+            assert len(steps[1]) == len(steps[0]) + blk
             cut = len(steps[0]) - suf
-            assert steps[1][:cut] == steps[0][:cut]
+            assert cut >= pre and steps[1][:cut] == steps[0][:cut]
             tail = steps[1][cut + blk:]
             assert [(x.kind, x.chunk, x.microbatch - p if x.kind.per_microbatch else -1)
                     for x in tail] == [(x.kind, x.chunk, x.microbatch) for x in
                                        steps[0][cut:]]
-            assert all(x.kind is not Kind.ALL_REDUCE for x in steps[1][cut:cut + blk])
-
-
-def test_vtrain_rows_cold_equal_full():
-    """vTrain multi-node rows (the calibrated A100 model, 1F1B, full recompute) of
-    three pipeline depths with many micro-batches: the cold path extends them."""
-    from pathlib import Path
-
-    from merak_sim.experiments.vtrain import load_vtrain, row_setup, vtrain_cost_model
-
-    rows = load_vtrain(Path(__file__).resolve().parents[1] / "data" / "vtrain"
-                       / "ground_truth_multi.csv")
-    picked = {}
-    for r in rows:
-        model, cluster, cfg = row_setup(r)
-        if cfg.pp in (2, 8, 16) and cfg.num_microbatches >= cfg.pp + 16:
-            picked.setdefault(cfg.pp, (model, cluster, cfg))
-    assert sorted(picked) == [2, 8, 16]
-    for model, cluster, cfg in picked.values():
-        kw = dict(cost_model=vtrain_cost_model(), engine="evaluator", sub_cluster=True)
-        assert_same(simulate(model, cluster, cfg, keep_trace=False, **kw),
-                    simulate(model, cluster, cfg, keep_trace=True, **kw))
+            assert all(x.kind.per_microbatch for x in steps[1][cut:cut + blk])

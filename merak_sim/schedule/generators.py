@@ -68,6 +68,14 @@ def one_f_one_b_period(S: int, v: int = 1) -> Period:
     return Period(max(S - 1, 1), 1, tuple(warm), (2,) * S, tuple(w + 2 for w in warm))
 
 
+def zb_h1_period(S: int, v: int = 1) -> Period:
+    """ZB-H1's steady state: once M >= S - 1, one more micro-batch adds one (F, I, W)
+    block to every rank s after its S - 1 - s warm-up forwards and s (F, I) pairs (the W
+    lag) and before its last 2S - s - 2 compute steps (and AR, OPT)."""
+    return Period(max(S - 1, 1), 1, tuple(S - 1 + s for s in range(S)), (3,) * S,
+                  tuple(2 * S - s for s in range(S)))
+
+
 def one_f_one_b(S: int, M: int) -> list[list[Step]]:
     """1F1B (PipeDream-flush): at most S - s micro-batches in flight on stage s.
 
@@ -242,7 +250,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
         ScheduleSpec("interleaved-1f1b", interleaved_1f1b, interleaved=True,
                      microbatches_multiple_of_pp=True),
         ScheduleSpec("1f1b-split", one_f_one_b_split),
-        ScheduleSpec("zb-h1", zb_h1, stage_fractions=uniform_fractions),
+        ScheduleSpec("zb-h1", zb_h1, stage_fractions=uniform_fractions, period=zb_h1_period),
         ScheduleSpec("zb-h2", zb_h2, stage_fractions=uniform_fractions),
         ScheduleSpec("zb-auto", zb_auto, cost_aware=True, stage_fractions=uniform_fractions),
         ScheduleSpec("zb-interleaved", zb_interleaved, interleaved=True, min_virtual_stages=2,
