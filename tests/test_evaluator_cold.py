@@ -16,7 +16,7 @@ import pytest
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.layout import RankLayout
-from merak_sim.schedule import SCHEDULES, Kind, generate, iter_actions
+from merak_sim.schedule import SCHEDULES, generate, iter_actions
 from merak_sim.sim.api import evaluator_trace, shape_schedule, simulate
 from merak_sim.sim.periodic import Evaluated, extended
 from merak_sim.sim.program import compile_program
@@ -120,6 +120,7 @@ def _bases(name, S, v, tab, overlap=False):
     """``evaluated(M)`` as simulate's cold path builds it."""
     cfg = ParallelConfig(dp=1, tp=1, pp=S, virtual_stages=v, micro_batch_size=1,
                          global_batch_size=S, schedule=name, recompute="full")
+    assert not SCHEDULES[name].violation(S, S, v)
     common = dict(capacity=1e9, peak_flops=1.0, global_batch=S, seq_len=None)
 
     def evaluated(m):
@@ -133,17 +134,20 @@ def _bases(name, S, v, tab, overlap=False):
     return evaluated
 
 
-@pytest.mark.parametrize("name", ["1f1b", "zb-h1"])
+@pytest.mark.parametrize("name,v", [("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)])
 @pytest.mark.parametrize("kind", ["uniform", "ends", "random"])
 @pytest.mark.parametrize("S", [1, 2, 4, 8])
-def test_periodic_schedules_are_extended_not_evaluated_in_full(name, kind, S):
-    period = SCHEDULES[name].steady_period(S)
-    tab = table(S, kind, 3)
-    ext = extended(period, 60, _bases(name, S, 1, tab))
+def test_periodic_schedules_are_extended_not_evaluated_in_full(name, v, kind, S):
+    if SCHEDULES[name].violation(S, 2 * S, v):
+        pytest.skip("shape not accepted")
+    period = SCHEDULES[name].steady_period(S, v)
+    M = period.first_microbatches + 30 * period.microbatches
+    tab = table(S * v, kind, 3)
+    ext = extended(period, M, _bases(name, S, v, tab))
     assert ext is not None
-    full = simulate(config=dict(dp=1, tp=1, pp=S, micro_batch_size=1, global_batch_size=60,
-                                schedule=name, recompute="full"), cost_table=tab,
-                    engine="evaluator")
+    full = simulate(config=dict(dp=1, tp=1, pp=S, virtual_stages=v, micro_batch_size=1,
+                                global_batch_size=M, schedule=name, recompute="full"),
+                    cost_table=tab, engine="evaluator")
     assert ext.makespan == pytest.approx(full.iteration_time_s, rel=1e-12)
 
 
@@ -164,18 +168,19 @@ def test_falls_back_where_a_check_fails():
     assert extended(wrong, 40, _bases("1f1b", 4, 1, tab)) is None
 
 
-PERIODIC = [name for name, spec in SCHEDULES.items() if spec.steady_period(4) is not None]
+PERIODIC = [(name, S, v) for name, spec in SCHEDULES.items() for S in (1, 2, 3, 5, 8)
+            for v in (1, 2, 3) if spec.steady_period(S, v) is not None
+            and not spec.violation(S, spec.steady_period(S, v).first_microbatches, v)]
 
 
-@pytest.mark.parametrize("name", PERIODIC)
-@pytest.mark.parametrize("S", [1, 2, 3, 5, 8])
-def test_declared_period_describes_the_generated_programs(name, S):
+@pytest.mark.parametrize("name,S,v", PERIODIC)
+def test_declared_period_describes_the_generated_programs(name, S, v):
     """M + p inserts one block before every rank's suffix and changes nothing else
     (the micro-batches after it move up by p)."""
-    period = SCHEDULES[name].steady_period(S)
+    period = SCHEDULES[name].steady_period(S, v)
     p = period.microbatches
     for M in range(period.first_microbatches, period.first_microbatches + 5 * p, p):
-        a, b = generate(name, S, M), generate(name, S, M + p)
+        a, b = generate(name, S, M, v), generate(name, S, M + p, v)
         for r in range(S):
             steps = [[x for x in iter_actions(prog) if x.kind.is_compute] for prog in
                      (a.programs[r], b.programs[r])]

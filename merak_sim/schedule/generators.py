@@ -84,6 +84,17 @@ def one_f_one_b(S: int, M: int) -> list[list[Step]]:
     return [[Action(k, s, m) for k, m in _1f1b_order(S, M, s)] for s in range(S)]
 
 
+def interleaved_1f1b_period(S: int, v: int) -> Period:
+    """Interleaved 1F1B's steady state: from M = 2S on (M a multiple of S), S more
+    micro-batches add v S (F, B) pairs to every rank's steady phase; the suffix is
+    the cool-down, the prefix what makes the rest whole blocks, aligned across ranks
+    (rank s's blocks start 2s steps after rank 0's)."""
+    warm = [2 * (S - s - 1) + (v - 1) * S for s in range(S)]
+    block = 2 * v * S
+    return Period(2 * S, S, tuple((w + 2 * (-w % (v * S))) % block for w in warm),
+                  (block,) * S, tuple(w + 2 for w in warm))
+
+
 def interleaved_1f1b(S: int, M: int, v: int) -> list[list[Step]]:
     """Megatron's interleaved 1F1B with v model chunks per rank.
 
@@ -248,6 +259,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
         ScheduleSpec("gpipe", gpipe),
         ScheduleSpec("1f1b", one_f_one_b, period=one_f_one_b_period),
         ScheduleSpec("interleaved-1f1b", interleaved_1f1b, interleaved=True,
+                     period=interleaved_1f1b_period,
                      microbatches_multiple_of_pp=True),
         ScheduleSpec("1f1b-split", one_f_one_b_split),
         ScheduleSpec("zb-h1", zb_h1, stage_fractions=uniform_fractions, period=zb_h1_period),
