@@ -21,7 +21,7 @@ from __future__ import annotations
 from .ir import Action, Kind, Schedule, ScheduleError, Step
 from .lowering import lower
 from .replay import stage_aware_fractions
-from .spec import ScheduleSpec
+from .spec import Period, ScheduleSpec
 from .v_shape import dualpipev, zb_v
 from .zero_bubble import uniform_fractions, zb_auto, zb_h1, zb_h2, zb_scp
 from .zero_bubble_interleaved import zb_interleaved
@@ -60,12 +60,39 @@ def _1f1b_order(S: int, M: int, s: int) -> list[tuple[Kind, int]]:
     return order
 
 
+def one_f_one_b_period(S: int, v: int = 1) -> Period:
+    """1F1B's steady state: once M >= S - 1 every rank runs its full warm-up, and
+    one more micro-batch adds one (F, B) pair to every rank's steady phase (block j
+    of rank s: F of micro-batch S - 1 - s + j, then B of micro-batch j)."""
+    warm = [S - 1 - s for s in range(S)]
+    return Period(max(S - 1, 1), 1, tuple(warm), (2,) * S, tuple(w + 2 for w in warm))
+
+
+def zb_h1_period(S: int, v: int = 1) -> Period:
+    """ZB-H1's steady state: once M >= S - 1, one more micro-batch adds one (F, I, W)
+    block to every rank s after its S - 1 - s warm-up forwards and s (F, I) pairs (the W
+    lag) and before its last 2S - s - 2 compute steps (and AR, OPT)."""
+    return Period(max(S - 1, 1), 1, tuple(S - 1 + s for s in range(S)), (3,) * S,
+                  tuple(2 * S - s for s in range(S)))
+
+
 def one_f_one_b(S: int, M: int) -> list[list[Step]]:
     """1F1B (PipeDream-flush): at most S - s micro-batches in flight on stage s.
 
     M < S works but leaves a larger bubble.
     """
     return [[Action(k, s, m) for k, m in _1f1b_order(S, M, s)] for s in range(S)]
+
+
+def interleaved_1f1b_period(S: int, v: int) -> Period:
+    """Interleaved 1F1B's steady state: from M = 2S on (M a multiple of S), S more
+    micro-batches add v S (F, B) pairs to every rank's steady phase; the suffix is
+    the cool-down, the prefix what makes the rest whole blocks, aligned across ranks
+    (rank s's blocks start 2s steps after rank 0's)."""
+    warm = [2 * (S - s - 1) + (v - 1) * S for s in range(S)]
+    block = 2 * v * S
+    return Period(2 * S, S, tuple((w + 2 * (-w % (v * S))) % block for w in warm),
+                  (block,) * S, tuple(w + 2 for w in warm))
 
 
 def interleaved_1f1b(S: int, M: int, v: int) -> list[list[Step]]:
@@ -230,11 +257,12 @@ SCHEDULES: dict[str, ScheduleSpec] = {
     s.name: s
     for s in (
         ScheduleSpec("gpipe", gpipe),
-        ScheduleSpec("1f1b", one_f_one_b),
+        ScheduleSpec("1f1b", one_f_one_b, period=one_f_one_b_period),
         ScheduleSpec("interleaved-1f1b", interleaved_1f1b, interleaved=True,
+                     period=interleaved_1f1b_period,
                      microbatches_multiple_of_pp=True),
         ScheduleSpec("1f1b-split", one_f_one_b_split),
-        ScheduleSpec("zb-h1", zb_h1, stage_fractions=uniform_fractions),
+        ScheduleSpec("zb-h1", zb_h1, stage_fractions=uniform_fractions, period=zb_h1_period),
         ScheduleSpec("zb-h2", zb_h2, stage_fractions=uniform_fractions),
         ScheduleSpec("zb-auto", zb_auto, cost_aware=True, stage_fractions=uniform_fractions),
         ScheduleSpec("zb-interleaved", zb_interleaved, interleaved=True, min_virtual_stages=2,

@@ -87,6 +87,9 @@ def lower(sched: Schedule) -> Schedule:
     """Return ``sched`` with communication inserted (idempotent on lowered schedules)."""
     if sched.lowered:
         return sched
+    # What a compute action needs depends on its kind, rank and chunk only (keyed by
+    # the kind's identity: enum hashing is slow); the micro-batch is copied.
+    needs: dict[tuple[int, int, int], tuple[Kind | None, Kind | None]] = {}
     programs = []
     for prog in sched.programs:
         # Most generators place no communication: then nothing needs hashing.
@@ -95,13 +98,20 @@ def lower(sched: Schedule) -> Schedule:
         seq: list[tuple[Step, bool]] = []
         for step in prog:
             if isinstance(step, Action) and step.kind.is_compute:
-                recv = _recv_for(sched, step)
-                if recv is not None and (explicit is None or recv not in explicit):
-                    seq.append((recv, True))
+                key = (id(step.kind), step.stage, step.chunk)
+                kinds = needs.get(key)
+                if kinds is None:
+                    r, s = _recv_for(sched, step), _send_for(sched, step)
+                    kinds = needs[key] = (r and r.kind, s and s.kind)
+                if kinds[0] is not None:
+                    recv = Action(kinds[0], step.stage, step.microbatch, step.chunk)
+                    if explicit is None or recv not in explicit:
+                        seq.append((recv, True))
                 seq.append((step, False))
-                send = _send_for(sched, step)
-                if send is not None and (explicit is None or send not in explicit):
-                    seq.append((send, True))
+                if kinds[1] is not None:
+                    send = Action(kinds[1], step.stage, step.microbatch, step.chunk)
+                    if explicit is None or send not in explicit:
+                        seq.append((send, True))
             else:
                 seq.append((step, False))
         programs.append(tuple(_fuse(sched, seq)))
@@ -109,6 +119,15 @@ def lower(sched: Schedule) -> Schedule:
 
 
 def _fuse(sched: Schedule, seq: list[tuple[Step, bool]]) -> list[Step]:
+    peers: dict[tuple[int, int], int] = {}  # (kind identity, chunk) -> peer rank
+
+    def peer(a: Action) -> int:
+        key = (id(a.kind), a.chunk)
+        p = peers.get(key)
+        if p is None:
+            p = peers[key] = peer_of(sched, a)
+        return p
+
     out: list[Step] = []
     i = 0
     while i < len(seq):
@@ -124,7 +143,7 @@ def _fuse(sched: Schedule, seq: list[tuple[Step, bool]]) -> list[Step]:
             if (
                 isinstance(nxt, Action)
                 and nxt.kind.is_recv
-                and peer_of(sched, nxt) == peer_of(sched, step)
+                and peer(nxt) == peer(step)
             ):
                 out.append(Fused((step, nxt)))
                 i += 2

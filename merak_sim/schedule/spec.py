@@ -17,7 +17,7 @@ from typing import Any
 from .ir import Action, Kind, Schedule, ScheduleError, Step
 from .replay import stage_aware_fractions
 
-__all__ = ["ScheduleSpec"]
+__all__ = ["ScheduleSpec", "Period"]
 
 #: Per-rank compute order of a generator: (pp, microbatches[, virtual stages]) -> steps.
 Order = Callable[..., Sequence[Sequence[Step]]]
@@ -35,6 +35,29 @@ def _positive_ints(pp: int, microbatches: int, virtual_stages: int) -> str:
         if val < 1:
             return f"{name} must be >= 1, got {val}"
     return ""
+
+
+@dataclass(frozen=True)
+class Period:
+    """How a generator's programs repeat in steady state, in compute steps (the
+    lowered program's compute actions, AR and OPT included; sends and receives not
+    counted).
+
+    For every M >= ``first_microbatches`` with M - ``first_microbatches`` a multiple
+    of ``microbatches``, rank r's compute steps are ``prefix[r]`` steps, then whole
+    blocks of ``block[r]`` steps, then ``suffix[r]`` steps; M + ``microbatches``
+    inserts one more block on every rank right before its suffix (the micro-batch
+    numbers after it move up by ``microbatches``) and changes nothing else. Block j
+    of one rank is the same period as block j of every other rank (counted from the
+    prefix). :mod:`merak_sim.sim.periodic` checks the dependencies and times this
+    implies before it relies on them.
+    """
+
+    first_microbatches: int
+    microbatches: int
+    prefix: tuple[int, ...]
+    block: tuple[int, ...]
+    suffix: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -71,6 +94,8 @@ class ScheduleSpec:
             costs) and adapts the order to them; :meth:`build` passes ``costs``.
         min_virtual_stages: fewest virtual stages it accepts (an interleaved schedule
             that cannot run one chunk per rank declares 2).
+        period: (pp, virtual stages) -> the :class:`Period` its programs repeat with,
+            or None where they do not (or the generator does not declare it).
     """
 
     name: str
@@ -87,6 +112,14 @@ class ScheduleSpec:
     placement: str = "loop"
     cost_aware: bool = False
     min_virtual_stages: int = 1
+    period: Callable[[int, int], Period | None] | None = None
+
+    def steady_period(self, pp: int, virtual_stages: int = 1) -> Period | None:
+        """The declared :class:`Period` for ``pp`` ranks and ``virtual_stages``, or
+        None (no declaration, or a cost-aware order, which may change with costs)."""
+        if self.period is None or self.cost_aware:
+            return None
+        return self.period(pp, virtual_stages)
 
     def min_microbatches(self, pp: int) -> int:
         """Fewest micro-batches the schedule accepts with ``pp`` stages."""

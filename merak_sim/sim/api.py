@@ -19,17 +19,19 @@ from merak_sim.hardware import GPU, Cluster, get_gpu
 from merak_sim.layout import RankLayout
 from merak_sim.model import ModelSpec
 from merak_sim.resolve import resolve_cluster, resolve_model
-from merak_sim.schedule import SCHEDULES, lower
+from merak_sim.schedule import SCHEDULES, generate, lower
 from merak_sim.schedule.ir import Schedule
 
 from .engine import EventLog, run_engine
 from .entities import HBM, Topology, topology_from_cluster
 from .evaluator import DependencyGraph, evaluate, plan
 from .gpu import EngineOptions
+from .periodic import Evaluated, Extended, extended
 from .program import Compiled, compile_program
-from .result import SimResult, build_result
+from .result import SimResult, build_result, result_of
 
-__all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config", "schedule_of"]
+__all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config", "schedule_of",
+           "shape_schedule", "forget_schedules"]
 
 #: How many generated schedules :func:`schedule_of` keeps (least recently used out).
 SCHEDULES_KEPT = 64
@@ -59,22 +61,36 @@ def resolve_config(config: ParallelConfig | dict | None, **kwargs: Any) -> Paral
 
 def schedule_of(cfg: ParallelConfig, table: CostTable | None = None) -> Schedule:
     """``cfg.build_schedule(table)``, kept per (schedule, pp, micro-batches, virtual
-    stages): generators are pure functions of those, and handing out the same object
-    lets :func:`~merak_sim.sim.program.compile_program` and the evaluator reuse its
-    structure and dependency order for every configuration of that shape. A
-    cost-aware schedule depends on ``table`` too, so it is built afresh each time."""
+    stages) (:func:`shape_schedule`). A cost-aware schedule depends on ``table`` too,
+    so it is built afresh each time."""
     spec = SCHEDULES.get(cfg.schedule)
     if table is not None and spec is not None and spec.cost_aware:
         return cfg.build_schedule(table)
-    key = (cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.virtual_stages)
+    return shape_schedule(cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.virtual_stages)
+
+
+def shape_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 1
+                   ) -> Schedule:
+    """The lowered schedule ``name`` for (pp, micro-batches, virtual stages), kept per
+    shape (the :data:`SCHEDULES_KEPT` most recent): generators are pure functions of
+    those (cost-aware ones with unit costs here), and handing out the same object
+    lets :func:`~merak_sim.sim.program.compile_program` and the evaluator reuse its
+    structure and dependency order for every configuration of that shape."""
+    key = (name, pp, microbatches, virtual_stages)
     sched = _SCHEDULES.get(key)
     if sched is None:
-        sched = _SCHEDULES[key] = cfg.build_schedule()
+        sched = _SCHEDULES[key] = generate(name, pp, microbatches, virtual_stages)
         while len(_SCHEDULES) > SCHEDULES_KEPT:
             _SCHEDULES.popitem(last=False)
     else:
         _SCHEDULES.move_to_end(key)
     return sched
+
+
+def forget_schedules() -> None:
+    """Empty :func:`shape_schedule`'s cache, so that the next simulation of every
+    shape starts cold (benchmarks of the first call; freeing memory)."""
+    _SCHEDULES.clear()
 
 
 def _load_schedule(schedule: Schedule | str | Path) -> Schedule:
@@ -230,7 +246,10 @@ def simulate(
         mode: "representative" (one pipeline, replicas folded by symmetry) or "full"
             (every GPU its own entity).
         engine: "simpy" (discrete events, contention) or "evaluator" (exact
-            contention-free critical path, representative mode only).
+            contention-free critical path, representative mode only; without a
+            trace, a generated schedule whose generator declares a steady-state
+            period is evaluated on a small base of it and extended exactly,
+            :mod:`merak_sim.sim.periodic`).
         contention: share link bandwidth between concurrent transfers; default on when
             the engine is simpy and the cluster's links are known.
         overlap_dp: bucketed data-parallel gradient reduction overlapped with the last
@@ -261,6 +280,28 @@ def simulate(
         if cost_model is None:
             cost_model = CalibratedCostModel()
         cost_table = cost_model.cost_table(spec, clus, cfg)
+    placement = RankLayout.of(cfg)
+    capacity = float(cost_table.memory_capacity_bytes)
+    what_if = bool(slowdown or degraded_links or gpu_types)
+    # A cost model's table already carries the cluster's notes (CostTable.notes);
+    # only a hand-made table may lack them, so add just the ones it does not have.
+    notes = list(dict.fromkeys(cost_table.notes))
+    if clus is not None:
+        notes += [n for n in getattr(clus, "notes", ()) if n not in notes]
+    common = dict(capacity=capacity, peak_flops=float(cost_table.peak_flops),
+                  global_batch=cfg.global_batch_size,
+                  seq_len=getattr(spec, "seq_len", None) if spec is not None else None,
+                  config=cfg, notes=tuple(notes), meta=dict(cost_table.meta))
+    if engine == "evaluator":
+        if mode != "representative" or contention or what_if:
+            raise SimulationError("the fast evaluator runs representative mode without "
+                                  "contention or what-ifs; use engine='simpy'")
+        if custom_schedule is None and not keep_trace:
+            ext = _periodic(cfg, cost_table, placement, overlap_dp, buckets, common)
+            if ext is not None:
+                return result_of(ext.makespan, ext.figures, None, ext.flops,
+                                 ext.recompute_flops, placement=placement, stages=cfg.pp,
+                                 mode="representative", engine="evaluator", **common)
     sched = (schedule_of(cfg, cost_table) if custom_schedule is None
              else _load_schedule(custom_schedule))
     if (sched.num_stages, sched.num_microbatches, sched.virtual_stages) != (
@@ -270,16 +311,9 @@ def simulate(
             f"virtual stages={sched.virtual_stages} but the configuration needs "
             f"{cfg.pp}, {cfg.num_microbatches}, {cfg.virtual_stages}")
     prog = compile_program(sched, cost_table, cfg.recompute_per_stage(sched))
-    placement = RankLayout.of(cfg)
-    capacity = float(cost_table.memory_capacity_bytes)
-    what_if = bool(slowdown or degraded_links or gpu_types)
     if engine == "evaluator":
-        if mode != "representative" or contention or what_if:
-            raise SimulationError("the fast evaluator runs representative mode without "
-                                  "contention or what-ifs; use engine='simpy'")
         tr = evaluator_trace(prog, placement, capacity, overlap_dp=overlap_dp,
-                             buckets=buckets, zero=cfg.engine_zero)
-        eng = "evaluator"
+                             buckets=buckets, zero=cfg.engine_zero, record_memory=keep_trace)
     else:
         opts, caps = _engine_options(cfg, clus, capacity, mode=mode, topology=topology,
                                      contention=contention, overlap_dp=overlap_dp,
@@ -287,16 +321,22 @@ def simulate(
                                      degraded_links=degraded_links, gpu_types=gpu_types,
                                      keep_trace=keep_trace)
         tr = run_engine(prog, placement, capacity, opts, capacities=caps)
-        eng = "simpy"
-    # A cost model's table already carries the cluster's notes (CostTable.notes);
-    # only a hand-made table may lack them, so add just the ones it does not have.
-    notes = list(dict.fromkeys(cost_table.notes))
-    if clus is not None:
-        notes += [n for n in getattr(clus, "notes", ()) if n not in notes]
-    return build_result(
-        tr, capacity=capacity, peak_flops=float(cost_table.peak_flops), engine=eng,
-        global_batch=cfg.global_batch_size,
-        seq_len=getattr(spec, "seq_len", None) if spec is not None else None,
-        config=cfg, notes=tuple(notes), meta=dict(cost_table.meta),
-        keep_trace=keep_trace)
+    return build_result(tr, engine=engine, keep_trace=keep_trace, **common)
 
+
+def _periodic(cfg: ParallelConfig, table: CostTable, placement: RankLayout,
+              overlap_dp: bool, buckets: int, common: dict) -> Extended | None:
+    """The evaluator's figures for ``cfg`` extended from two small schedules of the
+    same generator (:mod:`merak_sim.sim.periodic`), or None to evaluate in full."""
+    spec = SCHEDULES.get(cfg.schedule)
+    period = spec.steady_period(cfg.pp, cfg.virtual_stages) if spec is not None else None
+
+    def evaluated(m: int) -> Evaluated:
+        sched = shape_schedule(cfg.schedule, cfg.pp, m, cfg.virtual_stages)
+        prog = compile_program(sched, table, cfg.recompute_per_stage(sched))
+        tr = evaluator_trace(prog, placement, common["capacity"], overlap_dp=overlap_dp,
+                             buckets=buckets, zero=cfg.engine_zero, record_memory=False)
+        return Evaluated(prog, tr, build_result(tr, engine="evaluator", keep_trace=False,
+                                                **common))
+
+    return extended(period, cfg.num_microbatches, evaluated)

@@ -48,20 +48,21 @@ from functools import cached_property, reduce
 from operator import add
 
 from merak_sim.costs.base import CostTable
-from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, ScheduleError
+from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
 from merak_sim.schedule.liveness import Held, liveness, stash_sizes
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
 from .action_costs import gatherer, memory_value, rule_costs
 
 __all__ = ["Compiled", "Transfer", "ProgramStructure", "program_structure", "compile_program",
-           "OP_COMPUTE", "OP_POST", "OP_AR"]
+           "OP_COMPUTE", "OP_POST", "OP_AR", "FORWARD_KINDS", "RECOMPUTING_KINDS"]
 
 #: Op codes of a compiled program step.
 OP_COMPUTE, OP_POST, OP_AR = 0, 1, 2
 
-_FORWARDS = (Kind.FORWARD, Kind.FORWARD_NOGRAD)
-_RECOMPUTING = (Kind.RECOMPUTE, Kind.BACKWARD, Kind.BACKWARD_INPUT)
+#: Kinds whose rule FLOPs count as model FLOPs, and as recomputation FLOPs.
+FORWARD_KINDS = (Kind.FORWARD, Kind.FORWARD_NOGRAD)
+RECOMPUTING_KINDS = (Kind.RECOMPUTE, Kind.BACKWARD, Kind.BACKWARD_INPUT)
 
 #: How many schedules' structures :func:`program_structure` keeps (least recently
 #: used dropped first): enough for a fit's rows or a planner's shapes in flight.
@@ -193,31 +194,118 @@ def program_structure(sched: Schedule) -> ProgramStructure:
     return ps
 
 
-def _first_pass(sched: Schedule) -> tuple[dict, list, list, list, set, list]:
-    """One pass over every action: (comm key -> transfer id, per rank the transfer id
-    of each send and receive in program order, per transfer id (key, src, dst, send,
-    recv) and the boundary it crosses, the (rank, chunk, micro-batch) of explicit
-    re-forwards, per rank its chunks with per-micro-batch actions)."""
+def _step_facts(sched: Schedule, a: Action) -> tuple:
+    """Facts of ``a``'s (kind, rank, chunk), whatever its micro-batch: a send or
+    receive's (is send, comm key less its micro-batch); a compute action's (per
+    micro-batch, model stage, reads the explicit-R flag, FLOPs class 1 model / 2
+    recompute / 0, is B or W, is AR, consumed key less its micro-batch or None)."""
+    k = a.kind
+    if k.is_comm:
+        return (k.is_send, comm_key(sched, a)[:2])
+    ck = consumed_key(sched, a) if k.per_microbatch else None
+    return (k.per_microbatch, sched.model_stage(a) if k.per_microbatch else -1,
+            k in (Kind.BACKWARD, Kind.BACKWARD_INPUT),
+            1 if k in FORWARD_KINDS else 2 if k in RECOMPUTING_KINDS else 0,
+            k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT), k is Kind.ALL_REDUCE,
+            None if ck is None else ck[:2])
+
+
+def _build_structure(sched: Schedule) -> ProgramStructure:
+    """One walk of ``sched``: everything :func:`compile_program` needs but the costs
+    (a receive precedes its consumer, so its transfer has an id by then; facts per
+    (kind, chunk) of a rank are keyed by the kind's identity: enum hashing is slow)."""
+    explicit_r = {(a.stage, a.chunk, a.microbatch) for prog in sched.programs for a in prog
+                  if type(a) is Action and a.kind is Kind.RECOMPUTE}  # never fused
     tid: dict = {}
     sends: dict = {}
     recvs: dict = {}
-    posted, explicit_r, chunks = [], set(), []
-    for prog in sched.programs:
-        ids = []
-        used = set()
+    rules: list[tuple] = []
+    rule_ids: dict[tuple, int] = {}
+    mem_rules: dict = {None: 0}
+    actions: list[Action] = []
+    rank_of: list[int] = []
+    rule_of: list[int] = []
+    alloc_of: list[int] = []
+    free_of: list[int] = []
+    ops_all, flops_r, rec_r, ar_order, last_bwd, chunks_all = [], [], [], [], [], []
+    n_actions = 0
+    for rank, prog in enumerate(sched.programs):
+        ops = []
+        steps = iter(liveness(sched, rank).steps)
+        history: dict[tuple[int, int], tuple[Held, ...]] = {}
+        last_b: dict[int, int] = {}
+        fl: list[int] = []
+        rf: list[int] = []
+        facts: dict[tuple[int, int], tuple] = {}
+        first = len(actions)
         for step in prog:
-            for a in step.parts:
-                k = a.kind
-                if k.is_comm:
-                    key = comm_key(sched, a)
-                    (sends if k.is_send else recvs)[key] = a
-                    ids.append(tid.setdefault(key, len(tid)))
-                elif k is Kind.RECOMPUTE:
-                    explicit_r.add((a.stage, a.chunk, a.microbatch))
-                if k.per_microbatch:
-                    used.add(a.chunk)
-        posted.append(ids)
-        chunks.append(tuple(sorted(used)))
+            if type(step) is not Action or step.kind.is_comm:
+                for p in step.parts:
+                    f = facts.get((id(p.kind), p.chunk)) or facts.setdefault(
+                        (id(p.kind), p.chunk), _step_facts(sched, p))
+                    key = (*f[1], p.microbatch)
+                    (sends if f[0] else recvs)[key] = p
+                    t = tid.get(key)
+                    if t is None:
+                        t = tid[key] = len(tid)
+                    ops.append((OP_POST, t, int(f[0])))
+                    n_actions += 1
+                continue
+            a = step
+            k = a.kind
+            f = facts.get((id(k), a.chunk)) or facts.setdefault((id(k), a.chunk),
+                                                                  _step_facts(sched, a))
+            per_mb, g, reads, flops_class, is_last, is_ar, head = f
+            aid = len(actions)
+            actions.append(a)
+            live = next(steps)
+            al = fr = 0
+            if live.enters is not None:
+                item = (a.chunk, a.microbatch)
+                h = history[item] = history.get(item, ()) + (live.enters,)
+                al = mem_rules.setdefault((rank, a.chunk, h, False), len(mem_rules))
+            elif live.leaves is not None:
+                h = history.pop((a.chunk, a.microbatch), ())
+                fr = mem_rules.setdefault((rank, a.chunk, h, True), len(mem_rules))
+            alloc_of.append(al)
+            free_of.append(fr)
+            if per_mb:
+                explicit = reads and (rank, a.chunk, a.microbatch) in explicit_r
+                rk = (id(k), g, explicit, rank)
+            else:
+                rk = (id(k), rank)
+            rid = rule_ids.get(rk)
+            if rid is None:
+                rid = rule_ids[rk] = len(rules)
+                rules.append((k, g, explicit, rank) if per_mb else (k, rank))
+            rule_of.append(rid)
+            if flops_class == 1:
+                fl.append(rid)
+            elif flops_class == 2:
+                rf.append(rid)
+            if is_last:
+                last_b[a.chunk] = aid
+            if is_ar:
+                ops.append((OP_AR, aid, -1))
+            elif head is None:
+                ops.append((OP_COMPUTE, aid, -1))
+            else:
+                ck = (*head, a.microbatch)
+                if ck not in tid:
+                    raise ScheduleError(f"{a} on rank {rank} consumes {ck} before its "
+                                        "receive; lower the schedule")
+                ops.append((OP_COMPUTE, aid, tid[ck]))
+        n_actions += len(actions) - first
+        rank_of += [rank] * (len(actions) - first)
+        # chunks with per-micro-batch actions (sends and receives all are)
+        chunks_all.append(tuple(sorted({ch for (_k, ch), f in facts.items()
+                                        if len(f) == 2 or f[0]})))
+        ops_all.append(tuple(ops))
+        order = sorted(last_b, key=lambda ch: last_b[ch])
+        ar_order.append(tuple(order))
+        last_bwd.append(tuple(last_b[ch] for ch in order))
+        flops_r.append(tuple(fl))
+        rec_r.append(tuple(rf))
     ends, bounds = [], []
     for key in tid:  # insertion order is id order
         s, r = sends.get(key), recvs.get(key)
@@ -227,84 +315,13 @@ def _first_pass(sched: Schedule) -> tuple[dict, list, list, list, set, list]:
                                 f"{'receive' if a.kind.is_send else 'send'}")
         ends.append((key, s.stage, r.stage, s, r))
         bounds.append(key[1] if key[0] == "A" else key[1] - 1)
-    return tid, posted, ends, bounds, explicit_r, chunks
-
-
-def _build_structure(sched: Schedule) -> ProgramStructure:
-    """One walk of ``sched``: everything :func:`compile_program` needs but the costs."""
-    tid, posted, ends, bounds, explicit_r, chunks_all = _first_pass(sched)
-    rules: dict[tuple, int] = {}
-    mem_rules: dict = {None: 0}
-    actions: list[Action] = []
-    rank_of: list[int] = []
-    rule_of: list[int] = []
-    alloc_of: list[int] = []
-    free_of: list[int] = []
-    ops_all, flops_r, rec_r, ar_order, last_bwd = [], [], [], [], []
-    n_actions = 0
-    for rank, prog in enumerate(sched.programs):
-        ops = []
-        post = iter(posted[rank])
-        steps = iter(liveness(sched, rank).steps)
-        history: dict[tuple[int, int], tuple[Held, ...]] = {}
-        last_b: dict[int, int] = {}
-        fl: list[int] = []
-        rf: list[int] = []
-        for step in prog:
-            n_actions += len(step.parts)
-            if isinstance(step, Fused) or step.kind.is_comm:
-                for p in step.parts:
-                    ops.append((OP_POST, next(post), int(p.kind.is_send)))
-                continue
-            a = step
-            k = a.kind
-            aid = len(actions)
-            actions.append(a)
-            rank_of.append(rank)
-            live = next(steps)
-            item = (a.chunk, a.microbatch)
-            al = fr = 0
-            if live.enters is not None:
-                h = history[item] = history.get(item, ()) + (live.enters,)
-                al = mem_rules.setdefault((rank, a.chunk, h, False), len(mem_rules))
-            elif live.leaves is not None:
-                h = history.pop(item, ())
-                fr = mem_rules.setdefault((rank, a.chunk, h, True), len(mem_rules))
-            alloc_of.append(al)
-            free_of.append(fr)
-            if k.per_microbatch:
-                reads_explicit = k in (Kind.BACKWARD, Kind.BACKWARD_INPUT)
-                rule = (k, sched.model_stage(a),
-                        reads_explicit and (rank, a.chunk, a.microbatch) in explicit_r, rank)
-            else:
-                rule = (k, rank)
-            rid = rules.setdefault(rule, len(rules))
-            rule_of.append(rid)
-            if k in _FORWARDS:
-                fl.append(rid)
-            elif k in _RECOMPUTING:
-                rf.append(rid)
-            if k is Kind.BACKWARD or k is Kind.BACKWARD_WEIGHT:
-                last_b[a.chunk] = aid
-            if k is Kind.ALL_REDUCE:
-                ops.append((OP_AR, aid, -1))
-            else:
-                ck = consumed_key(sched, a)
-                ops.append((OP_COMPUTE, aid, tid[ck] if ck is not None else -1))
-        ops_all.append(tuple(ops))
-        order = sorted(last_b, key=lambda ch: last_b[ch])
-        ar_order.append(tuple(order))
-        last_bwd.append(tuple(last_b[ch] for ch in order))
-        flops_r.append(tuple(fl))
-        rec_r.append(tuple(rf))
     return ProgramStructure(
         schedule=sched, ops=tuple(ops_all), actions=tuple(actions),
         rank_of_action=tuple(rank_of), num_actions=n_actions, transfer_ends=tuple(ends),
         transfer_boundary=tuple(bounds), rules=tuple(rules), rule_of_action=tuple(rule_of),
         memory_rules=tuple(mem_rules), alloc_rule=tuple(alloc_of), free_rule=tuple(free_of),
         flops_rules=tuple(flops_r), recompute_rules=tuple(rec_r), chunks=tuple(chunks_all),
-        chunk_stages=tuple(tuple(sched.model_stage(Action(Kind.FORWARD, r, 0, ch))
-                                 for ch in range(sched.virtual_stages))
+        chunk_stages=tuple(tuple(sched.stage_of(r, ch) for ch in range(sched.virtual_stages))
                            for r in range(sched.num_stages)),
         ar_order=tuple(ar_order), last_backward=tuple(last_bwd))
 

@@ -40,7 +40,8 @@ from merak_sim.timeline import EVENT_COLUMNS, TP_KIND
 
 from .engine import EventLog
 
-__all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "build_result"]
+__all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "build_result", "result_of",
+           "rank_breakdown"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,8 +299,8 @@ class SimResult:
         return ax.figure
 
 
-def _breakdown(tr: EventLog, e: int) -> tuple[float, float, float]:
-    """(compute, recompute, exposed comm) seconds of entity ``e``."""
+def rank_breakdown(tr: EventLog, e: int) -> tuple[float, float, float]:
+    """(compute, recompute, exposed comm) seconds of entity ``e`` (module docstring)."""
     prog = tr.prog
     s = tr.stage_of[e]
     ci = tr.copy_of[e]
@@ -364,21 +365,12 @@ def build_result(tr: EventLog, *, capacity: float, peak_flops: float, engine: st
                  keep_trace: bool = True) -> SimResult:
     """Turn an :class:`EventLog` into a :class:`SimResult`."""
     prog = tr.prog
-    T = tr.makespan
-    pl = tr.placement
-    ranks = []
+    figures = []
     oom = None
-    S = prog.num_ranks
-    peak_stage = [0.0] * S
     for e, grank in enumerate(tr.ranks):
         s = tr.stage_of[e]
-        comp, recomp, comm = _breakdown(tr, e)
-        bubble = max(0.0, T - comp - recomp - comm)
         hbm = tr.memory[e]
-        at = pl.coords(grank)
-        ranks.append(RankBreakdown(grank, s, at.dp, at.tp, comp, recomp, comm, bubble,
-                                   hbm.peak))
-        peak_stage[s] = max(peak_stage[s], hbm.peak)
+        figures.append((grank, s, *rank_breakdown(tr, e), hbm.peak))
         if hbm.oom_time is not None:
             cand = OutOfMemory(
                 grank, s, hbm.oom_time,
@@ -387,9 +379,34 @@ def build_result(tr: EventLog, *, capacity: float, peak_flops: float, engine: st
                 hbm.overflow, capacity)
             if oom is None or (cand.time_s, cand.rank) < (oom.time_s, oom.rank):
                 oom = cand
+    return result_of(
+        tr.makespan, figures, oom, sum(prog.flops), sum(prog.recompute_flops),
+        placement=tr.placement, stages=prog.num_ranks, mode=tr.mode, capacity=capacity,
+        peak_flops=peak_flops, engine=engine, global_batch=global_batch, seq_len=seq_len,
+        config=config, notes=notes, meta=meta, trace=tr if keep_trace else None)
+
+
+def result_of(T: float, figures: list[tuple[int, int, float, float, float, float]],
+              oom: OutOfMemory | None, flops: float, recompute_flops: float, *,
+              placement: Any, stages: int, mode: str, capacity: float, peak_flops: float,
+              engine: str, global_batch: int, seq_len: int | None, config: Any = None,
+              notes: tuple[str, ...] = (), meta: dict | None = None,
+              trace: EventLog | None = None) -> SimResult:
+    """A :class:`SimResult` from its measured figures: the makespan ``T``, per
+    simulated GPU (global rank, pipeline stage, compute, recompute, exposed
+    communication seconds, peak bytes), the first out-of-memory GPU, and the model
+    and recomputation FLOPs of one pipeline's iteration."""
+    pl = placement
+    ranks = []
+    peak_stage = [0.0] * stages
+    for grank, s, comp, recomp, comm, peak in figures:
+        bubble = max(0.0, T - comp - recomp - comm)
+        at = pl.coords(grank)
+        ranks.append(RankBreakdown(grank, s, at.dp, at.tp, comp, recomp, comm, bubble, peak))
+        peak_stage[s] = max(peak_stage[s], peak)
     # FLOPs: every stage of the pipeline, replicated over dp * cp * tp GPUs.
-    total_model = sum(prog.flops) * pl.dp * pl.cp * pl.tp
-    total_hw = (sum(prog.flops) + sum(prog.recompute_flops)) * pl.dp * pl.cp * pl.tp
+    total_model = flops * pl.dp * pl.cp * pl.tp
+    total_hw = (flops + recompute_flops) * pl.dp * pl.cp * pl.tp
     world = pl.world_size
     mf = total_model / T / world if T > 0 else 0.0
     hf = total_hw / T / world if T > 0 else 0.0
@@ -407,12 +424,12 @@ def build_result(tr: EventLog, *, capacity: float, peak_flops: float, engine: st
         throughput_samples_per_s=samples,
         throughput_tokens_per_s=samples * seq_len if seq_len else None,
         bubble_fraction=bubble_frac,
-        mode=tr.mode,
+        mode=mode,
         engine=engine,
         memory_capacity_bytes=capacity,
         peak_flops=peak_flops,
         config=config,
         notes=tuple(notes),
         meta=dict(meta or {}),
-        trace=tr if keep_trace else None,
+        trace=trace,
     )
