@@ -37,7 +37,7 @@ from merak_sim.partition import uniform
 from .space import Candidate
 from .templates import stage_arrays
 
-__all__ = ["RelaxedPricer", "relaxed_key", "admissible", "state_view", "TIME_FIELDS", "MEMORY_FIELDS"]
+__all__ = ["RelaxedPricer", "relaxed_key", "admissible", "TIME_FIELDS", "MEMORY_FIELDS"]
 
 #: Fields the time bound reads; the tail fields are zero in relaxed arrays.
 TIME_FIELDS = ("forward_s", "backward_s", "backward_input_s", "recompute_s")
@@ -142,12 +142,6 @@ class RelaxedPricer:
             out["optimizer_s"] = zeros
         self._arrays[full] = out
         return out
-
-
-def state_view(relaxed: dict[str, np.ndarray], zero: int) -> dict[str, np.ndarray]:
-    """The relaxed arrays with ``state_bytes`` the state ZeRO stage ``zero`` keeps at
-    least (for :func:`~merak_sim.planner.screen.quick_memory`)."""
-    return {**relaxed, "state_bytes": relaxed["state_by_zero"][zero]}
 
 
 def admissible(relaxed: dict[str, np.ndarray], exact: dict[str, np.ndarray],
