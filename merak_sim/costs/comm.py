@@ -83,8 +83,25 @@ def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: C
         if cluster.same_node(a, b):
             return cluster.intra.time(nbytes)
         return cluster.inter.latency_s + nbytes / cluster.inter_bandwidth_per_gpu_Bps
-    return _collective_cached(kind, float(nbytes), group_shape(ranks, cluster), cluster,
-                              intra_table)
+    # Identity memo in front of the value caches: a cost table prices the same group
+    # objects many times, and hashing a data-parallel group of thousands of ranks (and
+    # the cluster, and the measured table) costs more than the collective's formula.
+    # The entry holds the objects, so their ids cannot be reused while it lives; all
+    # three are immutable, so the same objects mean the same value.
+    key = (kind, nbytes, id(ranks), id(cluster), id(intra_table))
+    hit = _BY_IDENTITY.get(key)
+    if hit is not None and hit[0] is ranks and hit[1] is cluster and hit[2] is intra_table:
+        return hit[3]
+    t = _collective_cached(kind, float(nbytes), group_shape(ranks, cluster), cluster,
+                           intra_table)
+    if len(_BY_IDENTITY) >= _IDENTITY_SIZE:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[key] = (ranks, cluster, intra_table, t)
+    return t
+
+
+_BY_IDENTITY: dict[tuple, tuple] = {}
+_IDENTITY_SIZE = 65536
 
 
 def measured_collectives(table: NcclTable) -> Callable[..., float]:
@@ -171,6 +188,7 @@ def stage_placement(cluster: Cluster, dp: int, tp: int, pp: int, pp_rank: int,
 def clear_caches() -> None:
     """Empty the memoised collective times and stage placements (benchmarks time a
     cold cost model with it)."""
+    _BY_IDENTITY.clear()
     _collective_cached.cache_clear()
     stage_placement.cache_clear()
     group_shape.cache_clear()

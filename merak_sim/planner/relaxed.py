@@ -70,6 +70,7 @@ class RelaxedPricer:
     capacity_bytes: float = field(default=0.0, init=False)
     _per_layer: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
     _arrays: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
+    _layers: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
 
     def _probe(self, key: tuple):
         if key in self._per_layer:
@@ -105,8 +106,10 @@ class RelaxedPricer:
                 fields = TIME_FIELDS + MEMORY_FIELDS + ("state_bytes", "weight_bytes",
                                                         "grad_bytes")
                 per = {f: arr[f][1] / n[1] for f in fields}
-                out = (per, {f: arr[f][0] - n[0] * per[f] for f in fields},
-                       {f: arr[f][2] - n[2] * per[f] for f in fields})
+                # As arrays over the fields: per layer, first-stage and last-stage extra.
+                out = (fields, np.array([per[f] for f in fields]),
+                       np.array([arr[f][0] - n[0] * per[f] for f in fields]),
+                       np.array([arr[f][2] - n[2] * per[f] for f in fields]))
         self._per_layer[key] = out
         return out
 
@@ -119,16 +122,16 @@ class RelaxedPricer:
         probe = self._probe(key)
         out = None
         if probe is not None:
-            per, first, last = probe
+            fields, per, first, last = probe
             n_st = c.pp * c.virtual_stages
-            n = np.array([e - s for s, e in uniform(self.model.layers, n_st).ranges],
-                         dtype=float)
-            out = {}
-            for f in per:
-                a = n * per[f]
-                a[0] += first[f]
-                a[-1] += last[f]
-                out[f] = a
+            n = self._layers.get(n_st)
+            if n is None:
+                n = self._layers[n_st] = np.array(
+                    [e - s for s, e in uniform(self.model.layers, n_st).ranges], dtype=float)
+            a = n[None, :] * per[:, None]
+            a[:, 0] += first
+            a[:, -1] += last
+            out = dict(zip(fields, a))
             zeros = np.zeros(n_st)
             # Model state each ZeRO stage keeps whole, whatever the shard group: 1
             # shards the optimizer, 2 the gradients too, 3 the weights too.

@@ -24,8 +24,7 @@ into the :class:`~merak_sim.planner.rows.RowBook` as chunks, in enumeration orde
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,16 +59,16 @@ class Level0:
 @dataclass(frozen=True)
 class _Index:
     """Per variant set: the distinct keys each quantity depends on, and per variant
-    the index of its key (module docstring)."""
+    the index of its key (module docstring). A *shape* is (relaxed key, recompute
+    policy): what the memory screen reads besides the ZeRO stage."""
 
     rule: tuple[tuple[int, bool], ...]
     rule_idx: np.ndarray
     relaxed: tuple[tuple, ...]
     relaxed_idx: np.ndarray
-    memory: tuple[tuple, ...]
-    memory_idx: np.ndarray
-    bound: tuple[tuple, ...]
-    bound_idx: np.ndarray
+    shape: tuple[tuple[int, str], ...]
+    shape_idx: np.ndarray
+    zero: np.ndarray
     first: dict[tuple, int]
 
 
@@ -83,19 +82,79 @@ def _index(variants: tuple) -> _Index:
     rule, rule_idx = _distinct([(z, sp) for _rc, sp, _ov, z, _zg, _att, _o in variants])
     relaxed, relaxed_idx = _distinct([(sp, ov, rc == "selective", att)
                                       for rc, sp, ov, _z, _zg, att, _o in variants])
-    # Memory and bound keys name their relaxed key by its index.
-    memory, memory_idx = _distinct([(int(r), v[0], v[3])
-                                    for r, v in zip(relaxed_idx, variants)])
-    bound, bound_idx = _distinct([(int(r), v[0] == "full")
-                                  for r, v in zip(relaxed_idx, variants)])
+    shape, shape_idx = _distinct([(int(r), v[0]) for r, v in zip(relaxed_idx, variants)])
     first: dict[tuple, int] = {}
     for i, v in enumerate(variants):
         r = int(relaxed_idx[i])
         first.setdefault((r,), i)
-        first.setdefault((r, v[0], v[3]), i)
-        first.setdefault((r, v[0] == "full"), i)
-    return _Index(rule, rule_idx, relaxed, relaxed_idx, memory, memory_idx, bound,
-                  bound_idx, first)
+        first.setdefault((r, v[0]), i)
+    return _Index(rule, rule_idx, relaxed, relaxed_idx, shape, shape_idx,
+                  np.array([v[3] for v in variants], dtype=np.int64), first)
+
+
+@dataclass
+class _Memo:
+    """What the sweep has priced, shared by every block of one search."""
+
+    rp: RelaxedPricer
+    margin: float
+    arrays: dict = field(default_factory=dict)
+    parts: dict = field(default_factory=dict)
+    states: dict = field(default_factory=dict)
+    screens: dict = field(default_factory=dict)
+    bounds: dict = field(default_factory=dict)
+    reasons: dict = field(default_factory=dict)
+    blocks: dict = field(default_factory=dict)
+
+    def relaxed(self, b: Block, key: tuple, c_at) -> tuple:
+        """(array key, relaxed arrays or None) of relaxed key ``key`` in ``b``."""
+        sp, ov, sel, att = key
+        akey = ((b.tp, b.cp, b.micro_batch_size, sp, ov, sel, att), b.pp, b.virtual_stages)
+        if akey not in self.arrays:
+            self.arrays[akey] = self.rp.arrays(c_at())
+        return akey, self.arrays[akey]
+
+    def screen(self, skey: tuple, arr: dict, c: Candidate) -> tuple[np.ndarray, np.ndarray]:
+        """(excess, rank) per ZeRO stage of the one-micro-batch screen of shape
+        ``skey``: :func:`~merak_sim.planner.screen.quick_memory` for every ZeRO stage
+        at once (the kept activations do not depend on it)."""
+        got = self.screens.get(skey)
+        if got is None:
+            placement = SCHEDULES[c.schedule].placement
+            st = (skey[0], placement)
+            if st not in self.states:
+                self.states[st] = state_per_rank(placement, c.pp, c.virtual_stages,
+                                                 np.stack(arr["state_by_zero"]))
+            got = self.screens[skey] = worst_excess(self.states[st] + kept_one(c, arr),
+                                                    self.capacity())
+        return got
+
+    def bound(self, bkey: tuple, arr: dict, c: Candidate) -> float:
+        """The relaxed lower bound of ``c`` (cached under ``bkey``)."""
+        got = self.bounds.get(bkey)
+        if got is None:
+            placement = SCHEDULES[c.schedule].placement
+            pkey = (bkey[0], placement)
+            if pkey not in self.parts:
+                self.parts[pkey] = bound_parts(arr, placement, c.pp, c.virtual_stages)
+            got = self.bounds[bkey] = lower_bound(c, arr, self.parts[pkey])
+        return got
+
+    def capacity(self) -> float:
+        """Usable bytes per GPU (the probes' capacity: known once one is priced)."""
+        return self.rp.capacity_bytes * (1 - self.margin)
+
+    def reason(self, skey: tuple, z: int) -> str:
+        """The memory-pruned reason of shape ``skey`` at ZeRO ``z``."""
+        got = self.reasons.get((skey, z))
+        if got is None:
+            ex, r = self.screens[skey]
+            cap = self.capacity()
+            got = self.reasons[skey, z] = (
+                f"memory: stage {int(r[z])} needs {(float(ex[z]) + cap) / _GiB:.1f} GiB "
+                f"for one micro-batch > {cap / _GiB:.1f} GiB"
+                + (" (unsharded state alone)" if z else ""))
+        return got
 
 
 def relaxed_sweep(items: Iterable[Candidate | Block], rp: RelaxedPricer, margin: float,
@@ -107,12 +166,7 @@ def relaxed_sweep(items: Iterable[Candidate | Block], rp: RelaxedPricer, margin:
     those whose relaxed arrays the cost model cannot give), in enumeration order;
     ``margin`` the fraction of GPU memory kept free."""
     indices: dict[int, _Index] = {}
-    arrays: dict[tuple, Any] = {}
-    memory: dict[tuple, tuple[float, str]] = {}
-    bounds: dict[tuple, float] = {}
-    parts: dict[tuple, tuple] = {}
-    states: dict[tuple, np.ndarray] = {}
-    screens: dict[tuple, tuple] = {}
+    memo = _Memo(rp, margin)
     live_b, live_p, live_v = [], [], []
     for item in items:
         if not isinstance(item, Block):
@@ -133,64 +187,14 @@ def relaxed_sweep(items: Iterable[Candidate | Block], rp: RelaxedPricer, margin:
         reason = np.array([f"pruned: {r}" for r in rule_of] + [None],
                           dtype=object)[:-1][ix.rule_idx]
         kind = ruled.astype(np.int8)  # 0: live, 1: pruned, 2: handed to ``one``
-        if ruled.all():
-            _emit(b, rows, kind, reason, np.full(n, np.nan), counts, prog, one)
-            continue
-        spec = SCHEDULES[b.schedule]
-        # Only keys some unpruned variant reads: a probe is a cost table.
-        free = ~ruled
-        need = set(ix.relaxed_idx[free].tolist())
-        rel_arr = []
-        for j, (sp, ov, sel, att) in enumerate(ix.relaxed):
-            if j not in need:
-                rel_arr.append((None, None))
-                continue
-            akey = ((b.tp, b.cp, b.micro_batch_size, sp, ov, sel, att), b.pp,
-                    b.virtual_stages)
-            if akey not in arrays:
-                arrays[akey] = rp.arrays(b.candidate(ix.first[(j,)]))
-            rel_arr.append((akey, arrays[akey]))
-        excess = np.full(len(ix.memory), np.nan)
-        mem_reason = np.empty(len(ix.memory), dtype=object)
-        need = set(ix.memory_idx[free].tolist())
-        for m, (j, rc, z) in enumerate(ix.memory):
-            akey, arr = rel_arr[j]
-            if m not in need or arr is None:
-                continue
-            shape = (akey, rc, b.schedule if rc == "full" else spec.placement)
-            got = memory.get((shape, z))
-            if got is None:
-                got = memory[shape, z] = _memory(rp, margin, shape, z, arr, states,
-                                                 screens, b.candidate(ix.first[(j, rc, z)]))
-            excess[m], mem_reason[m] = got
-        bnd = np.full(len(ix.bound), np.nan)
-        need = set(ix.bound_idx[free].tolist())
-        for m, (j, full) in enumerate(ix.bound):
-            akey, arr = rel_arr[j]
-            if m not in need or arr is None:
-                continue
-            bkey = (akey, full, b.schedule if full else spec.placement)
-            if bkey not in bounds:
-                pkey = (akey, spec.placement)
-                if pkey not in parts:
-                    parts[pkey] = bound_parts(arr, spec.placement, b.pp, b.virtual_stages)
-                bounds[bkey] = lower_bound(b.candidate(ix.first[(j, full)]), arr,
-                                           parts[pkey])
-            bnd[m] = bounds[bkey]
-        none = np.array([a is None for _k, a in rel_arr])[ix.relaxed_idx]
-        kind[none & ~ruled] = 2
-        ex = excess[ix.memory_idx]
-        over = (kind == 0) & (ex > 0)
-        short = np.where(over, ex / _GiB, np.nan)
-        if over.any():
-            reason[over] = mem_reason[ix.memory_idx[over]]
-            kind[over] = 1
+        short = np.full(n, np.nan)
+        bound = _relax_block(b, ix, memo, kind, reason, short) if not ruled.all() else short
         _emit(b, rows, kind, reason, short, counts, prog, one)
         live = np.nonzero(kind == 0)[0]
         if len(live):
             live_b.append(np.full(len(live), rows.block_id(b), dtype=np.int64))
             live_p.append(live)
-            live_v.append(bnd[ix.bound_idx[live]])
+            live_v.append(bound[live])
     if not live_v:
         e = np.zeros(0)
         return Level0(e.astype(np.int64), e.astype(np.int64), e)
@@ -200,28 +204,68 @@ def relaxed_sweep(items: Iterable[Candidate | Block], rp: RelaxedPricer, margin:
     return Level0(bids[order], pos[order], bvals[order])
 
 
-def _memory(rp: RelaxedPricer, margin: float, shape: tuple, z: int, arr: dict,
-            states: dict, screens: dict, c: Candidate) -> tuple[float, str]:
-    """(excess, reason) of the one-micro-batch screen of ``shape`` at ZeRO ``z``: the
-    screen of :func:`~merak_sim.planner.screen.quick_memory`, every ZeRO stage at once
-    (the kept activations do not depend on it)."""
-    # The probes' capacity: known once a probe is priced.
-    capacity = rp.capacity_bytes * (1 - margin)
-    got = screens.get(shape)
+def _relax_block(b: Block, ix: _Index, memo: _Memo, kind: np.ndarray,
+                 reason: np.ndarray, short: np.ndarray) -> np.ndarray:
+    """Relaxed bound per variant of ``b``; marks in ``kind`` / ``reason`` / ``short``
+    (GiB) the variants memory prunes (1) and those without relaxed arrays (2)."""
+    free = kind == 0
+    spec = SCHEDULES[b.schedule]
+    # What the bound and the screen read of the schedule: blocks of schedules alike in
+    # it (and in everything else) get the same values.
+    sched = (spec.placement, spec.never_recompute(b.pp), spec.explicit_recompute)
+    key = (b.tp, b.cp, b.pp, b.virtual_stages, b.micro_batch_size, sched, id(b.variants),
+           free.tobytes())
+    got = memo.blocks.get(key)
     if got is None:
-        akey = shape[0]
-        placement = SCHEDULES[c.schedule].placement
-        skey = (akey, placement)
-        if skey not in states:
-            states[skey] = state_per_rank(placement, c.pp, c.virtual_stages,
-                                          np.stack(arr["state_by_zero"]))
-        got = screens[shape] = worst_excess(states[skey] + kept_one(c, arr), capacity)
-    ex = float(got[0][z])
-    if ex <= 0:
-        return ex, ""
-    return ex, (f"memory: stage {int(got[1][z])} needs {(ex + capacity) / _GiB:.1f} GiB "
-                f"for one micro-batch > {capacity / _GiB:.1f} GiB"
-                + (" (unsharded state alone)" if z else ""))
+        got = memo.blocks[key] = _block_values(b, ix, memo, free, sched)
+    none, ex, bound, skeys = got
+    kind[none & free] = 2
+    over = (kind == 0) & (ex > 0)
+    if over.any():
+        # One reason per distinct (shape, ZeRO stage), spread over its variants.
+        code = ix.shape_idx * 4 + ix.zero
+        uniq, inv = np.unique(code[over], return_inverse=True)
+        text = np.empty(len(uniq), dtype=object)
+        for u, k in enumerate(uniq.tolist()):
+            text[u] = memo.reason(skeys[k // 4], k % 4)
+        reason[over] = text[inv]
+    kind[over] = 1
+    short[over] = ex[over] / _GiB
+    return bound
+
+
+def _block_values(b: Block, ix: _Index, memo: _Memo, free: np.ndarray, sched: tuple
+                  ) -> tuple:
+    """(no relaxed arrays, one-micro-batch excess, relaxed bound) per variant of ``b``,
+    and the screen key of each shape, for the variants ``free`` (others NaN)."""
+    # Only keys some unpruned variant reads: a probe is a cost table.
+    need = set(ix.relaxed_idx[free].tolist())
+    rel = [memo.relaxed(b, key, lambda j=j: b.candidate(ix.first[(j,)])) if j in need
+           else (None, None) for j, key in enumerate(ix.relaxed)]
+    n_sh = len(ix.shape)
+    excess = np.full((n_sh, 4), np.nan)
+    bound = np.full(n_sh, np.nan)
+    skeys: list[tuple | None] = [None] * n_sh
+    for s_i in set(ix.shape_idx[free].tolist()):
+        j, rc = ix.shape[s_i]
+        akey, arr = rel[j]
+        if arr is None:
+            continue
+        full = rc == "full"
+        # Full recompute reads the schedule's never-recompute ranks and explicit
+        # re-forwards; the other policies only its placement.
+        where = sched if full else sched[0]
+        c = None
+        skey = skeys[s_i] = (akey, rc, where)
+        if skey not in memo.screens:
+            c = b.candidate(ix.first[(j, rc)])
+        excess[s_i] = memo.screen(skey, arr, c)[0]
+        bkey = (akey, full, where)
+        if bkey not in memo.bounds and c is None:
+            c = b.candidate(ix.first[(j, rc)])
+        bound[s_i] = memo.bound(bkey, arr, c)
+    none = np.array([a is None for _k, a in rel])[ix.relaxed_idx]
+    return none, excess[ix.shape_idx, ix.zero], bound[ix.shape_idx], skeys
 
 
 def _emit(b: Block, rows: RowBook, kind: np.ndarray, reason: np.ndarray,
@@ -230,9 +274,9 @@ def _emit(b: Block, rows: RowBook, kind: np.ndarray, reason: np.ndarray,
     """The block's pruned rows in order, handing kind-2 candidates to ``one`` where
     they fall."""
     bid = rows.block_id(b)
-    handed = np.nonzero(kind == 2)[0]
+    handed = np.nonzero(kind == 2)[0].tolist()
     start = 0
-    for stop in list(handed) + [len(kind)]:
+    for stop in handed + [len(kind)]:
         sl = np.arange(start, stop)
         pruned = sl[kind[sl] == 1]
         if len(pruned):
