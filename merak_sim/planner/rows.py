@@ -170,11 +170,12 @@ class RowBook:
         out["reason"] = np.concatenate([c[3] for c in chunks])
         return out
 
-    def columns(self) -> dict[str, np.ndarray]:
-        """Every column over every row, in order."""
+    def columns(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Every column over every row, the dict rows first and then the chunks' (not
+        in decision order), each row's position in the decision order and the rank of
+        its status (best first)."""
         dict_rows = [r for seg in self._segments if isinstance(seg, list) for r in seg]
         chunks = [seg for seg in self._segments if not isinstance(seg, list)]
-        # Where each kind of row lands in the decision order.
         is_dict = np.concatenate(
             [np.ones(len(seg), dtype=bool) if isinstance(seg, list)
              else np.zeros(len(seg[1]), dtype=bool) for seg in self._segments]
@@ -192,22 +193,23 @@ class RowBook:
                     cols[k] = np.array(vals, dtype=float)
                 else:
                     cols[k] = _objects(vals)
-            parts.append((is_dict, cols))
+            parts.append(cols)
         if chunks:
-            parts.append((~is_dict, self._chunk_columns(chunks)))
-        out = {}
-        for k in ROW_KEYS:
-            dt = (np.int64 if k in _INT_COLS else bool if k in _BOOL_COLS
-                  else float if k in _FLOAT_COLS else object)
-            col = np.empty(self._n, dtype=dt)
-            for mask, cols in parts:
-                col[mask] = cols[k]
-            out[k] = col
-        return out
+            parts.append(self._chunk_columns(chunks))
+        if not parts:
+            e = np.zeros(0, dtype=np.int64)
+            return {k: np.zeros(0) for k in ROW_KEYS}, e, e
+        position = np.concatenate([np.nonzero(is_dict)[0], np.nonzero(~is_dict)[0]])
+        rank = np.concatenate(
+            [np.array([_STATUS_ORDER[r["status"]] for r in dict_rows], dtype=np.int64)]
+            + [np.full(len(c[1]), _STATUS_ORDER[c[2]], dtype=np.int64) for c in chunks])
+        return ({k: np.concatenate([p[k] for p in parts]) for k in ROW_KEYS}, position,
+                rank)
 
 
 def ranked_table(rows: RowBook | list[dict]):
-    """The rows as a pandas DataFrame: by status, then by time (or bound), stably."""
+    """The rows as a pandas DataFrame: by status, then by time (or bound), then in
+    decision order."""
     import pandas as pd
 
     if not isinstance(rows, RowBook):
@@ -215,10 +217,8 @@ def ranked_table(rows: RowBook | list[dict]):
         for r in rows:
             book.append(r)
         rows = book
-    cols = rows.columns()
-    o = np.array([_STATUS_ORDER[s] for s in cols["status"]]) if len(cols["status"]) \
-        else np.zeros(0, dtype=int)
+    cols, position, o = rows.columns()
     t = np.where(np.isnan(cols["time_s"]), cols["bound_s"], cols["time_s"])
     t = np.where(np.isnan(t), np.inf, t)
-    order = np.lexsort((t, o))
+    order = np.lexsort((position, t, o))
     return pd.DataFrame({k: cols[k][order] for k in ROW_KEYS}, columns=list(ROW_KEYS))
