@@ -49,7 +49,19 @@ def group_ranks(kind: str, config: Any, pp_rank: int = 0, dp_rank: int = 0,
                 tp_rank: int = 0) -> tuple[int, ...]:
     """Global ranks of the ``kind`` group ("tp", "dp", "pp", "tied") of ``config``'s
     :class:`~merak_sim.layout.RankLayout` containing the given coordinates."""
-    layout = RankLayout.of(config)
+    key = (config.dp, config.tp, config.pp, getattr(config, "cp", 1), pp_rank, dp_rank,
+           tp_rank)
+    if all(type(x) is int for x in key):
+        # Memoised on the values (a cost table asks for the same groups per stage);
+        # only plain ints, so a value the layout rejects is never answered from it.
+        return _group_ranks(kind, *key)
+    return _group_ranks.__wrapped__(kind, *key)
+
+
+@lru_cache(maxsize=65536)
+def _group_ranks(kind: str, dp: int, tp: int, pp: int, cp: int, pp_rank: int,
+                 dp_rank: int, tp_rank: int) -> tuple[int, ...]:
+    layout = RankLayout(dp, tp, pp, cp)
     try:
         return layout.group(kind, layout.rank(pp_rank, dp_rank, tp_rank))
     except ValueError as e:
@@ -189,6 +201,7 @@ def clear_caches() -> None:
     """Empty the memoised collective times and stage placements (benchmarks time a
     cold cost model with it)."""
     _BY_IDENTITY.clear()
+    _group_ranks.cache_clear()
     _collective_cached.cache_clear()
     stage_placement.cache_clear()
     group_shape.cache_clear()

@@ -10,7 +10,9 @@ Pipeline (each stage only looks at what survived the previous one):
    rebuilt from one probe table per (tp, cp, micro-batch, sequence parallelism, TP
    overlap, selective recompute, attention), without its own cost table: a memory
    lower bound (one micro-batch plus the model state its ZeRO stage keeps whole)
-   drops those that cannot fit, a time lower bound orders the rest.
+   drops those that cannot fit, a time lower bound orders the rest. The pass runs a
+   block of candidates at a time (:mod:`merak_sim.planner.sweep`), and the rows it
+   decides stay columnar (:class:`~merak_sim.planner.rows.RowBook`).
 3. Bound (:mod:`merak_sim.planner.bounds`): best first over two levels. The smallest
    relaxed bound left is priced exactly (:mod:`merak_sim.planner.screen`: its cost
    table, shared between candidates, and the exact one-micro-batch memory screen) and
