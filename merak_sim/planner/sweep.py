@@ -217,20 +217,24 @@ def _relax_block(b: Block, ix: _Index, memo: _Memo, kind: np.ndarray,
            free.tobytes())
     got = memo.blocks.get(key)
     if got is None:
-        got = memo.blocks[key] = _block_values(b, ix, memo, free, sched)
-    none, ex, bound, skeys = got
-    kind[none & free] = 2
-    over = (kind == 0) & (ex > 0)
-    if over.any():
-        # One reason per distinct (shape, ZeRO stage), spread over its variants.
-        code = ix.shape_idx * 4 + ix.zero
-        uniq, inv = np.unique(code[over], return_inverse=True)
-        text = np.empty(len(uniq), dtype=object)
-        for u, k in enumerate(uniq.tolist()):
-            text[u] = memo.reason(skeys[k // 4], k % 4)
-        reason[over] = text[inv]
+        none, ex, bound, skeys = _block_values(b, ix, memo, free, sched)
+        handed = none & free
+        over = free & ~handed & (ex > 0)
+        text = np.empty(len(ex), dtype=object)
+        if over.any():
+            # One reason per distinct (shape, ZeRO stage), spread over its variants.
+            code = ix.shape_idx * 4 + ix.zero
+            uniq, inv = np.unique(code[over], return_inverse=True)
+            once = np.empty(len(uniq), dtype=object)
+            for u, k in enumerate(uniq.tolist()):
+                once[u] = memo.reason(skeys[k // 4], k % 4)
+            text[over] = once[inv]
+        got = memo.blocks[key] = (handed, over, text[over], ex[over] / _GiB, bound)
+    handed, over, text, gib, bound = got
+    kind[handed] = 2
     kind[over] = 1
-    short[over] = ex[over] / _GiB
+    reason[over] = text
+    short[over] = gib
     return bound
 
 
@@ -277,8 +281,7 @@ def _emit(b: Block, rows: RowBook, kind: np.ndarray, reason: np.ndarray,
     handed = np.nonzero(kind == 2)[0].tolist()
     start = 0
     for stop in handed + [len(kind)]:
-        sl = np.arange(start, stop)
-        pruned = sl[kind[sl] == 1]
+        pruned = np.nonzero(kind[start:stop] == 1)[0] + start
         if len(pruned):
             rows.extend(np.full(len(pruned), bid), pruned, "pruned", reason[pruned],
                         shortfalls=short[pruned])
