@@ -177,3 +177,27 @@ def test_group_ranks_memo_equals_the_layout():
         want = lay.group(kind, lay.rank(*at))
         assert group_ranks(kind, cfg, *at) == want
         assert group_ranks(kind, cfg, *at) == want  # warm
+
+
+def test_sync_groups_memo_equals_the_layout():
+    from merak_sim.config import ParallelConfig
+    from merak_sim.costs.sharded_dp import sync_groups
+    from merak_sim.layout import RankLayout
+
+    rng = random.Random(5)
+    for _ in range(200):
+        dp, tp, pp, cp = (rng.choice([1, 2, 4]), rng.choice([1, 2]), rng.choice([1, 2, 4]),
+                          rng.choice([1, 2]))
+        zero = rng.choice([0, 1, 3])
+        group = rng.choice([g for g in (0, 2) if g == 0 or (g < dp * cp and dp * cp % g == 0)])
+        cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch_size=1,
+                             global_batch_size=dp * 4, zero=zero if dp * cp > 1 else 0,
+                             zero_group=group if zero and dp * cp > 1 else 0)
+        pp_rank, tp_rank = rng.randrange(pp), rng.randrange(tp)
+        lay = RankLayout(dp, tp, pp, cp)
+        ranks = tuple(sorted(lay.rank(pp_rank, d, tp_rank, c)
+                             for d in range(dp) for c in range(cp)))
+        g = (cfg.shard_group if cfg.zero else 0) or len(ranks)
+        want = (ranks, ranks[:g], ranks[::g])
+        assert sync_groups(cfg, pp_rank, tp_rank) == want
+        assert sync_groups(cfg, pp_rank, tp_rank) == want  # warm

@@ -30,7 +30,7 @@ from typing import Any
 
 from merak_sim.costs.nccl import NcclTable
 from merak_sim.hardware import Cluster
-from merak_sim.layout import RankLayout
+from merak_sim.layout import RankLayout, node_of
 
 __all__ = ["COLLECTIVES", "PIPELINE_SENDS", "CostModelError", "clear_caches", "collective_time",
            "group_ranks", "group_shape", "measured_collectives", "pipeline_send_time",
@@ -144,9 +144,13 @@ def pipeline_send_time(mode: str, nbytes: float, src_tp: tuple[int, ...],
 def group_shape(ranks: tuple[int, ...], cluster: Cluster) -> tuple[int, int]:
     """(nodes the group spans, most of its GPUs in one node); memoised, since a
     planner prices the same data-parallel and shard groups for many tables."""
+    world, gpn = cluster.world_size, cluster.gpus_per_node
+    for r in ranks:
+        if not 0 <= r < world:
+            cluster.node_of(r)  # raises, naming the first rank outside the cluster
     per_node: dict[int, int] = {}
     for r in ranks:
-        n = cluster.node_of(r)
+        n = node_of(r, gpn)
         per_node[n] = per_node.get(n, 0) + 1
     return len(per_node), max(per_node.values())
 
