@@ -96,16 +96,23 @@ def _fmt(x, fmt: str) -> str:
 
 def _losers(df) -> list:
     """Up to two rows per way of losing (bounded, pruned), one per distinct reason."""
+    import pandas as pd
+
     extra = []
     for st in ("bounded", "pruned"):
-        seen = set()
-        for _, r in df[df.status == st].iterrows():
-            head = str(r.reason).split(" ")[0] + str(r.reason).split(":")[1][:12]
-            if head not in seen:
-                seen.add(head)
-                extra.append(r)
-            if len(seen) >= 2:
-                break
+        sub = df[df.status == st]
+        # The head of each distinct reason, in order of first appearance: the first
+        # row with a new head is the first row of the first reason that has it.
+        codes, uniq = pd.factorize(sub.reason.astype(str))
+        first = {}
+        for k, reason in enumerate(uniq):
+            head = reason.split(" ")[0] + reason.split(":")[1][:12]
+            if head not in first:
+                first[head] = k
+                if len(first) >= 2:
+                    break
+        pos = {k: int(np.argmax(codes == k)) for k in first.values()}
+        extra.extend(sub.iloc[pos[k]] for k in sorted(first.values()))
     return extra
 
 
