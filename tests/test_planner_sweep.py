@@ -201,3 +201,36 @@ def test_sync_groups_memo_equals_the_layout():
         want = (ranks, ranks[:g], ranks[::g])
         assert sync_groups(cfg, pp_rank, tp_rank) == want
         assert sync_groups(cfg, pp_rank, tp_rank) == want  # warm
+
+
+class _NoRanges:
+    """The calibrated model with tables that do not name their layer ranges, so the
+    relaxation cannot rebuild them and every candidate is priced exactly."""
+
+    def __init__(self) -> None:
+        self.inner = calibrated_cost_model()
+
+    def cost_table(self, model, cluster, config, partition=None):
+        tab = self.inner.cost_table(model, cluster, config, partition)
+        return replace(tab, meta={k: v for k, v in tab.meta.items() if k != "ranges"})
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_candidates_without_relaxed_arrays_are_priced_exactly_in_order():
+    space = FULL.with_(schedules=("1f1b", "zb-h1"), cp=(1,), zero=(0, 1),
+                       attention=("flash",), overlap_param_gather=(False,))
+    args = ("gpt-2.5b", "paper-3090", 16)
+    fast = search(*args, nodes=2, space=space, top_k=3, confirm=False,
+                  cost_model=_NoRanges())
+    full = search(*args, nodes=2, space=space, top_k=3, confirm=False,
+                  cost_model=_NoRanges(), exhaustive=True)
+    assert fast.best_config == full.best_config
+    assert fast.counts["considered"] == full.counts["considered"] == len(fast.table)
+    ran = ["best", "confirmed", "evaluated"]
+    assert (fast.table[fast.table.status.isin(ran)].time_s.nsmallest(3).tolist()
+            == pytest.approx(full.table[full.table.status.isin(ran)].time_s.nsmallest(3)
+                             .tolist(), rel=1e-12))
+    # Every candidate went the exact way, and the exact bounds still cut some.
+    assert fast.counts["bounded"] > 0
