@@ -2,7 +2,10 @@
 markdown reports, never asserted in tests.
 
     .venv/bin/python benchmarks/bench_planner.py [--repeat 3] [--skip-175b]
-        [--skip-quality] [--skip-reproduce]
+        [--skip-quality] [--skip-reproduce] [--only TEXT]
+
+``--only TEXT`` times only the cases whose name contains TEXT (for example ``405b``),
+prints them and writes nothing.
 
 Speed (targets, on a 2-core machine): a full search for GPT-8.3B on 64 GPUs
 (paper-3090, global batch 128) under 10 s; GPT-3 175B on 1024 GPUs (dgx-a100-80g x 128
@@ -88,9 +91,11 @@ def _run(m, c, n, g, space, exhaustive: bool) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def speed(repeat: int, skip_175b: bool) -> tuple[list[str], list[str]]:
+def speed(repeat: int, skip_175b: bool, only: str | None = None
+          ) -> tuple[list[str], list[str]]:
     """Median search time per case in fresh processes, with the exhaustive search's
-    time where it runs; markdown lines of the table and of the 405B explanation."""
+    time where it runs; markdown lines of the table and of the 405B explanation.
+    ``only``: the cases whose name contains it (every case when None)."""
     lines = ["## Search speed (median of fresh-process runs)", "",
              "| case | target | median s | CPU s | runs s | exhaustive s | ratio | "
              "considered | pruned (rule / memory) | bounded | evaluated | SimPy | "
@@ -98,10 +103,11 @@ def speed(repeat: int, skip_175b: bool) -> tuple[list[str], list[str]]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     why = []
     for name, (m, c, n, g, target, space, exhaustive) in CASES.items():
-        if skip_175b and "175b" in m:
+        if (skip_175b and "175b" in m) or (only is not None and only not in name):
             continue
-        # One run where a run takes long (the 405B space), else the median.
-        reps = 1 if "405b" in m else repeat
+        # One run where a run takes long (the 405B space), else the median; every
+        # case gets the median when it is the only one timed.
+        reps = 1 if "405b" in m and only is None else repeat
         res = [_run(m, c, n, g, space, False) for _ in range(reps)]
         runs = [r["seconds"] for r in res]
         last = res[-1]
@@ -186,7 +192,13 @@ def main() -> None:
     ap.add_argument("--skip-175b", action="store_true")
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--skip-reproduce", action="store_true")
+    ap.add_argument("--only", default=None,
+                    help="time only the cases whose name contains this; write nothing")
     args = ap.parse_args()
+    if args.only is not None:
+        print(f"load average {os.getloadavg()[0]:.1f}")
+        speed(args.repeat, args.skip_175b, args.only)
+        return
     out = ROOT / "benchmarks" / "results"
     flags = " ".join(a for a in sys.argv[1:])
     load = os.getloadavg()[0]

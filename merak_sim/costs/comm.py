@@ -34,7 +34,7 @@ from typing import Any
 
 from merak_sim.costs.nccl import NcclTable
 from merak_sim.hardware import Cluster
-from merak_sim.layout import RankLayout
+from merak_sim.layout import RankLayout, node_of
 
 __all__ = ["COLLECTIVES", "PIPELINE_SENDS", "CostModelError", "clear_caches", "collective_time",
            "group_ranks", "group_shape", "inter_bandwidth_per_gpu", "measured_collectives",
@@ -53,7 +53,19 @@ def group_ranks(kind: str, config: Any, pp_rank: int = 0, dp_rank: int = 0,
                 tp_rank: int = 0) -> tuple[int, ...]:
     """Global ranks of the ``kind`` group ("tp", "dp", "pp", "tied") of ``config``'s
     :class:`~merak_sim.layout.RankLayout` containing the given coordinates."""
-    layout = RankLayout.of(config)
+    key = (config.dp, config.tp, config.pp, getattr(config, "cp", 1), pp_rank, dp_rank,
+           tp_rank)
+    if all(type(x) is int for x in key):
+        # Memoised on the values (a cost table asks for the same groups per stage);
+        # only plain ints, so a value the layout rejects is never answered from it.
+        return _group_ranks(kind, *key)
+    return _group_ranks.__wrapped__(kind, *key)
+
+
+@lru_cache(maxsize=65536)
+def _group_ranks(kind: str, dp: int, tp: int, pp: int, cp: int, pp_rank: int,
+                 dp_rank: int, tp_rank: int) -> tuple[int, ...]:
+    layout = RankLayout(dp, tp, pp, cp)
     try:
         return layout.group(kind, layout.rank(pp_rank, dp_rank, tp_rank))
     except ValueError as e:
@@ -97,8 +109,25 @@ def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: C
         if cluster.same_node(a, b):
             return cluster.intra.time(nbytes)
         return cluster.inter.latency_s + nbytes / inter_bandwidth_per_gpu(cluster, intra_table)
-    return _collective_cached(kind, float(nbytes), group_shape(ranks, cluster), cluster,
-                              intra_table)
+    # Identity memo in front of the value caches: a cost table prices the same group
+    # objects many times, and hashing a data-parallel group of thousands of ranks (and
+    # the cluster, and the measured table) costs more than the collective's formula.
+    # The entry holds the objects, so their ids cannot be reused while it lives; all
+    # three are immutable, so the same objects mean the same value.
+    key = (kind, nbytes, id(ranks), id(cluster), id(intra_table))
+    hit = _BY_IDENTITY.get(key)
+    if hit is not None and hit[0] is ranks and hit[1] is cluster and hit[2] is intra_table:
+        return hit[3]
+    t = _collective_cached(kind, float(nbytes), group_shape(ranks, cluster), cluster,
+                           intra_table)
+    if len(_BY_IDENTITY) >= _IDENTITY_SIZE:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[key] = (ranks, cluster, intra_table, t)
+    return t
+
+
+_BY_IDENTITY: dict[tuple, tuple] = {}
+_IDENTITY_SIZE = 65536
 
 
 def measured_collectives(table: NcclTable) -> Callable[..., float]:
@@ -129,9 +158,13 @@ def pipeline_send_time(mode: str, nbytes: float, src_tp: tuple[int, ...],
 def group_shape(ranks: tuple[int, ...], cluster: Cluster) -> tuple[int, int]:
     """(nodes the group spans, most of its GPUs in one node); memoised, since a
     planner prices the same data-parallel and shard groups for many tables."""
+    world, gpn = cluster.world_size, cluster.gpus_per_node
+    for r in ranks:
+        if not 0 <= r < world:
+            cluster.node_of(r)  # raises, naming the first rank outside the cluster
     per_node: dict[int, int] = {}
     for r in ranks:
-        n = cluster.node_of(r)
+        n = node_of(r, gpn)
         per_node[n] = per_node.get(n, 0) + 1
     return len(per_node), max(per_node.values())
 
@@ -185,6 +218,8 @@ def stage_placement(cluster: Cluster, dp: int, tp: int, pp: int, pp_rank: int,
 def clear_caches() -> None:
     """Empty the memoised collective times and stage placements (benchmarks time a
     cold cost model with it)."""
+    _BY_IDENTITY.clear()
+    _group_ranks.cache_clear()
     _collective_cached.cache_clear()
     stage_placement.cache_clear()
     group_shape.cache_clear()

@@ -52,8 +52,19 @@ def sync_groups(config: Any, pp_rank: int, tp_rank: int = 0
     """(sync group, shard group, replicate group) of global ranks of pipeline rank
     ``pp_rank`` (module docstring); the first shard group and the replicate group of
     its first rank."""
-    return _sync_groups(RankLayout.of(config), config.shard_group if config.zero else 0,
-                        pp_rank, tp_rank)
+    shard = config.shard_group if config.zero else 0
+    key = (config.dp, config.tp, config.pp, getattr(config, "cp", 1), shard, pp_rank, tp_rank)
+    if all(type(x) is int for x in key):
+        # Memoised on the values: a planner asks for the same groups per stage of
+        # every table (plain ints only, so a value the layout rejects still raises).
+        return _sync_groups_of(*key)
+    return _sync_groups(RankLayout.of(config), shard, pp_rank, tp_rank)
+
+
+@lru_cache(maxsize=4096)
+def _sync_groups_of(dp: int, tp: int, pp: int, cp: int, shard: int, pp_rank: int,
+                    tp_rank: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    return _sync_groups(RankLayout(dp, tp, pp, cp), shard, pp_rank, tp_rank)
 
 
 @lru_cache(maxsize=4096)

@@ -15,11 +15,33 @@ from merak_sim.schedule import SCHEDULES
 from .grid import rank_grid
 from .space import Candidate
 
-__all__ = ["lower_bound"]
+__all__ = ["lower_bound", "bound_parts"]
 
 
-def lower_bound(c: Candidate, arr: dict[str, np.ndarray]) -> float:
-    """Lower bound on the iteration time of ``c`` priced by ``arr`` (stage arrays).
+def bound_parts(arr: dict[str, np.ndarray], placement: str, num_stages: int,
+                virtual_stages: int) -> tuple:
+    """What :func:`lower_bound` reads of ``arr`` for one placement, whatever the
+    schedule, recompute policy and micro-batch count: the grid and the per-rank sums
+    (a planner bounds many candidates on one set of arrays)."""
+    S = num_stages
+    F, B, BI = arr["forward_s"], arr["backward_s"], arr["backward_input_s"]
+    grid = rank_grid(placement, S, virtual_stages)
+
+    def per_rank(x):
+        return x[grid].sum(axis=0)
+
+    prefix = np.concatenate([[0.0], np.cumsum(F[:S - 1])])
+    # Stages after rank r's deepest model stage (grid.max(axis=0)[r]).
+    rev = np.concatenate([np.cumsum(BI[::-1])[::-1][1:], [0.0]])  # sum over g' > g
+    chain = F.sum() + rev[grid.max(axis=0)]
+    return (per_rank(F), per_rank(B), per_rank(arr["recompute_s"]),
+            per_rank(arr["optimizer_s"]), per_rank(arr["grad_allreduce_s"]), prefix, chain)
+
+
+def lower_bound(c: Candidate, arr: dict[str, np.ndarray], parts: tuple | None = None
+                ) -> float:
+    """Lower bound on the iteration time of ``c`` priced by ``arr`` (stage arrays);
+    ``parts``: :func:`bound_parts` of ``arr`` for ``c``'s placement, when known.
 
     Per rank r, the larger of (a) the forward of one micro-batch through the model
     stages before r (r cannot start earlier) plus all of r's work, and (b) one
@@ -33,30 +55,22 @@ def lower_bound(c: Candidate, arr: dict[str, np.ndarray]) -> float:
     """
     S, v, M = c.pp, c.virtual_stages, c.microbatches
     spec = SCHEDULES[c.schedule]
-    F, B, BI = arr["forward_s"], arr["backward_s"], arr["backward_input_s"]
-
-    grid = rank_grid(spec.placement, S, v)
-
-    def per_rank(x):
-        return x[grid].sum(axis=0)
-
+    if parts is None:
+        parts = bound_parts(arr, spec.placement, S, v)
+    pF, pB, pR, p_opt, p_ar, prefix, chain = parts
     # With the DP synchronisation overlapped (overlap_param_gather) the gradient
     # reduction runs beside the backwards, so only the optimizer step must follow.
-    tail = per_rank(arr["optimizer_s"])
+    tail = p_opt
     if not c.overlap_param_gather:
-        tail = tail + per_rank(arr["grad_allreduce_s"])
-    bwd = M * per_rank(B)
-    fwd = M * per_rank(F)
+        tail = tail + p_ar
+    bwd = M * pB
+    fwd = M * pF
     if c.recompute == "full":
-        rc = M * np.minimum(per_rank(arr["recompute_s"]), per_rank(F))
+        rc = M * np.minimum(pR, pF)
         rc[sorted(spec.never_recompute(S))] = 0.0
         fwd = fwd + rc
         if not spec.explicit_recompute:
             bwd = bwd + rc
-    prefix = np.concatenate([[0.0], np.cumsum(F[:S - 1])])
-    a = prefix + fwd + M * per_rank(B) + tail
-    # Stages after rank r's deepest model stage (grid.max(axis=0)[r]).
-    rev = np.concatenate([np.cumsum(BI[::-1])[::-1][1:], [0.0]])  # sum over g' > g
-    chain = F.sum() + rev[grid.max(axis=0)]
+    a = prefix + fwd + M * pB + tail
     b = chain + bwd + tail
     return float(np.maximum(a, b).max()) * (1 - 1e-9)

@@ -39,34 +39,50 @@ def _value(cols: tuple[str, ...], r) -> str:
     return str(r[cols[0]])
 
 
-def _outcome(df, best_t: float) -> str:
-    """How the best of rows ``df`` (all with one alternative value) lost."""
-    ran = df[df.status.isin(_RAN)]
+class _Columns:
+    """The table's columns as numpy arrays, read once for every knob (a full space
+    has a million rows)."""
+
+    def __init__(self, priced, best) -> None:
+        self.df = priced
+        status = priced.status.to_numpy(dtype=object)
+        self.ran = np.isin(status, _RAN)
+        self.bounded = status == "bounded"
+        self.time = priced.time_s.to_numpy(dtype=float)
+        self.bound = priced.bound_s.to_numpy(dtype=float)
+        self.short = priced.shortfall_gib.to_numpy(dtype=float)
+        # Whether each row agrees with the best row, per field.
+        self.same = {f: (priced[f] == best[f]).to_numpy() for f in _FIELDS}
+
+
+def _outcome(cols: _Columns, idx: np.ndarray, best_t: float) -> str:
+    """How the best of rows ``idx`` (all with one alternative value) lost."""
+    ran = idx[cols.ran[idx]]
     if len(ran):
-        r = ran.loc[ran.time_s.idxmin()]
+        r = cols.df.iloc[int(ran[np.nanargmin(cols.time[ran])])]
         return (f"{(r.time_s / best_t - 1) * 100:.1f} % slower ({r.time_s:.3f} s, peak "
                 f"{r.peak_memory_gib:.1f} GiB)")
-    bd = df[df.status == "bounded"]
+    bd = idx[cols.bounded[idx]]
     if len(bd):
-        b = bd.bound_s.min()
+        b = np.nanmin(cols.bound[bd])
         return f"at least {(b / best_t - 1) * 100:.1f} % slower (bound {b:.3f} s; not simulated)"
-    mem = df[df.shortfall_gib.notna()]
+    mem = idx[~np.isnan(cols.short[idx])]
     if len(mem):
-        r = mem.loc[mem.shortfall_gib.idxmin()]
+        r = cols.df.iloc[int(mem[np.argmin(cols.short[mem])])]
         return f"does not fit ({r.reason})"
-    return str(df.iloc[0].reason) if len(df) else "not in the space"
+    return str(cols.df.iloc[int(idx[0])].reason) if len(idx) else "not in the space"
 
 
-def _neighbour(best, cols: tuple[str, ...], alt_rows) -> str:
+def _neighbour(cols: _Columns, knob: tuple[str, ...], idx: np.ndarray) -> str:
     """The outcome of the winning plan with only this knob changed, if it was priced."""
-    same = np.ones(len(alt_rows), dtype=bool)
+    same = np.ones(len(idx), dtype=bool)
     for f in _FIELDS:
-        if f not in cols:
-            same &= (alt_rows[f] == best[f]).to_numpy()
-    rows = alt_rows[same]
-    if not len(rows):
+        if f not in knob:
+            same &= cols.same[f][idx]
+    hit = idx[same]
+    if not len(hit):
         return ""
-    r = rows.iloc[0]
+    r = cols.df.iloc[int(hit[0])]
     if r.status in _RAN:
         return f"; same plan otherwise: {r.time_s:.3f} s, peak {r.peak_memory_gib:.1f} GiB"
     if r.status == "bounded":
@@ -79,17 +95,20 @@ def explain(table) -> list[str]:
     best = table.iloc[0]
     bt = float(best.time_s)
     priced = table[table.schedule != "-"]  # rows with a whole configuration
+    arrays = _Columns(priced, best)
     lines = []
     for label, cols in KNOBS:
         me = tuple(best[c] for c in cols)
         others = []
-        for val, grp in priced.groupby(list(cols), sort=True):
+        groups = priced.groupby(list(cols), sort=True).indices
+        for val in sorted(groups, key=lambda v: v if isinstance(v, tuple) else (v,)):
+            idx = np.asarray(groups[val])
             val = val if isinstance(val, tuple) else (val,)
             if tuple(val) == me:
                 continue
-            alt = _value(cols, grp.iloc[0])
-            others.append(f"{label}={alt}: {_outcome(grp, bt)}"
-                          + _neighbour(best, cols, grp))
+            alt = _value(cols, priced.iloc[int(idx[0])])
+            others.append(f"{label}={alt}: {_outcome(arrays, idx, bt)}"
+                          + _neighbour(arrays, cols, idx))
         if others:
             lines.append(f"{label}={_value(cols, best)} over " + "; ".join(others))
     return lines

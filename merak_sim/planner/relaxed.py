@@ -37,7 +37,7 @@ from merak_sim.partition import uniform
 from .space import Candidate
 from .templates import stage_arrays
 
-__all__ = ["RelaxedPricer", "relaxed_key", "admissible", "state_view", "TIME_FIELDS", "MEMORY_FIELDS"]
+__all__ = ["RelaxedPricer", "relaxed_key", "admissible", "TIME_FIELDS", "MEMORY_FIELDS"]
 
 #: Fields the time bound reads; the tail fields are zero in relaxed arrays.
 TIME_FIELDS = ("forward_s", "backward_s", "backward_input_s", "recompute_s")
@@ -70,6 +70,7 @@ class RelaxedPricer:
     capacity_bytes: float = field(default=0.0, init=False)
     _per_layer: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
     _arrays: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
+    _layers: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
 
     def _probe(self, key: tuple):
         if key in self._per_layer:
@@ -105,8 +106,10 @@ class RelaxedPricer:
                 fields = TIME_FIELDS + MEMORY_FIELDS + ("state_bytes", "weight_bytes",
                                                         "grad_bytes")
                 per = {f: arr[f][1] / n[1] for f in fields}
-                out = (per, {f: arr[f][0] - n[0] * per[f] for f in fields},
-                       {f: arr[f][2] - n[2] * per[f] for f in fields})
+                # As arrays over the fields: per layer, first-stage and last-stage extra.
+                out = (fields, np.array([per[f] for f in fields]),
+                       np.array([arr[f][0] - n[0] * per[f] for f in fields]),
+                       np.array([arr[f][2] - n[2] * per[f] for f in fields]))
         self._per_layer[key] = out
         return out
 
@@ -119,16 +122,16 @@ class RelaxedPricer:
         probe = self._probe(key)
         out = None
         if probe is not None:
-            per, first, last = probe
+            fields, per, first, last = probe
             n_st = c.pp * c.virtual_stages
-            n = np.array([e - s for s, e in uniform(self.model.layers, n_st).ranges],
-                         dtype=float)
-            out = {}
-            for f in per:
-                a = n * per[f]
-                a[0] += first[f]
-                a[-1] += last[f]
-                out[f] = a
+            n = self._layers.get(n_st)
+            if n is None:
+                n = self._layers[n_st] = np.array(
+                    [e - s for s, e in uniform(self.model.layers, n_st).ranges], dtype=float)
+            a = n[None, :] * per[:, None]
+            a[:, 0] += first
+            a[:, -1] += last
+            out = dict(zip(fields, a))
             zeros = np.zeros(n_st)
             # Model state each ZeRO stage keeps whole, whatever the shard group: 1
             # shards the optimizer, 2 the gradients too, 3 the weights too.
@@ -142,12 +145,6 @@ class RelaxedPricer:
             out["optimizer_s"] = zeros
         self._arrays[full] = out
         return out
-
-
-def state_view(relaxed: dict[str, np.ndarray], zero: int) -> dict[str, np.ndarray]:
-    """The relaxed arrays with ``state_bytes`` the state ZeRO stage ``zero`` keeps at
-    least (for :func:`~merak_sim.planner.screen.quick_memory`)."""
-    return {**relaxed, "state_bytes": relaxed["state_by_zero"][zero]}
 
 
 def admissible(relaxed: dict[str, np.ndarray], exact: dict[str, np.ndarray],

@@ -9,7 +9,6 @@ reason ("pruned: tp=3 does not divide 32 attention heads", "memory: stage 0 need
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -18,13 +17,13 @@ from merak_sim.config import ParallelConfig
 from merak_sim.plan import Plan
 
 from .explain import explain
-from .space import Candidate, SearchSpace
+from .rows import RowBook
+from .space import SearchSpace
 
-__all__ = ["GiB", "PlannerError", "NoFeasiblePlanError", "PlanResult", "row",
-           "ranked_table", "no_fit", "new_counts", "WIDE_TABLE"]
+__all__ = ["GiB", "PlannerError", "NoFeasiblePlanError", "PlanResult", "no_fit",
+           "new_counts", "WIDE_TABLE"]
 
 GiB = float(2**30)
-_STATUS_ORDER = {"best": 0, "confirmed": 1, "evaluated": 2, "bounded": 3, "pruned": 4}
 
 
 class PlannerError(ValueError):
@@ -48,45 +47,6 @@ def new_counts() -> dict[str, int]:
                 simulated=0, cost_tables=0, schedules=0)
 
 
-_ROW_KEYS = ("status", "time_s", "samples_per_s", "tokens_per_s", "mfu", "peak_memory_gib",
-             "dp", "tp", "pp", "virtual_stages", "micro_batch_size", "microbatches",
-             "schedule", "recompute", "recompute_fractions", "sequence_parallel",
-             "tp_overlap", "zero", "cp", "zero_group", "attention", "overlap_param_gather",
-             "bound_s", "engine", "reason", "shortfall_gib")
-
-
-def row(c: Candidate, status: str, reason: str, **values: Any) -> dict:
-    """One table row for candidate ``c`` (unknown figures NaN)."""
-    nan = np.nan
-    # zip over fixed keys: the planner builds one row per candidate (a million in a
-    # full 405B space), and this is the cheapest way to a dict in that key order.
-    d = dict(zip(_ROW_KEYS, (
-        status, nan, nan, nan, nan, nan, c.dp, c.tp, c.pp, c.virtual_stages,
-        c.micro_batch_size, c.microbatches, c.schedule, c.recompute, None,
-        c.sequence_parallel, c.tp_overlap, c.zero, c.cp, c.zero_group, c.attention,
-        c.overlap_param_gather, nan, "", reason, nan)))
-    if values:
-        d.update(values)
-    return d
-
-
-def ranked_table(rows: list[dict]):
-    """The rows as a pandas DataFrame: by status, then by time (or bound)."""
-    import pandas as pd
-
-    # Every row has row()'s keys: one column list per key builds the frame faster
-    # than records (a full space has a million rows).
-    cols = list(rows[0]) if rows else []
-    if all(len(r) == len(cols) for r in rows):
-        df = pd.DataFrame({k: list(map(itemgetter(k), rows)) for k in cols}, columns=cols)
-    else:
-        df = pd.DataFrame(rows)
-    df["_o"] = df.status.map(_STATUS_ORDER)
-    df["_t"] = df.time_s.fillna(df.bound_s).fillna(np.inf)
-    df = df.sort_values(["_o", "_t"], kind="stable").drop(columns=["_o", "_t"])
-    return df.reset_index(drop=True)
-
-
 def _describe(r: dict) -> str:
     s = (f"dp={r['dp']} tp={r['tp']} pp={r['pp']}"
          + (f" v={r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
@@ -108,10 +68,11 @@ def _describe(r: dict) -> str:
     return s
 
 
-def no_fit(model, cluster, gbs: int, rows: list[dict], space: SearchSpace
+def no_fit(model, cluster, gbs: int, rows: RowBook, space: SearchSpace
            ) -> NoFeasiblePlanError:
     """The error when nothing was evaluated: every candidate broke a rule, or the one
     closest to fitting and its shortfall."""
+    rows = list(rows.dicts())
     mem = [r for r in rows if not np.isnan(r["shortfall_gib"])]
     if not mem:
         reasons = sorted({r["reason"] for r in rows})[:3]
@@ -135,16 +96,23 @@ def _fmt(x, fmt: str) -> str:
 
 def _losers(df) -> list:
     """Up to two rows per way of losing (bounded, pruned), one per distinct reason."""
+    import pandas as pd
+
     extra = []
     for st in ("bounded", "pruned"):
-        seen = set()
-        for _, r in df[df.status == st].iterrows():
-            head = str(r.reason).split(" ")[0] + str(r.reason).split(":")[1][:12]
-            if head not in seen:
-                seen.add(head)
-                extra.append(r)
-            if len(seen) >= 2:
-                break
+        sub = df[df.status == st]
+        # The head of each distinct reason, in order of first appearance: the first
+        # row with a new head is the first row of the first reason that has it.
+        codes, uniq = pd.factorize(sub.reason.astype(str))
+        first = {}
+        for k, reason in enumerate(uniq):
+            head = reason.split(" ")[0] + reason.split(":")[1][:12]
+            if head not in first:
+                first[head] = k
+                if len(first) >= 2:
+                    break
+        pos = {k: int(np.argmax(codes == k)) for k in first.values()}
+        extra.extend(sub.iloc[pos[k]] for k in sorted(first.values()))
     return extra
 
 

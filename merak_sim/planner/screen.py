@@ -26,7 +26,8 @@ from .grid import rank_grid
 from .space import Candidate
 from .templates import MemoryTemplate, stage_arrays
 
-__all__ = ["Pricer", "Fit", "quick_memory", "fit_fractions"]
+__all__ = ["Pricer", "Fit", "quick_memory", "kept_one", "state_per_rank", "worst_excess",
+           "fit_fractions"]
 
 
 @dataclass
@@ -69,9 +70,10 @@ class Pricer:
             cp=c.cp, zero_group=c.zero_group, attention=c.attention, dtype=self.dtype)
 
 
-def quick_memory(c: Candidate, arr: dict[str, np.ndarray], cap: float) -> tuple[float, int]:
-    """(largest excess over capacity of one micro-batch at the cheapest checkpointing,
-    its rank): > 0 means the candidate cannot fit under any schedule."""
+def kept_one(c: Candidate, arr: dict[str, np.ndarray]) -> np.ndarray:
+    """Per rank, the largest activation bytes one micro-batch keeps on one chunk at the
+    cheapest checkpointing ``c``'s policy allows (what :func:`quick_memory` adds to
+    the model state)."""
     S, v = c.pp, c.virtual_stages
     grid = rank_grid(SCHEDULES[c.schedule].placement, S, v)
     frac = 0.0 if c.recompute in ("none", "selective") else 1.0
@@ -81,12 +83,34 @@ def quick_memory(c: Candidate, arr: dict[str, np.ndarray], cap: float) -> tuple[
         for s in SCHEDULES[c.schedule].never_recompute(S):
             for ch in range(v):
                 kept[grid[ch, s]] = arr["activation_bytes"][grid[ch, s]]
+    return kept[grid].max(axis=0)
+
+
+def state_per_rank(placement: str, num_stages: int, virtual_stages: int,
+                   state_bytes: np.ndarray) -> np.ndarray:
+    """Model-state bytes per rank: every chunk's ``state_bytes`` summed (along the
+    last axis, so rows of several ZeRO stages at once)."""
+    grid = rank_grid(placement, num_stages, virtual_stages)
+    return state_bytes[..., grid].sum(axis=-2)
+
+
+def worst_excess(need: np.ndarray, cap: float) -> tuple[np.ndarray, np.ndarray]:
+    """(largest excess of ``need`` over ``cap``, its rank) along the last axis (``need``:
+    one rank vector, or one per row)."""
+    r = np.argmax(need - cap, axis=-1)
+    if need.ndim == 1:
+        return need[r] - cap, r
+    return need[np.arange(len(need)), r] - cap, r
+
+
+def quick_memory(c: Candidate, arr: dict[str, np.ndarray], cap: float) -> tuple[float, int]:
+    """(largest excess over capacity of one micro-batch at the cheapest checkpointing,
+    its rank): > 0 means the candidate cannot fit under any schedule."""
     # One micro-batch alive on one chunk (the largest), plus every chunk's state.
-    state = arr["state_bytes"][grid].sum(axis=0)
-    one = kept[grid].max(axis=0)
-    need = state + one
-    r = int(np.argmax(need - cap))
-    return float(need[r] - cap), r
+    state = state_per_rank(SCHEDULES[c.schedule].placement, c.pp, c.virtual_stages,
+                           arr["state_bytes"])
+    ex, r = worst_excess(state + kept_one(c, arr), cap)
+    return float(ex), int(r)
 
 
 @dataclass(frozen=True)

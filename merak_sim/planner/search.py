@@ -10,7 +10,9 @@ Pipeline (each stage only looks at what survived the previous one):
    rebuilt from one probe table per (tp, cp, micro-batch, sequence parallelism, TP
    overlap, selective recompute, attention), without its own cost table: a memory
    lower bound (one micro-batch plus the model state its ZeRO stage keeps whole)
-   drops those that cannot fit, a time lower bound orders the rest.
+   drops those that cannot fit, a time lower bound orders the rest. The pass runs a
+   block of candidates at a time (:mod:`merak_sim.planner.sweep`), and the rows it
+   decides stay columnar (:class:`~merak_sim.planner.rows.RowBook`).
 3. Bound (:mod:`merak_sim.planner.bounds`): best first over two levels. The smallest
    relaxed bound left is priced exactly (:mod:`merak_sim.planner.screen`: its cost
    table, shared between candidates, and the exact one-micro-batch memory screen) and
@@ -49,10 +51,12 @@ from merak_sim.schedule import SCHEDULES, ScheduleError
 from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 
 from .bounds import lower_bound
-from .report import GiB, PlannerError, PlanResult, new_counts, no_fit, ranked_table, row
+from .report import GiB, PlannerError, PlanResult, new_counts, no_fit
+from .relaxed import RelaxedPricer, admissible
+from .rows import RowBook, ranked_table, row
 from .screen import Pricer, fit_fractions, quick_memory
-from .relaxed import RelaxedPricer, admissible, relaxed_key, state_view
-from .space import Candidate, SearchSpace, enumerate_candidates
+from .space import Block, Candidate, SearchSpace, candidate_blocks, enumerate_candidates
+from .sweep import Level0, bounded_reasons, relaxed_sweep
 from .templates import eval_template, memory_template
 
 __all__ = ["search"]
@@ -100,7 +104,7 @@ def _check_inputs(global_batch_size: int, top_k: int, memory_margin: float) -> N
         raise PlannerError(f"memory margin must lie in [0, 1), got {memory_margin}")
 
 
-def _rule_pruned(c: Candidate, rows: list[dict], counts: dict, prog: Progress) -> bool:
+def _rule_pruned(c: Candidate, rows: RowBook, counts: dict, prog: Progress) -> bool:
     """Record ``c`` as pruned when it breaks a rule (the work limit included)."""
     counts["considered"] += 1
     passes = c.pp * c.virtual_stages * c.microbatches
@@ -115,7 +119,7 @@ def _rule_pruned(c: Candidate, rows: list[dict], counts: dict, prog: Progress) -
     return False
 
 
-def _price(job: _Job, pricer: Pricer, c: Candidate, rows: list[dict], counts: dict,
+def _price(job: _Job, pricer: Pricer, c: Candidate, rows: RowBook, counts: dict,
            prog: Progress, bound: float = np.nan):
     """Exact cost table and quick memory screen of ``c``: (table, arrays) or None when
     it is pruned here (its row appended)."""
@@ -147,7 +151,7 @@ def _candidates(job: _Job, prog: Progress) -> list[Candidate]:
     return candidates
 
 
-def _screen(job: _Job, rows: list[dict], counts: dict, prog: Progress) -> list[tuple]:
+def _screen(job: _Job, rows: RowBook, counts: dict, prog: Progress) -> list[tuple]:
     """Stages 1-3 priced exactly for every candidate (the exhaustive search): the
     survivors as (bound, order, candidate, table, arrays) in visiting order. Every
     candidate dropped here advances ``prog``."""
@@ -166,7 +170,7 @@ def _screen(job: _Job, rows: list[dict], counts: dict, prog: Progress) -> list[t
     return live
 
 
-def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: list[dict],
+def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: RowBook,
                   counts: dict, seen: set) -> float | None:
     """Stage 4 for one candidate: exact memory, then the fast evaluator; appends its
     row and returns its time (None when it is pruned here)."""
@@ -221,7 +225,7 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: list[di
     return t
 
 
-def _bound_out(job: _Job, rest: list[tuple], kth: float, rows: list[dict],
+def _bound_out(job: _Job, rest: list[tuple], kth: float, rows: RowBook,
                counts: dict) -> None:
     """Rows for the candidates whose bound exceeds the K-th best time."""
     for b, _j, c, _t, _a in rest:
@@ -232,7 +236,7 @@ def _bound_out(job: _Job, rest: list[tuple], kth: float, rows: list[dict],
                         f"({kth:.3f} s); not simulated", bound_s=b))
 
 
-def _evaluate(job: _Job, live: list[tuple], rows: list[dict], counts: dict,
+def _evaluate(job: _Job, live: list[tuple], rows: RowBook, counts: dict,
               prog: Progress) -> list[tuple[float, int]]:
     """Stages 3-4: visit in bound order until the bound passes the top K; the
     (time, row index) of every evaluated candidate. Every candidate visited or
@@ -254,55 +258,31 @@ def _evaluate(job: _Job, live: list[tuple], rows: list[dict], counts: dict,
     return evaluated
 
 
-def _relaxed_entries(job: _Job, rp: RelaxedPricer, pricer: Pricer, rows: list[dict],
-                     counts: dict, prog: Progress) -> tuple[list[tuple], list[tuple]]:
-    """Stages 1-3 without exact tables: every candidate that breaks no rule and whose
-    relaxed memory fits, as (relaxed bound, order, candidate, relaxed arrays) sorted;
-    and, for a cost model the relaxation does not cover, exactly priced entries."""
-    level0, exact = [], []
-    bounds: dict[tuple, float] = {}
-    memory: dict[tuple, tuple] = {}
-    arrays: dict[tuple, Any] = {}
-    candidates = _candidates(job, prog)
-    for c in candidates:
+def _relaxed_entries(job: _Job, rp: RelaxedPricer, pricer: Pricer, rows: RowBook,
+                     counts: dict, prog: Progress) -> tuple[Level0, list[tuple]]:
+    """Stages 1-3 without exact tables (:func:`~merak_sim.planner.sweep.relaxed_sweep`):
+    every candidate that breaks no rule and whose relaxed memory fits, sorted by
+    relaxed bound; and, for a cost model the relaxation does not cover, exactly priced
+    entries (bound, order, candidate, table, arrays)."""
+    exact: list[tuple] = []
+
+    def one(c: Candidate) -> None:
         if _rule_pruned(c, rows, counts, prog):
-            continue
-        rk = relaxed_key(c)
-        akey = (rk, c.pp, c.virtual_stages)
-        arr = arrays[akey] if akey in arrays else arrays.setdefault(akey, rp.arrays(c))
-        if arr is None:
-            entry = _price(job, pricer, c, rows, counts, prog)
-            if entry is not None:
-                exact.append((lower_bound(c, entry[1]), len(exact), c, *entry))
-            continue
-        full = c.recompute == "full"
-        # Bounds and memory read the placement's grid; under full recompute also the
-        # schedule's never-recompute ranks and explicit re-forwards.
-        shape = (akey, c.recompute, c.schedule if full else SCHEDULES[c.schedule].placement)
-        mkey = (shape, c.zero)
-        if mkey not in memory:
-            memory[mkey] = quick_memory(c, state_view(arr, c.zero),
-                                        rp.capacity_bytes * (1 - job.memory_margin))
-        excess, r = memory[mkey]
-        if excess > 0:
-            cap = rp.capacity_bytes * (1 - job.memory_margin)
-            counts["pruned_memory"] += 1
-            rows.append(row(c, "pruned", f"memory: stage {r} needs {(excess + cap) / GiB:.1f} "
-                                         f"GiB for one micro-batch > {cap / GiB:.1f} GiB"
-                                         + (" (unsharded state alone)" if c.zero else ""),
-                            shortfall_gib=excess / GiB))
-            prog.advance()
-            continue
-        bkey = (shape, c.microbatches)
-        if bkey not in bounds:
-            bounds[bkey] = lower_bound(c, arr)
-        level0.append((bounds[bkey], len(level0), c, arr))
-    level0.sort(key=lambda x: (x[0], x[1]))
+            return
+        entry = _price(job, pricer, c, rows, counts, prog)
+        if entry is not None:
+            exact.append((lower_bound(c, entry[1]), len(exact), c, *entry))
+
+    items = list(candidate_blocks(job.model, job.cluster.world_size,
+                                  job.cluster.gpus_per_node, job.global_batch_size,
+                                  job.space))
+    prog.start(sum(len(x.variants) if isinstance(x, Block) else 1 for x in items))
+    level0 = relaxed_sweep(items, rp, job.memory_margin, rows, counts, prog, one)
     exact.sort(key=lambda x: (x[0], x[1]))
     return level0, exact
 
 
-def _best_first(job: _Job, rows: list[dict], counts: dict, prog: Progress
+def _best_first(job: _Job, rows: RowBook, counts: dict, prog: Progress
                 ) -> list[tuple[float, int]]:
     """Stages 2-4 as one best-first branch and bound over two levels of bounds: a
     candidate is priced exactly only once its relaxed bound
@@ -319,22 +299,24 @@ def _best_first(job: _Job, rows: list[dict], counts: dict, prog: Progress
     seen: set = set()
     admissible_so_far = True
     i, order, k = 0, len(heap), job.top_k
-    while i < len(level0) or heap:
+    n0 = len(level0)
+    while i < n0 or heap:
         kth = best_times[k - 1] if len(best_times) >= k else np.inf
         # A relaxed bound found below an exact one proves nothing: then every
         # candidate is priced before the search may stop.
-        nxt0 = (level0[i][0] if admissible_so_far else -np.inf) if i < len(level0) \
+        nxt0 = (float(level0.bounds[i]) if admissible_so_far else -np.inf) if i < n0 \
             else np.inf
         nxt1 = heap[0][0] if heap else np.inf
         if min(nxt0, nxt1) > kth:
             break
         if nxt0 <= nxt1:
-            b0, _j, c, rel = level0[i]
+            b0 = float(level0.bounds[i])
+            c = rows.block(int(level0.block_ids[i])).candidate(int(level0.positions[i]))
             i += 1
             entry = _price(job, pricer, c, rows, counts, prog, bound=b0)
             if entry is None:
                 continue
-            admissible_so_far &= admissible(rel, entry[1], c.zero)
+            admissible_so_far &= admissible(rp.arrays(c), entry[1], c.zero)
             heapq.heappush(heap, (lower_bound(c, entry[1]), order, c, *entry))
             order += 1
             continue
@@ -344,11 +326,14 @@ def _best_first(job: _Job, rows: list[dict], counts: dict, prog: Progress
         if t is not None:
             evaluated.append((t, len(rows) - 1))
             bisect.insort(best_times, t)
-    if i < len(level0) or heap:
+    if i < n0 or heap:
         kth = best_times[k - 1]
-        _bound_out(job, [(b, j, c, None, None) for b, j, c, _a in level0[i:]]
-                   + sorted(heap, key=lambda x: (x[0], x[1])), kth, rows, counts)
-        prog.advance(len(level0) - i + len(heap))
+        rest = level0.bounds[i:]
+        rows.extend(level0.block_ids[i:], level0.positions[i:], "bounded",
+                    bounded_reasons(rest, kth, k), bounds=rest)
+        counts["bounded"] += len(rest)
+        _bound_out(job, sorted(heap, key=lambda x: (x[0], x[1])), kth, rows, counts)
+        prog.advance(n0 - i + len(heap))
     counts["cost_tables"] = pricer.built + rp.probes
     return evaluated
 
@@ -360,7 +345,7 @@ def _simulate(job: _Job, cfg: ParallelConfig, engine: str):
                     keep_trace=False)
 
 
-def _confirm(job: _Job, top: list[tuple[float, int]], rows: list[dict], counts: dict):
+def _confirm(job: _Job, top: list[tuple[float, int]], rows: RowBook, counts: dict):
     """Stage 5: SimPy on the top K; (winning row index, its SimResult or None when
     none of them fits under SimPy)."""
     sims = []
@@ -382,7 +367,7 @@ def _confirm(job: _Job, top: list[tuple[float, int]], rows: list[dict], counts: 
     return idx, res
 
 
-def _crown(rows: list[dict], best_idx: int, confirmed: bool) -> None:
+def _crown(rows: RowBook, best_idx: int, confirmed: bool) -> None:
     """Mark the best row and say how much slower every other row that ran is."""
     best = rows[best_idx]
     best["status"] = "best"
@@ -452,7 +437,7 @@ def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | Non
                space or SearchSpace(),
                _default_cost_model() if cost_model is None else cost_model, memory_margin,
                top_k, exhaustive)
-    rows: list[dict] = []
+    rows = RowBook()
     counts = new_counts()
     label = f"planning {job.model.name} on {job.cluster.world_size} GPUs"
     with progress_reporter(progress, label) as prog:

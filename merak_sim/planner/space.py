@@ -33,7 +33,8 @@ from merak_sim.config import ATTENTIONS, RECOMPUTE_POLICIES, TP_OVERLAPS, ZERO_S
 from merak_sim.costs.ring import check_cp
 from merak_sim.schedule import SCHEDULES
 
-__all__ = ["SearchSpace", "Candidate", "enumerate_candidates", "SYSTEMS", "divisors"]
+__all__ = ["SearchSpace", "Candidate", "Block", "enumerate_candidates", "candidate_blocks",
+           "SYSTEMS", "divisors"]
 
 
 def divisors(n: int) -> list[int]:
@@ -196,11 +197,68 @@ def _collapse(values, applicable: bool, off):
     return (off,)
 
 
+#: One variant of a block: (recompute, sequence parallelism, TP overlap, ZeRO stage,
+#: shard group, attention, overlap of the DP synchronisation).
+Variant = tuple[str, bool, str, int, int, str, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Candidates sharing (dp, tp, pp, virtual stages, micro-batch, schedule, cp): the
+    product of their variants in enumeration order, so a large search handles them as
+    arrays instead of one object each.
+
+    ``variants`` is shared between blocks of one option set (intern it, do not copy);
+    ``rules`` maps (ZeRO stage, sequence parallelism) to the rule that prunes those
+    variants ("" when none).
+    """
+
+    dp: int
+    tp: int
+    pp: int
+    virtual_stages: int
+    micro_batch_size: int
+    microbatches: int
+    schedule: str
+    cp: int
+    variants: tuple[Variant, ...]
+    rules: tuple[tuple[tuple[int, bool], str], ...]
+
+    def candidate(self, i: int) -> Candidate:
+        """The ``i``-th candidate of the block."""
+        rc, sp, ov, z, zg, att, odp = self.variants[i]
+        return Candidate(self.dp, self.tp, self.pp, self.virtual_stages,
+                         self.micro_batch_size, self.microbatches, self.schedule, rc, sp, ov,
+                         z, dict(self.rules)[z, sp], self.cp, zg, att, odp)
+
+    def candidates(self) -> Iterator[Candidate]:
+        """Every candidate of the block, in enumeration order."""
+        rules = dict(self.rules)
+        for rc, sp, ov, z, zg, att, odp in self.variants:
+            # Positional, in field order (pruned, cp, zero_group, attention, overlap).
+            yield Candidate(self.dp, self.tp, self.pp, self.virtual_stages,
+                            self.micro_batch_size, self.microbatches, self.schedule, rc, sp,
+                            ov, z, rules[z, sp], self.cp, zg, att, odp)
+
+
 def enumerate_candidates(model, gpus: int, gpus_per_node: int, global_batch_size: int,
                          space: SearchSpace) -> Iterator[Candidate]:
     """Every candidate of ``space`` for ``model`` on ``gpus`` GPUs, those breaking a
     divisibility rule included (with ``pruned`` set) so reports can say why they lost."""
+    for item in candidate_blocks(model, gpus, gpus_per_node, global_batch_size, space):
+        if isinstance(item, Block):
+            yield from item.candidates()
+        else:
+            yield item
+
+
+def candidate_blocks(model, gpus: int, gpus_per_node: int, global_batch_size: int,
+                     space: SearchSpace) -> Iterator[Candidate | Block]:
+    """:func:`enumerate_candidates` grouped: the candidates pruned before a block is
+    formed (a degree or batch rule) one by one, the rest as :class:`Block` values, in
+    the same order."""
     tps = space.tp if space.tp is not None else tuple(divisors(gpus_per_node))
+    interned: dict[tuple, tuple[Variant, ...]] = {}
     for tp in tps:
         try:
             if gpus % tp or gpus_per_node % tp:
@@ -210,11 +268,11 @@ def enumerate_candidates(model, gpus: int, gpus_per_node: int, global_batch_size
             yield Candidate(0, tp, 0, 1, 0, 0, "-", "-", False, "none", 0, pruned=str(e))
             continue
         for cp in space.cp:
-            yield from _with_cp(model, gpus, tp, cp, global_batch_size, space)
+            yield from _with_cp(model, gpus, tp, cp, global_batch_size, space, interned)
 
 
 def _with_cp(model, gpus: int, tp: int, cp: int, global_batch_size: int,
-             space: SearchSpace) -> Iterator[Candidate]:
+             space: SearchSpace, interned: dict) -> Iterator[Candidate | Block]:
     """The candidates of one (tp, cp) pair."""
     try:
         if (gpus // tp) % cp:
@@ -262,10 +320,10 @@ def _with_cp(model, gpus: int, tp: int, cp: int, global_batch_size: int,
                 spec = SCHEDULES[sched]
                 vs = space.virtual_stages if spec.interleaved else (1,)
                 for v in vs:
-                    yield from _variants(model, dp, tp, pp, v, mbs, M, sched, space, cp)
+                    yield _block(model, dp, tp, pp, v, mbs, M, sched, space, cp, interned)
 
 
-def _variants(model, dp, tp, pp, v, mbs, M, sched, space, cp=1) -> Iterator[Candidate]:
+def _block(model, dp, tp, pp, v, mbs, M, sched, space, cp, interned: dict) -> Block:
     spec = SCHEDULES[sched]
     if pp * v > model.layers:
         rule = f"pp={pp} x virtual stages {v} exceeds the model's {model.layers} layers"
@@ -282,10 +340,14 @@ def _variants(model, dp, tp, pp, v, mbs, M, sched, space, cp=1) -> Iterator[Cand
             if g == 0 or (g < dp * cp and (dp * cp) % g == 0)))
         zgs.extend((z, zg) for zg in groups or (0,))
     odps = _collapse(space.overlap_param_gather, dp * cp > 1, False)
+    excluded = tuple(((z, sp), space.exclude(sched, z, sp) if space.exclude and not rule
+                      else rule) for z in dict.fromkeys(z for z, _ in zgs) for sp in sps)
     # Recompute outermost, the attention and DP overlap innermost: the row order.
-    excluded = {(z, sp): space.exclude(sched, z, sp) if space.exclude and not rule else rule
-                for z, _ in zgs for sp in sps}
-    for rc, sp, ov, (z, zg), att, odp in product(rcs, sps, ovs, zgs, space.attention, odps):
-        # Positional, in field order (pruned, cp, zero_group, attention, overlap).
-        yield Candidate(dp, tp, pp, v, mbs, M, sched, rc, sp, ov, z, excluded[z, sp], cp, zg,
-                        att, odp)
+    key = (rcs, sps, ovs, tuple(zgs), space.attention, odps)
+    variants = interned.get(key)
+    if variants is None:
+        variants = interned[key] = tuple(
+            (rc, sp, ov, z, zg, att, odp)
+            for rc, sp, ov, (z, zg), att, odp in product(rcs, sps, ovs, zgs, space.attention,
+                                                        odps))
+    return Block(dp, tp, pp, v, mbs, M, sched, cp, variants, excluded)

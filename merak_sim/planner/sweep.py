@@ -1,0 +1,306 @@
+"""The relaxed pass over a whole space, a block of candidates at a time.
+
+A full 405B space has a million candidates, but only a few thousand blocks
+(:class:`~merak_sim.planner.space.Block`: one (dp, tp, pp, virtual stages,
+micro-batch, schedule, cp) with the product of its variants), and inside a block
+what the relaxed pass reads depends on few fields:
+
+- the rule that prunes a variant: its (ZeRO stage, sequence parallelism) and the
+  block's work (pp x v x micro-batches);
+- its relaxed arrays (:class:`~merak_sim.planner.relaxed.RelaxedPricer`): sequence
+  parallelism, TP overlap, selective recompute, attention;
+- its one-micro-batch memory screen: those, the recompute policy (with the schedule
+  under full recompute, else its placement) and the ZeRO stage;
+- its lower bound (:func:`~merak_sim.planner.bounds.lower_bound`): the same without
+  the ZeRO stage, and without the policy except whether it is full recompute (the
+  relaxed arrays have no tail, so the DP overlap does not enter either).
+
+So :func:`relaxed_sweep` prices each distinct value once, with the same functions
+and the same arguments as one candidate at a time, and spreads the results over the
+block's variants with numpy; the rows it decides (pruned by a rule or by memory) go
+into the :class:`~merak_sim.planner.rows.RowBook` as chunks, in enumeration order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from merak_sim.progress import WORK_LIMIT, Progress
+from merak_sim.schedule import SCHEDULES
+
+from .bounds import bound_parts, lower_bound
+from .relaxed import RelaxedPricer
+from .rows import RowBook
+from .screen import kept_one, state_per_rank, worst_excess
+from .space import Block, Candidate
+
+__all__ = ["Level0", "relaxed_sweep", "bounded_reasons"]
+
+_GiB = float(2**30)
+
+
+@dataclass(frozen=True)
+class Level0:
+    """The candidates that passed the relaxed pass, sorted by (relaxed bound,
+    enumeration order): ``book.block(block_ids[j]).candidate(positions[j])`` has bound
+    ``bounds[j]``."""
+
+    block_ids: np.ndarray
+    positions: np.ndarray
+    bounds: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+
+@dataclass(frozen=True)
+class _Index:
+    """Per variant set: the distinct keys each quantity depends on, and per variant
+    the index of its key (module docstring). A *shape* is (relaxed key, recompute
+    policy): what the memory screen reads besides the ZeRO stage."""
+
+    rule: tuple[tuple[int, bool], ...]
+    rule_idx: np.ndarray
+    relaxed: tuple[tuple, ...]
+    relaxed_idx: np.ndarray
+    shape: tuple[tuple[int, str], ...]
+    shape_idx: np.ndarray
+    zero: np.ndarray
+    first: dict[tuple, int]
+
+
+def _distinct(keys: list[tuple]) -> tuple[tuple[tuple, ...], np.ndarray]:
+    uniq: dict[tuple, int] = {}
+    idx = np.array([uniq.setdefault(k, len(uniq)) for k in keys], dtype=np.int64)
+    return tuple(uniq), idx
+
+
+def _index(variants: tuple) -> _Index:
+    rule, rule_idx = _distinct([(z, sp) for _rc, sp, _ov, z, _zg, _att, _o in variants])
+    relaxed, relaxed_idx = _distinct([(sp, ov, rc == "selective", att)
+                                      for rc, sp, ov, _z, _zg, att, _o in variants])
+    shape, shape_idx = _distinct([(int(r), v[0]) for r, v in zip(relaxed_idx, variants)])
+    first: dict[tuple, int] = {}
+    for i, v in enumerate(variants):
+        r = int(relaxed_idx[i])
+        first.setdefault((r,), i)
+        first.setdefault((r, v[0]), i)
+    return _Index(rule, rule_idx, relaxed, relaxed_idx, shape, shape_idx,
+                  np.array([v[3] for v in variants], dtype=np.int64), first)
+
+
+@dataclass
+class _Memo:
+    """What the sweep has priced, shared by every block of one search."""
+
+    rp: RelaxedPricer
+    margin: float
+    arrays: dict = field(default_factory=dict)
+    parts: dict = field(default_factory=dict)
+    states: dict = field(default_factory=dict)
+    screens: dict = field(default_factory=dict)
+    bounds: dict = field(default_factory=dict)
+    reasons: dict = field(default_factory=dict)
+    blocks: dict = field(default_factory=dict)
+
+    def relaxed(self, b: Block, key: tuple, c_at) -> tuple:
+        """(array key, relaxed arrays or None) of relaxed key ``key`` in ``b``."""
+        sp, ov, sel, att = key
+        akey = ((b.tp, b.cp, b.micro_batch_size, sp, ov, sel, att), b.pp, b.virtual_stages)
+        if akey not in self.arrays:
+            self.arrays[akey] = self.rp.arrays(c_at())
+        return akey, self.arrays[akey]
+
+    def screen(self, skey: tuple, arr: dict, c: Candidate) -> tuple[np.ndarray, np.ndarray]:
+        """(excess, rank) per ZeRO stage of the one-micro-batch screen of shape
+        ``skey``: :func:`~merak_sim.planner.screen.quick_memory` for every ZeRO stage
+        at once (the kept activations do not depend on it)."""
+        got = self.screens.get(skey)
+        if got is None:
+            placement = SCHEDULES[c.schedule].placement
+            st = (skey[0], placement)
+            if st not in self.states:
+                self.states[st] = state_per_rank(placement, c.pp, c.virtual_stages,
+                                                 np.stack(arr["state_by_zero"]))
+            got = self.screens[skey] = worst_excess(self.states[st] + kept_one(c, arr),
+                                                    self.capacity())
+        return got
+
+    def bound(self, bkey: tuple, arr: dict, c: Candidate) -> float:
+        """The relaxed lower bound of ``c`` (cached under ``bkey``)."""
+        got = self.bounds.get(bkey)
+        if got is None:
+            placement = SCHEDULES[c.schedule].placement
+            pkey = (bkey[0], placement)
+            if pkey not in self.parts:
+                self.parts[pkey] = bound_parts(arr, placement, c.pp, c.virtual_stages)
+            got = self.bounds[bkey] = lower_bound(c, arr, self.parts[pkey])
+        return got
+
+    def capacity(self) -> float:
+        """Usable bytes per GPU (the probes' capacity: known once one is priced)."""
+        return self.rp.capacity_bytes * (1 - self.margin)
+
+    def reason(self, skey: tuple, z: int) -> str:
+        """The memory-pruned reason of shape ``skey`` at ZeRO ``z``."""
+        got = self.reasons.get((skey, z))
+        if got is None:
+            ex, r = self.screens[skey]
+            cap = self.capacity()
+            got = self.reasons[skey, z] = (
+                f"memory: stage {int(r[z])} needs {(float(ex[z]) + cap) / _GiB:.1f} GiB "
+                f"for one micro-batch > {cap / _GiB:.1f} GiB"
+                + (" (unsharded state alone)" if z else ""))
+        return got
+
+
+def relaxed_sweep(items: Iterable[Candidate | Block], rp: RelaxedPricer, margin: float,
+                  rows: RowBook, counts: dict, prog: Progress,
+                  one: Callable[[Candidate], None]) -> Level0:
+    """Relax every candidate of ``items`` (module docstring): rule and memory pruned
+    rows into ``rows``, the rest returned sorted by bound. ``one`` takes each
+    candidate the pass does not handle itself (those pruned before a block forms, and
+    those whose relaxed arrays the cost model cannot give), in enumeration order;
+    ``margin`` the fraction of GPU memory kept free."""
+    indices: dict[int, _Index] = {}
+    memo = _Memo(rp, margin)
+    live_b, live_p, live_v = [], [], []
+    for item in items:
+        if not isinstance(item, Block):
+            one(item)
+            continue
+        b = item
+        ix = indices.get(id(b.variants))
+        if ix is None:
+            ix = indices[id(b.variants)] = _index(b.variants)
+        n = len(b.variants)
+        counts["considered"] += n
+        rules = dict(b.rules)
+        passes = b.pp * b.virtual_stages * b.microbatches
+        limit = (f"{passes:,} micro-batch passes (pp x v x micro-batches) exceed the work "
+                 f"limit of {WORK_LIMIT:,}") if passes > WORK_LIMIT else ""
+        rule_of = [rules[k] or limit for k in ix.rule]
+        ruled = np.array([bool(r) for r in rule_of])[ix.rule_idx]
+        reason = np.array([f"pruned: {r}" for r in rule_of] + [None],
+                          dtype=object)[:-1][ix.rule_idx]
+        kind = ruled.astype(np.int8)  # 0: live, 1: pruned, 2: handed to ``one``
+        short = np.full(n, np.nan)
+        bound = _relax_block(b, ix, memo, kind, reason, short) if not ruled.all() else short
+        _emit(b, rows, kind, reason, short, counts, prog, one)
+        live = np.nonzero(kind == 0)[0]
+        if len(live):
+            live_b.append(np.full(len(live), rows.block_id(b), dtype=np.int64))
+            live_p.append(live)
+            live_v.append(bound[live])
+    if not live_v:
+        e = np.zeros(0)
+        return Level0(e.astype(np.int64), e.astype(np.int64), e)
+    bids, pos, bvals = (np.concatenate(live_b), np.concatenate(live_p),
+                        np.concatenate(live_v))
+    order = np.argsort(bvals, kind="stable")
+    return Level0(bids[order], pos[order], bvals[order])
+
+
+def _relax_block(b: Block, ix: _Index, memo: _Memo, kind: np.ndarray,
+                 reason: np.ndarray, short: np.ndarray) -> np.ndarray:
+    """Relaxed bound per variant of ``b``; marks in ``kind`` / ``reason`` / ``short``
+    (GiB) the variants memory prunes (1) and those without relaxed arrays (2)."""
+    free = kind == 0
+    spec = SCHEDULES[b.schedule]
+    # What the bound and the screen read of the schedule: blocks of schedules alike in
+    # it (and in everything else) get the same values.
+    sched = (spec.placement, spec.never_recompute(b.pp), spec.explicit_recompute)
+    key = (b.tp, b.cp, b.pp, b.virtual_stages, b.micro_batch_size, sched, id(b.variants),
+           free.tobytes())
+    got = memo.blocks.get(key)
+    if got is None:
+        none, ex, bound, skeys = _block_values(b, ix, memo, free, sched)
+        handed = none & free
+        over = free & ~handed & (ex > 0)
+        text = np.empty(len(ex), dtype=object)
+        if over.any():
+            # One reason per distinct (shape, ZeRO stage), spread over its variants.
+            code = ix.shape_idx * 4 + ix.zero
+            uniq, inv = np.unique(code[over], return_inverse=True)
+            once = np.empty(len(uniq), dtype=object)
+            for u, k in enumerate(uniq.tolist()):
+                once[u] = memo.reason(skeys[k // 4], k % 4)
+            text[over] = once[inv]
+        got = memo.blocks[key] = (handed, over, text[over], ex[over] / _GiB, bound)
+    handed, over, text, gib, bound = got
+    kind[handed] = 2
+    kind[over] = 1
+    reason[over] = text
+    short[over] = gib
+    return bound
+
+
+def _block_values(b: Block, ix: _Index, memo: _Memo, free: np.ndarray, sched: tuple
+                  ) -> tuple:
+    """(no relaxed arrays, one-micro-batch excess, relaxed bound) per variant of ``b``,
+    and the screen key of each shape, for the variants ``free`` (others NaN)."""
+    # Only keys some unpruned variant reads: a probe is a cost table.
+    need = set(ix.relaxed_idx[free].tolist())
+    rel = [memo.relaxed(b, key, lambda j=j: b.candidate(ix.first[(j,)])) if j in need
+           else (None, None) for j, key in enumerate(ix.relaxed)]
+    n_sh = len(ix.shape)
+    excess = np.full((n_sh, 4), np.nan)
+    bound = np.full(n_sh, np.nan)
+    skeys: list[tuple | None] = [None] * n_sh
+    for s_i in set(ix.shape_idx[free].tolist()):
+        j, rc = ix.shape[s_i]
+        akey, arr = rel[j]
+        if arr is None:
+            continue
+        full = rc == "full"
+        # Full recompute reads the schedule's never-recompute ranks and explicit
+        # re-forwards; the other policies only its placement.
+        where = sched if full else sched[0]
+        c = None
+        skey = skeys[s_i] = (akey, rc, where)
+        if skey not in memo.screens:
+            c = b.candidate(ix.first[(j, rc)])
+        excess[s_i] = memo.screen(skey, arr, c)[0]
+        bkey = (akey, full, where)
+        if bkey not in memo.bounds and c is None:
+            c = b.candidate(ix.first[(j, rc)])
+        bound[s_i] = memo.bound(bkey, arr, c)
+    none = np.array([a is None for _k, a in rel])[ix.relaxed_idx]
+    return none, excess[ix.shape_idx, ix.zero], bound[ix.shape_idx], skeys
+
+
+def _emit(b: Block, rows: RowBook, kind: np.ndarray, reason: np.ndarray,
+          short: np.ndarray, counts: dict, prog: Progress,
+          one: Callable[[Candidate], None]) -> None:
+    """The block's pruned rows in order, handing kind-2 candidates to ``one`` where
+    they fall."""
+    bid = rows.block_id(b)
+    handed = np.nonzero(kind == 2)[0].tolist()
+    start = 0
+    for stop in handed + [len(kind)]:
+        pruned = np.nonzero(kind[start:stop] == 1)[0] + start
+        if len(pruned):
+            rows.extend(np.full(len(pruned), bid), pruned, "pruned", reason[pruned],
+                        shortfalls=short[pruned])
+            ruled = int(np.isnan(short[pruned]).sum())
+            counts["pruned_rule"] += ruled
+            counts["pruned_memory"] += len(pruned) - ruled
+            prog.advance(len(pruned))
+        if stop < len(kind):
+            counts["considered"] -= 1  # ``one`` counts it again
+            one(b.candidate(int(stop)))
+        start = stop + 1
+
+
+def bounded_reasons(bounds: np.ndarray, kth: float, top_k: int) -> np.ndarray:
+    """The "bounded" reason of each bound (formatted once per distinct value)."""
+    uniq, inv = np.unique(bounds, return_inverse=True)
+    text = np.empty(len(uniq), dtype=object)
+    for j, b in enumerate(uniq.tolist()):
+        text[j] = (f"bounded: busiest rank alone needs {b:.3f} s, "
+                   f"{(b / kth - 1) * 100:.1f} % above the top-{top_k} cut "
+                   f"({kth:.3f} s); not simulated")
+    return text[inv]
