@@ -22,6 +22,7 @@ from merak_sim.hardware import get_cluster
 from merak_sim.memory import (
     FLASH,
     TORCHTITAN,
+    TORCHTITAN_COMPILED,
     TORCHTITAN_COMPILED_LOSS,
     ActivationProfile,
     MemoryModelError,
@@ -37,6 +38,7 @@ from merak_sim.runtime_memory import (
     runtime_memory_bytes,
     usable_memory_bytes,
 )
+from merak_sim.sim.api import simulate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "public-runs"
 GiB = 1 << 30
@@ -70,6 +72,41 @@ def test_alternate_mm_under_tp_keeps_w2_partial_sums_and_reduce_scatter_outputs(
     got = alternate_mm_layer_bytes(m, 1, tp=t, sp=True, profile=TORCHTITAN)
     assert got == pytest.approx(m.seq_len * per_tok)
     assert got < layer_activation_bytes(m, 1, t, True, "none", TORCHTITAN)
+
+
+def test_compiled_selective_checkpointing_drops_what_no_backward_reads():
+    # Eager SAC caches every saved op's output; the compiled partitioner keeps only what
+    # the backward graph reads: not the w2 output, not the MLP's reduce-scatter output.
+    m8, m70 = get_model("llama3-8b"), get_model("llama3-70b")
+    e, t = 2, 8
+    tok = 2 * m8.seq_len
+    assert alternate_mm_layer_bytes(m8, 2, profile=TORCHTITAN) - \
+        alternate_mm_layer_bytes(m8, 2, profile=TORCHTITAN_COMPILED) == \
+        pytest.approx(tok * e * m8.hidden)
+    h = m70.hidden
+    assert alternate_mm_layer_bytes(m70, 1, t, True, TORCHTITAN) - \
+        alternate_mm_layer_bytes(m70, 1, t, True, TORCHTITAN_COMPILED) == \
+        pytest.approx(m70.seq_len * (e * h + e * h / t))
+    assert alternate_mm_layer_bytes(m8, 2, profile=TORCHTITAN_COMPILED_LOSS) == \
+        alternate_mm_layer_bytes(m8, 2, profile=TORCHTITAN_COMPILED)
+
+
+def test_eager_minus_compiled_peak_is_the_cached_w2_outputs():
+    # torchtitan's 2024 H100 pair (Llama 3.1 8B, FSDP 8, same run but torch.compile):
+    # the predicted difference is one w2 output per layer per token.
+    rows = _rows("torchtitan.csv", source_path="202412", precision="bf16", num_gpus="8")
+    eager = [r for r in rows if "compile" not in r["other_flags"]][0]
+    comp = [r for r in rows if "torch.compile" in r["other_flags"]][0]
+    peaks = []
+    for r in (eager, comp):
+        model, cluster, cfg = row_setup(r)
+        cm = AnalyticCostModel().with_profile(activation_profile(r))
+        res = simulate(model, cluster, cfg, cost_model=cm, engine="evaluator",
+                       sub_cluster=True, keep_trace=False)
+        peaks.append(comparable_peak_bytes(r, model, cluster, cfg, res.peak_memory_bytes))
+    tok = cfg.micro_batch_size * model.seq_len
+    assert peaks[0] - peaks[1] == pytest.approx(model.layers * tok * 2 * model.hidden,
+                                                rel=1e-6)
 
 
 def test_alternate_mm_backward_rebuilds_what_it_did_not_keep():
@@ -141,7 +178,11 @@ def test_with_profile_changes_the_stash_and_nothing_else():
 def test_public_rows_map_to_torchtitan_profiles_by_release():
     dec24 = _rows("torchtitan.csv", source_path="202412", other_flags="torch.compile")[0]
     jun25 = _rows("torchtitan.csv", source_path="202506")[0]
-    assert activation_profile(dec24) is TORCHTITAN  # 2024: the loss ran eager
+    assert activation_profile(dec24) is TORCHTITAN_COMPILED  # 2024: the loss ran eager
+    assert TORCHTITAN_COMPILED.loss == TORCHTITAN.loss
+    eager = [r for r in _rows("torchtitan.csv", source_path="202412", precision="bf16")
+             if "compile" not in r["other_flags"]][0]
+    assert activation_profile(eager) is TORCHTITAN
     assert activation_profile(jun25) is TORCHTITAN_COMPILED_LOSS
     assert activation_profile(_rows("sailor.csv")[0]) is None
 
