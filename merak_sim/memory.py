@@ -84,9 +84,13 @@ against all keys).
 Stage extras: the first stage keeps the embedding-dropout mask and the token (and
 position) ids, the last stage the
 final-norm input, the LM-head input and the fp32 logits (4V/t bytes per token) that the
-cross entropy keeps (Korthikanti et al., Sec. 4.3). Merak's F* keeps only the stage
-input (e*h per token; /t with sp). The number of micro-batches alive per rank comes from
-the schedule (:func:`peak_memory`), never from a formula.
+cross entropy keeps (Korthikanti et al., Sec. 4.3). A final RMSNorm run as eager ops
+(``ActivationProfile.eager_final_norm``: torchtitan compiles each transformer block, not
+the final norm) keeps its fp32 upcast of the input (``pow`` and ``mul`` save it,
+PyTorch's derivatives.yaml) and the normalised 16-bit tensor the weight ``mul`` saves,
+(4 + e)h per token (/t with sp), where a fused norm keeps its 16-bit input, eh. Merak's
+F* keeps only the stage input (e*h per token; /t with sp). The number of micro-batches
+alive per rank comes from the schedule (:func:`peak_memory`), never from a formula.
 """
 
 from __future__ import annotations
@@ -147,6 +151,8 @@ class ActivationProfile:
             backward formula reads (the w2 output, under TP the MLP's reduce-scatter
             output), as eager selective checkpointing caches them; False: compiled,
             the partitioner keeps only what the backward graph reads (module docstring).
+        eager_final_norm: the final RMSNorm runs as eager ops and keeps its fp32 upcast
+            input beside the normalised tensor (module docstring, stage extras).
     """
 
     name: str
@@ -160,6 +166,7 @@ class ActivationProfile:
     loss: str = "fp32-log-softmax"
     sp_saves_gathered: bool = False
     saves_unread: bool = True
+    eager_final_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.selective not in SELECTIVE_POLICIES:
@@ -183,12 +190,16 @@ CPU_EAGER_HF_GPT2 = ActivationProfile("cpu-eager-hf-gpt2", act_bytes=4, mask_byt
                                       norm_stats_bytes=8, math_sdpa_keeps_fused_qkv=True)
 #: torchtitan (flash attention, op-level selective checkpointing): eager (no
 #: ``--compile``); compiled blocks with the eager loss (its 2024 releases compiled each
-#: transformer block only); blocks and loss compiled (its releases since 2025).
+#: transformer block only, the final norm ran as PyTorch 2.6's decomposed ops); blocks
+#: and loss compiled (its releases since 2025, on a PyTorch whose RMSNorm kernel is not
+#: known here: the final norm is priced fused).
 TORCHTITAN = ActivationProfile("torchtitan", attention="flash", selective="alternate-mm",
-                               loss="fp32-loss-parallel", sp_saves_gathered=True)
+                               loss="fp32-loss-parallel", sp_saves_gathered=True,
+                               eager_final_norm=True)
 TORCHTITAN_COMPILED = ActivationProfile("torchtitan-compiled", attention="flash",
                                         selective="alternate-mm", loss="fp32-loss-parallel",
-                                        sp_saves_gathered=True, saves_unread=False)
+                                        sp_saves_gathered=True, saves_unread=False,
+                                        eager_final_norm=True)
 TORCHTITAN_COMPILED_LOSS = ActivationProfile("torchtitan-compiled-loss", attention="flash",
                                              selective="alternate-mm", loss="fused",
                                              sp_saves_gathered=True, saves_unread=False)
@@ -335,12 +346,15 @@ def last_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: 
                            dtype: str | None = None, cp: int = 1) -> float:
     """LM head activations on the last stage: final-norm input and output (2eh, /t
     with sp; the output all-gathered with ``sp_saves_gathered``) and the logits the
-    cross entropy keeps, per token: fp32 (4V/t), or 16-bit (eV/t) with a fused loss."""
+    cross entropy keeps, per token: fp32 (4V/t), or 16-bit (eV/t) with a fused loss;
+    an eager final norm also its fp32 upcast input (4h, /t with sp)."""
     e = _e(model, profile, dtype)
     tok = micro_batch * model.seq_len / cp if cp > 1 else micro_batch * model.seq_len
     logits = e if profile.loss == "fused" else 4
     norm = (2 * e * model.hidden / (tp if sp else 1) if not (sp and profile.sp_saves_gathered)
             else e * model.hidden * (1 + 1 / tp))
+    if profile.eager_final_norm:
+        norm += 4 * model.hidden / (tp if sp else 1)
     return float(tok * (norm + logits * model.vocab / tp))
 
 

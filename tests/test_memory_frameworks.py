@@ -5,6 +5,7 @@ device-level reading)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,20 @@ def test_eager_minus_compiled_peak_is_the_cached_w2_outputs():
                                                 rel=1e-6)
 
 
+def test_eager_final_norm_keeps_its_fp32_upcast_input():
+    # pow and mul save the fp32 copy of the input; the weight mul the normalised tensor.
+    m = get_model("llama3-8b")
+    tok, h, t = m.seq_len, m.hidden, 8
+    assert last_stage_extra_bytes(m, 1, profile=TORCHTITAN_COMPILED) - \
+        last_stage_extra_bytes(m, 1, profile=replace(TORCHTITAN_COMPILED,
+                                                     eager_final_norm=False)) == \
+        pytest.approx(tok * 4 * h)
+    assert last_stage_extra_bytes(m, 1, t, True, TORCHTITAN) - \
+        last_stage_extra_bytes(m, 1, t, True, replace(TORCHTITAN, eager_final_norm=False)) \
+        == pytest.approx(tok * 4 * h / t)
+    assert not TORCHTITAN_COMPILED_LOSS.eager_final_norm and not FLASH.eager_final_norm
+
+
 def test_alternate_mm_backward_rebuilds_what_it_did_not_keep():
     m = get_model("llama3-8b")
     none = layer_activation_bytes(m, 1, recompute="none", profile=TORCHTITAN)
@@ -122,7 +137,9 @@ def test_loss_storage_fp32_eager_loss_parallel_and_fused():
     m = get_model("llama3-8b")
     tok, V, e = m.seq_len, m.vocab, 2
     norm = tok * 2 * e * m.hidden
-    assert last_stage_extra_bytes(m, 1, profile=TORCHTITAN) == pytest.approx(norm + tok * 4 * V)
+    eager_norm = tok * 4 * m.hidden  # the eager final norm's fp32 upcast input
+    assert last_stage_extra_bytes(m, 1, profile=TORCHTITAN) == \
+        pytest.approx(norm + eager_norm + tok * 4 * V)
     assert last_stage_extra_bytes(m, 1, profile=TORCHTITAN_COMPILED_LOSS) == \
         pytest.approx(norm + tok * e * V)
     head = {p.name: backward_working_bytes(m, 1, profile=p, last=True)
@@ -225,4 +242,4 @@ def test_dtensor_sequence_parallelism_keeps_the_gathered_norm_outputs():
         layer_activation_bytes(m, 1, t, False, "none", FLASH)
     head = last_stage_extra_bytes(m, 1, t, True, TORCHTITAN) - \
         last_stage_extra_bytes(m, 1, t, True, FLASH)
-    assert head == pytest.approx(tok * e * h * (1 - 1 / t))
+    assert head == pytest.approx(tok * e * h * (1 - 1 / t) + tok * 4 * h / t)  # + eager norm
