@@ -61,7 +61,13 @@ reduce-scatters; everything else is recomputed in backward). With LLaMA's block
 (eh, /t with sp), Q (eh/t), V (e kv/t), the attention output (eh/t) with its
 log-sum-exp (4a/t), the w1 output (ef/t) and the w2 output (eh: the partial sums before
 the reduce-scatter under TP), plus under TP the two reduce-scatter outputs (2eh/t)
-(:func:`alternate_mm_layer_bytes`).
+(:func:`alternate_mm_layer_bytes`). That is what eager PyTorch keeps: its selective
+checkpoint caches the output of every op the policy saves until the recompute pops it
+(``torch.utils.checkpoint``'s caching dispatch mode), the w2 output and, under TP, the
+MLP's reduce-scatter output included, though no backward formula reads them (the
+residual add's derivative needs neither input). Compiled (``torch.compile``), the
+AOTAutograd partitioner saves only forward values its backward graph reads, so those
+two are not kept (``ActivationProfile.saves_unread``).
 
 The loss (``ActivationProfile.loss``): "fp32-log-softmax" (eager PyTorch and Megatron:
 the logits cast to fp32 and the log-softmax output, 4V/t bytes per token, kept; its
@@ -78,9 +84,13 @@ against all keys).
 Stage extras: the first stage keeps the embedding-dropout mask and the token (and
 position) ids, the last stage the
 final-norm input, the LM-head input and the fp32 logits (4V/t bytes per token) that the
-cross entropy keeps (Korthikanti et al., Sec. 4.3). Merak's F* keeps only the stage
-input (e*h per token; /t with sp). The number of micro-batches alive per rank comes from
-the schedule (:func:`peak_memory`), never from a formula.
+cross entropy keeps (Korthikanti et al., Sec. 4.3). A final RMSNorm run as eager ops
+(``ActivationProfile.eager_final_norm``: torchtitan compiles each transformer block, not
+the final norm) keeps its fp32 upcast of the input (``pow`` and ``mul`` save it,
+PyTorch's derivatives.yaml) and the normalised 16-bit tensor the weight ``mul`` saves,
+(4 + e)h per token (/t with sp), where a fused norm keeps its 16-bit input, eh. Merak's
+F* keeps only the stage input (e*h per token; /t with sp). The number of micro-batches
+alive per rank comes from the schedule (:func:`peak_memory`), never from a formula.
 """
 
 from __future__ import annotations
@@ -97,7 +107,8 @@ __all__ = [
     "layer_activation_bytes", "layer_checkpoint_bytes", "korthikanti_layer_bytes",
     "stage_input_bytes", "first_stage_extra_bytes", "last_stage_extra_bytes",
     "peak_memory", "StageMemory", "DTYPE_BYTES", "backward_working_bytes",
-    "TORCHTITAN", "TORCHTITAN_COMPILED_LOSS", "alternate_mm_layer_bytes",
+    "TORCHTITAN", "TORCHTITAN_COMPILED", "TORCHTITAN_COMPILED_LOSS",
+    "alternate_mm_layer_bytes",
     "SELECTIVE_POLICIES", "LOSS_STORAGE",
 ]
 
@@ -136,6 +147,12 @@ class ActivationProfile:
             the all-gathered (full-sequence) norm output, as DTensor's sequence
             parallelism runs the all-gather as an op of its own (torchtitan); False:
             Megatron keeps it sharded and gathers it again in backward.
+        saves_unread: the "alternate-mm" policy keeps the saved ops' outputs that no
+            backward formula reads (the w2 output, under TP the MLP's reduce-scatter
+            output), as eager selective checkpointing caches them; False: compiled,
+            the partitioner keeps only what the backward graph reads (module docstring).
+        eager_final_norm: the final RMSNorm runs as eager ops and keeps its fp32 upcast
+            input beside the normalised tensor (module docstring, stage extras).
     """
 
     name: str
@@ -148,6 +165,8 @@ class ActivationProfile:
     selective: str = "attention-core"
     loss: str = "fp32-log-softmax"
     sp_saves_gathered: bool = False
+    saves_unread: bool = True
+    eager_final_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.selective not in SELECTIVE_POLICIES:
@@ -169,16 +188,23 @@ CPU_EAGER = ActivationProfile("cpu-eager", act_bytes=4, mask_bytes=4, attention=
 CPU_EAGER_HF_GPT2 = ActivationProfile("cpu-eager-hf-gpt2", act_bytes=4, mask_bytes=4,
                                       attention="sdpa-cpu", mlp_saved_f=5,
                                       norm_stats_bytes=8, math_sdpa_keeps_fused_qkv=True)
-#: torchtitan (flash attention, op-level selective checkpointing): eager loss, as its
-#: 2024 releases ran it, and with the loss compiled (its releases since 2025 compile the
-#: loss with the model under ``--compile``).
+#: torchtitan (flash attention, op-level selective checkpointing): eager (no
+#: ``--compile``); compiled blocks with the eager loss (its 2024 releases compiled each
+#: transformer block only, the final norm ran as PyTorch 2.6's decomposed ops); blocks
+#: and loss compiled (its releases since 2025, on a PyTorch whose RMSNorm kernel is not
+#: known here: the final norm is priced fused).
 TORCHTITAN = ActivationProfile("torchtitan", attention="flash", selective="alternate-mm",
-                               loss="fp32-loss-parallel", sp_saves_gathered=True)
+                               loss="fp32-loss-parallel", sp_saves_gathered=True,
+                               eager_final_norm=True)
+TORCHTITAN_COMPILED = ActivationProfile("torchtitan-compiled", attention="flash",
+                                        selective="alternate-mm", loss="fp32-loss-parallel",
+                                        sp_saves_gathered=True, saves_unread=False,
+                                        eager_final_norm=True)
 TORCHTITAN_COMPILED_LOSS = ActivationProfile("torchtitan-compiled-loss", attention="flash",
                                              selective="alternate-mm", loss="fused",
-                                             sp_saves_gathered=True)
+                                             sp_saves_gathered=True, saves_unread=False)
 PROFILES = {p.name: p for p in (KORTHIKANTI, FLASH, CPU_EAGER, CPU_EAGER_HF_GPT2,
-                                TORCHTITAN, TORCHTITAN_COMPILED_LOSS)}
+                                TORCHTITAN, TORCHTITAN_COMPILED, TORCHTITAN_COMPILED_LOSS)}
 
 
 def _e(model: ModelSpec, profile: ActivationProfile, dtype: str | None) -> int:
@@ -261,15 +287,18 @@ def alternate_mm_layer_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
                              dtype: str | None = None, cp: int = 1) -> float:
     """Bytes one layer keeps under torchtitan's op-level selective checkpointing (module
     docstring): the layer input, Q, V, the attention output and log-sum-exp, the w1 and
-    w2 outputs, and under TP the two reduce-scatter outputs."""
+    w2 outputs, and under TP the two reduce-scatter outputs; without
+    ``profile.saves_unread`` (compiled) neither the w2 output nor the MLP's
+    reduce-scatter output, which no backward formula reads."""
     model.check_tp(tp)
     e = _e(model, profile, dtype)
     h, f, a = model.hidden, model.ffn_hidden, model.heads
     tok = micro_batch * model.seq_len / cp
     kv = (model.kv_dim / tp if model.kv_heads % tp == 0 else model.kv_dim_per_rank(tp))
-    rs = 2 * e * h / tp if tp > 1 else 0.0
+    rs = (2 if profile.saves_unread else 1) * e * h / tp if tp > 1 else 0.0
+    w2 = e * h if profile.saves_unread else 0.0
     per_tok = (e * h / (tp if sp else 1) + e * h / tp + e * kv + e * h / tp + 4 * a / tp
-               + e * f / tp + e * h + rs)
+               + e * f / tp + w2 + rs)
     return float(tok * per_tok)
 
 
@@ -317,12 +346,15 @@ def last_stage_extra_bytes(model: ModelSpec, micro_batch: int, tp: int = 1, sp: 
                            dtype: str | None = None, cp: int = 1) -> float:
     """LM head activations on the last stage: final-norm input and output (2eh, /t
     with sp; the output all-gathered with ``sp_saves_gathered``) and the logits the
-    cross entropy keeps, per token: fp32 (4V/t), or 16-bit (eV/t) with a fused loss."""
+    cross entropy keeps, per token: fp32 (4V/t), or 16-bit (eV/t) with a fused loss;
+    an eager final norm also its fp32 upcast input (4h, /t with sp)."""
     e = _e(model, profile, dtype)
     tok = micro_batch * model.seq_len / cp if cp > 1 else micro_batch * model.seq_len
     logits = e if profile.loss == "fused" else 4
     norm = (2 * e * model.hidden / (tp if sp else 1) if not (sp and profile.sp_saves_gathered)
             else e * model.hidden * (1 + 1 / tp))
+    if profile.eager_final_norm:
+        norm += 4 * model.hidden / (tp if sp else 1)
     return float(tok * (norm + logits * model.vocab / tp))
 
 

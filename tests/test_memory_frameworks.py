@@ -5,6 +5,7 @@ device-level reading)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from merak_sim.hardware import get_cluster
 from merak_sim.memory import (
     FLASH,
     TORCHTITAN,
+    TORCHTITAN_COMPILED,
     TORCHTITAN_COMPILED_LOSS,
     ActivationProfile,
     MemoryModelError,
@@ -37,6 +39,7 @@ from merak_sim.runtime_memory import (
     runtime_memory_bytes,
     usable_memory_bytes,
 )
+from merak_sim.sim.api import simulate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "public-runs"
 GiB = 1 << 30
@@ -72,6 +75,55 @@ def test_alternate_mm_under_tp_keeps_w2_partial_sums_and_reduce_scatter_outputs(
     assert got < layer_activation_bytes(m, 1, t, True, "none", TORCHTITAN)
 
 
+def test_compiled_selective_checkpointing_drops_what_no_backward_reads():
+    # Eager SAC caches every saved op's output; the compiled partitioner keeps only what
+    # the backward graph reads: not the w2 output, not the MLP's reduce-scatter output.
+    m8, m70 = get_model("llama3-8b"), get_model("llama3-70b")
+    e, t = 2, 8
+    tok = 2 * m8.seq_len
+    assert alternate_mm_layer_bytes(m8, 2, profile=TORCHTITAN) - \
+        alternate_mm_layer_bytes(m8, 2, profile=TORCHTITAN_COMPILED) == \
+        pytest.approx(tok * e * m8.hidden)
+    h = m70.hidden
+    assert alternate_mm_layer_bytes(m70, 1, t, True, TORCHTITAN) - \
+        alternate_mm_layer_bytes(m70, 1, t, True, TORCHTITAN_COMPILED) == \
+        pytest.approx(m70.seq_len * (e * h + e * h / t))
+    assert alternate_mm_layer_bytes(m8, 2, profile=TORCHTITAN_COMPILED_LOSS) == \
+        alternate_mm_layer_bytes(m8, 2, profile=TORCHTITAN_COMPILED)
+
+
+def test_eager_minus_compiled_peak_is_the_cached_w2_outputs():
+    # torchtitan's 2024 H100 pair (Llama 3.1 8B, FSDP 8, same run but torch.compile):
+    # the predicted difference is one w2 output per layer per token.
+    rows = _rows("torchtitan.csv", source_path="202412", precision="bf16", num_gpus="8")
+    eager = [r for r in rows if "compile" not in r["other_flags"]][0]
+    comp = [r for r in rows if "torch.compile" in r["other_flags"]][0]
+    peaks = []
+    for r in (eager, comp):
+        model, cluster, cfg = row_setup(r)
+        cm = AnalyticCostModel().with_profile(activation_profile(r))
+        res = simulate(model, cluster, cfg, cost_model=cm, engine="evaluator",
+                       sub_cluster=True, keep_trace=False)
+        peaks.append(comparable_peak_bytes(r, model, cluster, cfg, res.peak_memory_bytes))
+    tok = cfg.micro_batch_size * model.seq_len
+    assert peaks[0] - peaks[1] == pytest.approx(model.layers * tok * 2 * model.hidden,
+                                                rel=1e-6)
+
+
+def test_eager_final_norm_keeps_its_fp32_upcast_input():
+    # pow and mul save the fp32 copy of the input; the weight mul the normalised tensor.
+    m = get_model("llama3-8b")
+    tok, h, t = m.seq_len, m.hidden, 8
+    assert last_stage_extra_bytes(m, 1, profile=TORCHTITAN_COMPILED) - \
+        last_stage_extra_bytes(m, 1, profile=replace(TORCHTITAN_COMPILED,
+                                                     eager_final_norm=False)) == \
+        pytest.approx(tok * 4 * h)
+    assert last_stage_extra_bytes(m, 1, t, True, TORCHTITAN) - \
+        last_stage_extra_bytes(m, 1, t, True, replace(TORCHTITAN, eager_final_norm=False)) \
+        == pytest.approx(tok * 4 * h / t)
+    assert not TORCHTITAN_COMPILED_LOSS.eager_final_norm and not FLASH.eager_final_norm
+
+
 def test_alternate_mm_backward_rebuilds_what_it_did_not_keep():
     m = get_model("llama3-8b")
     none = layer_activation_bytes(m, 1, recompute="none", profile=TORCHTITAN)
@@ -85,7 +137,9 @@ def test_loss_storage_fp32_eager_loss_parallel_and_fused():
     m = get_model("llama3-8b")
     tok, V, e = m.seq_len, m.vocab, 2
     norm = tok * 2 * e * m.hidden
-    assert last_stage_extra_bytes(m, 1, profile=TORCHTITAN) == pytest.approx(norm + tok * 4 * V)
+    eager_norm = tok * 4 * m.hidden  # the eager final norm's fp32 upcast input
+    assert last_stage_extra_bytes(m, 1, profile=TORCHTITAN) == \
+        pytest.approx(norm + eager_norm + tok * 4 * V)
     assert last_stage_extra_bytes(m, 1, profile=TORCHTITAN_COMPILED_LOSS) == \
         pytest.approx(norm + tok * e * V)
     head = {p.name: backward_working_bytes(m, 1, profile=p, last=True)
@@ -141,7 +195,11 @@ def test_with_profile_changes_the_stash_and_nothing_else():
 def test_public_rows_map_to_torchtitan_profiles_by_release():
     dec24 = _rows("torchtitan.csv", source_path="202412", other_flags="torch.compile")[0]
     jun25 = _rows("torchtitan.csv", source_path="202506")[0]
-    assert activation_profile(dec24) is TORCHTITAN  # 2024: the loss ran eager
+    assert activation_profile(dec24) is TORCHTITAN_COMPILED  # 2024: the loss ran eager
+    assert TORCHTITAN_COMPILED.loss == TORCHTITAN.loss
+    eager = [r for r in _rows("torchtitan.csv", source_path="202412", precision="bf16")
+             if "compile" not in r["other_flags"]][0]
+    assert activation_profile(eager) is TORCHTITAN
     assert activation_profile(jun25) is TORCHTITAN_COMPILED_LOSS
     assert activation_profile(_rows("sailor.csv")[0]) is None
 
@@ -184,4 +242,4 @@ def test_dtensor_sequence_parallelism_keeps_the_gathered_norm_outputs():
         layer_activation_bytes(m, 1, t, False, "none", FLASH)
     head = last_stage_extra_bytes(m, 1, t, True, TORCHTITAN) - \
         last_stage_extra_bytes(m, 1, t, True, FLASH)
-    assert head == pytest.approx(tok * e * h * (1 - 1 / t))
+    assert head == pytest.approx(tok * e * h * (1 - 1 / t) + tok * 4 * h / t)  # + eager norm

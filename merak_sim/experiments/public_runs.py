@@ -77,6 +77,7 @@ from merak_sim.memory import (
     FLASH,
     KORTHIKANTI,
     TORCHTITAN,
+    TORCHTITAN_COMPILED,
     TORCHTITAN_COMPILED_LOSS,
     ActivationProfile,
     backward_working_bytes,
@@ -208,16 +209,17 @@ MEMORY_MEASURE: dict[str, str] = {
 
 def activation_profile(row: dict) -> ActivationProfile | None:
     """How the row's framework stores activations, where it differs from the cost
-    model's default (None): torchtitan's op-level selective checkpointing, with its
-    loss compiled under ``torch.compile`` in its 2025 releases (the 2024 benchmark's
-    training loop calls an uncompiled loss)."""
+    model's default (None): torchtitan's op-level selective checkpointing, eager
+    without ``torch.compile``; compiled, its blocks keep only what their backward
+    reads, and its 2025 releases compile the loss too (the 2024 benchmark's training
+    loop calls an uncompiled loss)."""
     if "torchtitan" not in row.get("framework", "").lower():
         return None
     m = re.search(r"_(20\d\d)(\d\d)_", row.get("source_path", ""))
     compiled = "torch.compile" in row.get("other_flags", "")
     if compiled and m is not None and int(m.group(1)) >= 2025:
         return TORCHTITAN_COMPILED_LOSS
-    return TORCHTITAN
+    return TORCHTITAN_COMPILED if compiled else TORCHTITAN
 
 
 def _measure(row: dict) -> str:
