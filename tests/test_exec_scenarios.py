@@ -37,20 +37,18 @@ def test_bad_input_is_a_one_line_error_on_every_rank(tmp_path):
 
 def test_cli_bad_degrees_exit_2_with_one_line(tmp_path):
     import os
-    import subprocess
-    import sys
+
+    from support.cli_runs import run_commands
 
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "merak_exec", "train", "--pp", "2"],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    assert r.returncode == 2
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    bad, r = run_commands([
+        (["train", "--pp", "2"], str(tmp_path)),
+        (["train", "--steps", "2", "--layers", "2", "--hidden", "16", "--seq", "8", "--vocab",
+          "32", "--trace", str(tmp_path / "t.json")], str(tmp_path))], env, timeout_s=120)
+    assert bad.returncode == 2
+    lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
     assert lines == ["merak-exec: error: dp*tp*pp = 1*1*2 = 2 does not match the world size "
                      "1; launch 2 processes or change the degrees"]
-    r = subprocess.run([sys.executable, "-m", "merak_exec", "train", "--steps", "2",
-                        "--layers", "2", "--hidden", "16", "--seq", "8", "--vocab", "32",
-                        "--trace", str(tmp_path / "t.json")],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "final loss" in r.stdout and (tmp_path / "t.json").exists()
 
