@@ -6,10 +6,15 @@ from support.workers import launch_scenario
 
 
 @pytest.mark.parametrize("layout", [{"pp": 2}, {"tp": 2, "dp": 2}], ids=["pp2", "tp2xdp2"])
-def test_resume_reproduces_uninterrupted_losses_and_bad_checkpoints_fail(tmp_path, layout):
+def test_resume_reproduces_uninterrupted_losses_and_bad_checkpoints_fail(tmp_path, layout,
+                                                                        two_rank_scenarios):
     world = layout.get("pp", 1) * layout.get("tp", 1) * layout.get("dp", 1)
-    codes, res = launch_scenario(world, "scenario_resume",
-                                 {"dir": str(tmp_path), "layout": layout}, str(tmp_path))
+    if world == 2:  # pp2: one of the scenarios of the shared two-rank launch
+        codes, res, arg = two_rank_scenarios["scenario_resume"]
+        assert arg["layout"] == layout
+    else:
+        codes, res = launch_scenario(world, "scenario_resume",
+                                     {"dir": str(tmp_path), "layout": layout}, str(tmp_path))
     assert codes == [0] * world, res
     for r in res:
         assert "exception" not in r, r.get("exception")
@@ -22,8 +27,8 @@ def test_resume_reproduces_uninterrupted_losses_and_bad_checkpoints_fail(tmp_pat
         assert all("\n" not in m for m in r["errors"].values())
 
 
-def test_bad_input_is_a_one_line_error_on_every_rank(tmp_path):
-    codes, res = launch_scenario(2, "scenario_bad_input", {}, str(tmp_path))
+def test_bad_input_is_a_one_line_error_on_every_rank(two_rank_scenarios):
+    codes, res, _ = two_rank_scenarios["scenario_bad_input"]
     assert codes == [0, 0]
     assert res[0] == res[1]
     msgs = res[0]
@@ -53,8 +58,8 @@ def test_cli_bad_degrees_exit_2_with_one_line(tmp_path):
     assert "final loss" in r.stdout and (tmp_path / "t.json").exists()
 
 
-def test_tp_replicas_stay_identical_with_dropout(tmp_path):
-    codes, res = launch_scenario(2, "scenario_tp_dropout", {}, str(tmp_path))
+def test_tp_replicas_stay_identical_with_dropout(two_rank_scenarios):
+    codes, res, _ = two_rank_scenarios["scenario_tp_dropout"]
     assert codes == [0, 0], res
     assert "exception" not in res[0], res[0]
     # sub-pipelined TP refuses dropout (one mask per part, not per micro-batch)
