@@ -3,8 +3,8 @@
 :func:`launch` spawns ``world`` processes; each runs :func:`run_cases`, which trains a
 tiny model under every given configuration and compares losses, final gradients and
 parameters with a single-process run of the same model and data.
-:func:`launch_scenario` runs one ``scenario_*`` function on every rank (resume, a lost
-rank, bad input, events, hooks, ...). Each rank writes its result to a JSON file in
+:func:`launch_scenario` runs one ``scenario_*`` function on every rank (resume, bad
+input, events, hooks, ...), :func:`launch_scenarios` several in turn in one launch. Each rank writes its result to a JSON file in
 ``out_dir`` *before* tearing down, so the caller judges reported results, not exit
 signals. :func:`cli_fault` runs ``merak-exec train`` as one process per rank and
 stops (SIGSTOP) or kills (SIGKILL) one of them mid-training.
@@ -233,18 +233,6 @@ def scenario_bad_input(rank: int, arg: dict) -> dict:
         except ExecError as e:
             msgs[name] = str(e)
     return msgs
-
-
-def _scenario_main(rank: int, world: int, port: int, name: str, arg: dict, out_dir: str):
-    os.environ.update(MERAK_TIMEOUT_S=str(arg.get("timeout_s", 60)))
-    result: dict
-    try:
-        _setup(rank, world, port)
-        result = globals()[name](rank, arg)
-    except Exception:
-        result = {"exception": traceback.format_exc()}
-    atomic_write_text(os.path.join(out_dir, f"{name}-rank{rank}.json"), json.dumps(result))
-    os._exit(int(result.get("exit", 0)) if isinstance(result, dict) else 0)
 
 
 def _scenarios_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> None:
