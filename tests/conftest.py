@@ -38,3 +38,12 @@ def two_rank_scenarios(tmp_path_factory):
             ("scenario_resume", {"dir": str(out / "resume"), "layout": {"pp": 2}})]
     codes, res = launch_scenarios(2, jobs, str(out))
     return {name: (codes, res[name], arg) for name, arg in jobs}
+
+
+@pytest.fixture(scope="session")
+def equivalence(tmp_path_factory):
+    """``equivalence(world, cases)``: every rank's results of ``cases`` from the one
+    launch of ``world`` ranks the session shares (support.shared_launch)."""
+    from support.shared_launch import Launches
+
+    return Launches(lambda world: tmp_path_factory.mktemp(f"equivalence-{world}")).results

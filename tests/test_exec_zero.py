@@ -14,7 +14,8 @@ import os
 import pytest
 import torch
 
-from support.workers import assert_equivalent, launch
+from support.shared_launch import register
+from support.workers import assert_equivalent
 
 from merak_exec.launch import free_port, run_ranks
 
@@ -32,11 +33,12 @@ CASES = [
     C("dp2 zero1 shifted full", dp=2, schedule="shifted-critical-path", recompute="full"),
     C("hf-gpt2 dp2 zero1 stage-aware", "gpt2", dp=2, recompute="stage-aware"),
 ]
+register(2, CASES, 500)  # launched together with the other modules' two-rank cases
 
 
-def test_zero1_equals_single_process(tmp_path):
+def test_zero1_equals_single_process(equivalence):
     # grads are not compared under ZeRO (run_case reports 0): losses and parameters are
-    assert_equivalent(launch(2, CASES, str(tmp_path), timeout_s=500), CASES)
+    assert_equivalent(equivalence(2, CASES), CASES)
 
 
 def memory_worker(rank: int, world: int, port: int, out_dir: str, zeros: list[int]) -> None:
