@@ -5,7 +5,9 @@ executes every notebook in this folder and checks each shows at least one figure
 
 Convention for every notebook here (tests rely on it): its cells ``assert`` on what
 they compute, and its last code cell prints one line ``NOTEBOOK_RESULT {json}`` with the
-headline numbers.
+headline numbers. A notebook whose full setting takes minutes (02, 04) reads
+``MERAK_NOTEBOOK_QUICK=1`` (the tests set it) to run the same cells on a smaller one and
+says so in that line (``"quick": true``); ``make notebooks`` runs the full setting.
 """
 
 from __future__ import annotations
