@@ -196,14 +196,20 @@ the shifted critical path with stage-aware recompute. Timings this small are dom
 by Python overhead and by whatever else the machine runs, so only the structure is
 asserted here; the accuracy figures come from the suite above."""),
     new_code_cell("""\
+import os
 from merak_exec.profiling.cases import Case, small_gpt
 from merak_exec.profiling.measure import measure_cases
+# MERAK_NOTEBOOK_QUICK=1 (the tests set it): one block of two steps, two repeats; the
+# stored outputs are the run below (make notebooks).
+QUICK = os.environ.get("MERAK_NOTEBOOK_QUICK") == "1"
 tiny = small_gpt(layers=4, hidden=32, heads=4, vocab=64, seq=16)
 base = dict(pp=2, micro_batch_size=2, global_batch_size=8, dtype="fp32")
 cases = [Case("pp2-1f1b-full", dict(base, schedule="1f1b", recompute="full"), tiny),
          Case("pp2-scp-stage-aware", dict(base, schedule="shifted-critical-path",
                                           recompute="stage-aware"), tiny)]
-dirs = measure_cases(cases, OUT, steps=3, warmup_steps=1, repeats=3, warmup=1)
+opts = (dict(steps=2, blocks=1, warmup_steps=1, repeats=2, warmup=1) if QUICK else
+        dict(steps=3, warmup_steps=1, repeats=3, warmup=1))
+dirs = measure_cases(cases, OUT, **opts)
 live = [compare_run(d) for d in dirs]
 live_table = pd.DataFrame([r.summary() for r in live])
 display(live_table[["run", "measured_ms", "predicted_ms", "error", "replay_error",
@@ -220,7 +226,7 @@ result = {"suite_runs": len(suite),
           "suite": {k: v for k, v in targets.items() if isinstance(v, (int, float))},
           "live_errors": {r.name: r.iteration_error for r in live},
           "live_activation_error": max(float(r.memory["activation_error"].abs().max())
-                                       for r in live)}
+                                       for r in live), "quick": QUICK}
 print("NOTEBOOK_RESULT " + json.dumps(result))"""),
 ]
 

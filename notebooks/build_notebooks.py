@@ -5,7 +5,9 @@ executes every notebook in this folder and checks each shows at least one figure
 
 Convention for every notebook here (tests rely on it): its cells ``assert`` on what
 they compute, and its last code cell prints one line ``NOTEBOOK_RESULT {json}`` with the
-headline numbers.
+headline numbers. A notebook whose full setting takes minutes (02, 04) reads
+``MERAK_NOTEBOOK_QUICK=1`` (the tests set it) to run the same cells on a smaller one and
+says so in that line (``"quick": true``); ``make notebooks`` runs the full setting.
 """
 
 from __future__ import annotations
@@ -196,9 +198,13 @@ DeepSpeed-like (+ ZeRO-1) and Merak (shifted critical path + stage-aware recompu
 sub-pipelined TP), plus an ablation adding one technique at a time. The same as
 `merak-sim reproduce merak`. Every assumption is printed first."""),
     new_code_cell(SETUP + """
-from merak_sim.experiments.merak import reproduce_merak, hand_configs, describe
+import os
+from merak_sim.experiments.merak import PAPER_MODELS, reproduce_merak, hand_configs, describe
 from merak_sim.experiments.merak_figures import plot_reproduction
-rep = reproduce_merak()
+# MERAK_NOTEBOOK_QUICK=1 (the tests set it) runs the same cells on two of the models
+# and maps the regimes of one; the stored outputs are the full run (make notebooks).
+QUICK = os.environ.get("MERAK_NOTEBOOK_QUICK") == "1"
+rep = reproduce_merak(("gpt-1.5b", "gpt-8.3b") if QUICK else PAPER_MODELS)
 for a in rep.assumptions:
     print("-", a)"""),
     new_code_cell("""\
@@ -269,7 +275,7 @@ from merak_sim.experiments.regimes import regime_map, explain_regimes
 from merak_sim.experiments.merak_figures import plot_regimes
 display(t[["model", "speedup_up_to", "speedup_vs_free_baselines",
            "megatron_free_config"]].round(3))
-regs = regime_map(("gpt-8.3b", "gpt-20b"), levels=(24, 8))
+regs = regime_map(("gpt-8.3b",) if QUICK else ("gpt-8.3b", "gpt-20b"), levels=(24, 8))
 fig = plot_regimes(regs)
 plt.show()
 for line in explain_regimes(regs):
@@ -281,7 +287,7 @@ print("NOTEBOOK_RESULT " + json.dumps({
     "speedups": {r.model: r.speedup for r in rep.models},
     "free": {r.model: r.speedup_vs_free_baselines for r in rep.models},
     "paper": {r.model: r.paper for r in rep.models},
-    "hand_configs": int(len(hand)), "hand_min_ratio": float(worst)}))"""),
+    "hand_configs": int(len(hand)), "hand_min_ratio": float(worst), "quick": QUICK}))"""),
 ]
 
 NB03 = [

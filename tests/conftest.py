@@ -22,3 +22,28 @@ def load_benchmark():
             loaded[name] = mod
         return loaded[name]
     return load
+
+
+@pytest.fixture(scope="session")
+def two_rank_scenarios(tmp_path_factory):
+    """The two-rank scenarios of support.workers, run in turn by one launch of 2 gloo
+    ranks (a process start per rank for all of them, not per test): ``name ->
+    (exit codes, per-rank results, the scenario's argument)``."""
+    from support.workers import launch_scenarios
+
+    out = tmp_path_factory.mktemp("two-rank-scenarios")
+    jobs = [("scenario_bad_input", {}), ("scenario_tp_replicas", {}),
+            ("scenario_tp_dropout", {}), ("scenario_events", {"trace": str(out / "t.json")}),
+            ("scenario_hooks", {}),
+            ("scenario_resume", {"dir": str(out / "resume"), "layout": {"pp": 2}})]
+    codes, res = launch_scenarios(2, jobs, str(out))
+    return {name: (codes, res[name], arg) for name, arg in jobs}
+
+
+@pytest.fixture(scope="session")
+def equivalence(tmp_path_factory):
+    """``equivalence(world, cases)``: every rank's results of ``cases`` from the one
+    launch of ``world`` ranks the session shares (support.shared_launch)."""
+    from support.shared_launch import Launches
+
+    return Launches(lambda world: tmp_path_factory.mktemp(f"equivalence-{world}")).results

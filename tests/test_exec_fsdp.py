@@ -10,7 +10,8 @@ tensors gathered from the shards) against a single-process run, relative error
 
 import pytest
 
-from support.workers import assert_equivalent, launch
+from support.shared_launch import register
+from support.workers import assert_equivalent
 
 from merak_sim.config import ParallelConfig
 from merak_sim.executable import unsupported
@@ -32,14 +33,16 @@ FOUR = [
     C("tp2 dp2 zero3 1f1b full", tp=2, dp=2, zero=3, recompute="full"),
     C("tp2 dp2 zero2 gpipe none", tp=2, dp=2, zero=2, schedule="gpipe"),
 ]
+register(2, TWO, 400)  # launched together with the other modules' cases of each world
+register(4, FOUR, 600)
 
 
-def test_fsdp_dp2_equals_single_process(tmp_path):
-    assert_equivalent(launch(2, TWO, str(tmp_path), timeout_s=400), TWO)
+def test_fsdp_dp2_equals_single_process(equivalence):
+    assert_equivalent(equivalence(2, TWO), TWO)
 
 
-def test_fsdp_with_pp2_and_tp2_equals_single_process(tmp_path):
-    assert_equivalent(launch(4, FOUR, str(tmp_path), timeout_s=600), FOUR)
+def test_fsdp_with_pp2_and_tp2_equals_single_process(equivalence):
+    assert_equivalent(equivalence(4, FOUR), FOUR)
 
 
 @pytest.mark.parametrize("kw, fragment", [

@@ -1,14 +1,14 @@
 """Measurement: events in the shared schema, Chrome trace, and the profiler's trace."""
 
 import json
+from pathlib import Path
 
 from merak_sim.timeline import EVENT_COLUMNS
-from support.workers import launch_scenario
 
 
-def test_events_cover_every_action_in_the_shared_schema(tmp_path):
-    trace = tmp_path / "t.json"
-    codes, res = launch_scenario(2, "scenario_events", {"trace": str(trace)}, str(tmp_path))
+def test_events_cover_every_action_in_the_shared_schema(two_rank_scenarios):
+    codes, res, arg = two_rank_scenarios["scenario_events"]
+    trace = Path(arg["trace"])
     assert codes == [0, 0], res
     r = res[0]
     assert "exception" not in r, r.get("exception")

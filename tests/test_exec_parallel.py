@@ -11,7 +11,8 @@ the same model and data: relative error <= 1e-5 (fp32).
 
 import pytest
 
-from support.workers import assert_equivalent, launch
+from support.shared_launch import register
+from support.workers import assert_equivalent
 
 
 def C(name, model="gpt", **kw):
@@ -112,9 +113,10 @@ FOUR = [
 for c in TWO + FOUR:
     if "n_layer" in c["config"]:
         c["n_layer"] = c["config"].pop("n_layer")
+register(2, TWO, 500)  # launched together with the other modules' cases of each world
+register(4, FOUR, 500)
 
 
 @pytest.mark.parametrize("world,cases", [(2, TWO), (4, FOUR)], ids=["2-ranks", "4-ranks"])
-def test_parallel_training_equals_single_process(world, cases, tmp_path):
-    results = launch(world, cases, str(tmp_path), timeout_s=500)
-    assert_equivalent(results, cases)
+def test_parallel_training_equals_single_process(world, cases, equivalence):
+    assert_equivalent(equivalence(world, cases), cases)

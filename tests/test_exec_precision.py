@@ -109,9 +109,20 @@ CASES = [
 ]
 
 
-def test_mixed_precision_two_ranks_match_one_process(tmp_path):
-    res = run_world(2, "case_amp", {"cases": CASES}, str(tmp_path))
-    for rank in res:
+OVERLAP = {"schedules": [("1f1b", "full"), ("zb-h1", "none")]}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """case_amp (CASES) and case_overlap (OVERLAP) in turn in one launch of 2 gloo
+    ranks: per rank, ``{"amp": ..., "overlap": ...}`` (or the launch's exception)."""
+    jobs = [["amp", "case_amp", {"cases": CASES}], ["overlap", "case_overlap", OVERLAP]]
+    return run_world(2, "case_each", {"jobs": jobs}, str(tmp_path_factory.mktemp("two-ranks")))
+
+
+def test_mixed_precision_two_ranks_match_one_process(two_ranks):
+    for res in two_ranks:
+        rank = res.get("amp", res)
         assert isinstance(rank, list), rank
         for case, r in zip(CASES, rank, strict=True):
             rel = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], r["ref"], strict=True))
@@ -133,9 +144,9 @@ def test_split_buckets_is_contiguous_and_balanced():
     assert split_buckets(ps, 1) == [ps]
 
 
-def test_overlapped_bucketed_dp_equals_flat_all_reduce(tmp_path):
-    arg = {"schedules": [("1f1b", "full"), ("zb-h1", "none")]}
-    for rank in run_world(2, "case_overlap", arg, str(tmp_path)):
+def test_overlapped_bucketed_dp_equals_flat_all_reduce(two_ranks):
+    for res in two_ranks:
+        rank = res.get("overlap", res)
         assert isinstance(rank, list), rank
         for r in rank:
             assert r["loss_overlap"] == pytest.approx(r["loss_flat"], rel=1e-6), r

@@ -6,10 +6,15 @@ from support.workers import launch_scenario
 
 
 @pytest.mark.parametrize("layout", [{"pp": 2}, {"tp": 2, "dp": 2}], ids=["pp2", "tp2xdp2"])
-def test_resume_reproduces_uninterrupted_losses_and_bad_checkpoints_fail(tmp_path, layout):
+def test_resume_reproduces_uninterrupted_losses_and_bad_checkpoints_fail(tmp_path, layout,
+                                                                        two_rank_scenarios):
     world = layout.get("pp", 1) * layout.get("tp", 1) * layout.get("dp", 1)
-    codes, res = launch_scenario(world, "scenario_resume",
-                                 {"dir": str(tmp_path), "layout": layout}, str(tmp_path))
+    if world == 2:  # pp2: one of the scenarios of the shared two-rank launch
+        codes, res, arg = two_rank_scenarios["scenario_resume"]
+        assert arg["layout"] == layout
+    else:
+        codes, res = launch_scenario(world, "scenario_resume",
+                                     {"dir": str(tmp_path), "layout": layout}, str(tmp_path))
     assert codes == [0] * world, res
     for r in res:
         assert "exception" not in r, r.get("exception")
@@ -22,8 +27,8 @@ def test_resume_reproduces_uninterrupted_losses_and_bad_checkpoints_fail(tmp_pat
         assert all("\n" not in m for m in r["errors"].values())
 
 
-def test_bad_input_is_a_one_line_error_on_every_rank(tmp_path):
-    codes, res = launch_scenario(2, "scenario_bad_input", {}, str(tmp_path))
+def test_bad_input_is_a_one_line_error_on_every_rank(two_rank_scenarios):
+    codes, res, _ = two_rank_scenarios["scenario_bad_input"]
     assert codes == [0, 0]
     assert res[0] == res[1]
     msgs = res[0]
@@ -37,26 +42,24 @@ def test_bad_input_is_a_one_line_error_on_every_rank(tmp_path):
 
 def test_cli_bad_degrees_exit_2_with_one_line(tmp_path):
     import os
-    import subprocess
-    import sys
+
+    from support.cli_runs import run_commands
 
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "merak_exec", "train", "--pp", "2"],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    assert r.returncode == 2
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    bad, r = run_commands([
+        (["train", "--pp", "2"], str(tmp_path)),
+        (["train", "--steps", "2", "--layers", "2", "--hidden", "16", "--seq", "8", "--vocab",
+          "32", "--trace", str(tmp_path / "t.json")], str(tmp_path))], env, timeout_s=120)
+    assert bad.returncode == 2
+    lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
     assert lines == ["merak-exec: error: dp*tp*pp = 1*1*2 = 2 does not match the world size "
                      "1; launch 2 processes or change the degrees"]
-    r = subprocess.run([sys.executable, "-m", "merak_exec", "train", "--steps", "2",
-                        "--layers", "2", "--hidden", "16", "--seq", "8", "--vocab", "32",
-                        "--trace", str(tmp_path / "t.json")],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "final loss" in r.stdout and (tmp_path / "t.json").exists()
 
 
-def test_tp_replicas_stay_identical_with_dropout(tmp_path):
-    codes, res = launch_scenario(2, "scenario_tp_dropout", {}, str(tmp_path))
+def test_tp_replicas_stay_identical_with_dropout(two_rank_scenarios):
+    codes, res, _ = two_rank_scenarios["scenario_tp_dropout"]
     assert codes == [0, 0], res
     assert "exception" not in res[0], res[0]
     # sub-pipelined TP refuses dropout (one mask per part, not per micro-batch)

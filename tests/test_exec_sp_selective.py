@@ -15,7 +15,8 @@ import types
 import pytest
 import torch
 
-from support.workers import assert_equivalent, launch
+from support.shared_launch import register
+from support.workers import assert_equivalent
 
 from merak_exec.mesh import ExecError
 
@@ -39,10 +40,11 @@ CASES = [
     C("pp2 zb-h1 selective", pp=2, schedule="zb-h1", recompute="selective"),
     C("hf-llama pp2 selective", "llama", pp=2, recompute="selective"),
 ]
+register(2, CASES, 500)  # launched together with the other modules' two-rank cases
 
 
-def test_sp_and_selective_equal_single_process(tmp_path):
-    assert_equivalent(launch(2, CASES, str(tmp_path), timeout_s=500), CASES)
+def test_sp_and_selective_equal_single_process(equivalence):
+    assert_equivalent(equivalence(2, CASES), CASES)
 
 
 def test_sequence_parallel_refuses_unknown_families():

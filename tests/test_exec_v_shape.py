@@ -9,7 +9,8 @@ for the built-in GPT and HuggingFace GPT-2, with pp 2 and pp 4.
 
 import pytest
 
-from support.workers import assert_equivalent, launch
+from support.shared_launch import register
+from support.workers import assert_equivalent
 
 
 def C(name, model, pp, schedule, n_layer):
@@ -21,9 +22,10 @@ def C(name, model, pp, schedule, n_layer):
 
 TWO = [C(f"{m} pp2 {s}", m, 2, s, 4) for m in ("gpt", "gpt2") for s in ("zb-v", "dualpipev")]
 FOUR = [C(f"{m} pp4 {s}", m, 4, s, 8) for m in ("gpt", "gpt2") for s in ("zb-v", "dualpipev")]
+register(2, TWO, 300)  # launched together with the other modules' cases of each world
+register(4, FOUR, 300)
 
 
 @pytest.mark.parametrize("world,cases", [(2, TWO), (4, FOUR)], ids=["pp2", "pp4"])
-def test_v_schedules_train_like_one_process(world, cases, tmp_path):
-    results = launch(world, cases, str(tmp_path), timeout_s=300)
-    assert_equivalent(results, cases)
+def test_v_schedules_train_like_one_process(world, cases, equivalence):
+    assert_equivalent(equivalence(world, cases), cases)

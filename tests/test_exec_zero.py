@@ -14,7 +14,8 @@ import os
 import pytest
 import torch
 
-from support.workers import assert_equivalent, launch
+from support.shared_launch import register
+from support.workers import assert_equivalent
 
 from merak_exec.launch import free_port, run_ranks
 
@@ -32,27 +33,36 @@ CASES = [
     C("dp2 zero1 shifted full", dp=2, schedule="shifted-critical-path", recompute="full"),
     C("hf-gpt2 dp2 zero1 stage-aware", "gpt2", dp=2, recompute="stage-aware"),
 ]
+register(2, CASES, 500)  # launched together with the other modules' two-rank cases
 
 
-def test_zero1_equals_single_process(tmp_path):
+def test_zero1_equals_single_process(equivalence):
     # grads are not compared under ZeRO (run_case reports 0): losses and parameters are
-    assert_equivalent(launch(2, CASES, str(tmp_path), timeout_s=500), CASES)
+    assert_equivalent(equivalence(2, CASES), CASES)
 
 
-def memory_worker(rank: int, world: int, port: int, out_dir: str, zero: int) -> None:
-    """One AdamW step sharded over dp=world; write the sharded and unsharded bytes of
-    what ``zero`` shards last: the optimizer state (1) or the parameters (3)."""
+def memory_worker(rank: int, world: int, port: int, out_dir: str, zeros: list[int]) -> None:
+    """For each ``zero`` of ``zeros`` in turn, one AdamW step sharded over dp=world;
+    write the sharded and unsharded bytes of what ``zero`` shards last: the optimizer
+    state (1) or the parameters (3)."""
+    from merak_exec.mesh import init_distributed, loopback_env
+
+    loopback_env(rank, world, port)
+    init_distributed(backend="gloo")
+    for zero in zeros:
+        _memory_step(rank, world, out_dir, zero)
+    os._exit(0)
+
+
+def _memory_step(rank: int, world: int, out_dir: str, zero: int) -> None:
     from support.models import data, tiny_gpt_config
 
     from merak_exec.fsdp import local_tensor
-    from merak_exec.mesh import init_distributed, loopback_env
     from merak_exec.models import GPT
     from merak_exec.parallel import parallelize
     from merak_exec.zero import ZeroOptimizer, optimizer_state_bytes
     from merak_sim.config import ParallelConfig
 
-    loopback_env(rank, world, port)
-    init_distributed(backend="gloo")
     mcfg = tiny_gpt_config()
     pc = ParallelConfig(dp=world, zero=zero, global_batch_size=2 * world, micro_batch_size=1,
                         dtype="fp32")
@@ -78,19 +88,25 @@ def memory_worker(rank: int, world: int, port: int, out_dir: str, zero: int) -> 
         out = {"sharded": sum(storages.values()),
                "unsharded": sum(p.numel() * p.element_size() for p in pm.parameters()),
                "kind": all(hasattr(p, "to_local") for p in pm.parameters())}
-    with open(os.path.join(out_dir, f"mem{rank}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"mem{zero}-{rank}.json"), "w") as f:
         json.dump(out, f)
-    os._exit(0)
+
+
+@pytest.fixture(scope="module")
+def memory_runs(tmp_path_factory):
+    """ZeRO-1 and ZeRO-3 memory steps in turn in one launch of 2 ranks: (codes, dir)."""
+    out = tmp_path_factory.mktemp("memory")
+    codes = run_ranks(memory_worker, 2, (2, free_port(), str(out), [1, 3]), timeout_s=300)
+    return codes, out
 
 
 @pytest.mark.parametrize("zero, what", [(1, "AdamW state"), (3, "parameters (FSDP2)")])
-def test_sharded_memory_is_one_over_dp(tmp_path, zero, what):
+def test_sharded_memory_is_one_over_dp(memory_runs, zero, what):
     world = 2
-    codes = run_ranks(memory_worker, world, (world, free_port(), str(tmp_path), zero),
-                      timeout_s=300)
+    codes, out = memory_runs
     assert codes == [0] * world
     for r in range(world):
-        m = json.load(open(tmp_path / f"mem{r}.json"))
+        m = json.load(open(out / f"mem{zero}-{r}.json"))
         ratio = m["sharded"] / m["unsharded"]
         print(f"rank {r}: ZeRO-{zero} {what} {m['sharded']} B of {m['unsharded']} B "
               f"unsharded = {ratio:.4f} (1/dp = {1 / world:.4f})")
@@ -114,16 +130,24 @@ def test_zero1_state_names_cover_every_shard_once():
                           for k in ("exp_avg", "exp_avg_sq", "step"))
 
 
+@pytest.fixture(scope="module")
+def resume_runs(tmp_path_factory):
+    """case_zero_resume with ZeRO-1 and ZeRO-3 in turn in one launch of 2 ranks."""
+    from support.precision_workers import run_world
+
+    out = tmp_path_factory.mktemp("resume")
+    jobs = [[f"zero{z}", "case_zero_resume", {"dir": str(out / f"ckpt{z}"),
+                                              "config": {"zero": z}}] for z in (1, 3)]
+    return run_world(2, "case_each", {"jobs": jobs}, str(out))
+
+
 @pytest.mark.parametrize("zero", [1, 3])
-def test_zero_fp16_resume_equals_uninterrupted_run(tmp_path, zero):
+def test_zero_fp16_resume_equals_uninterrupted_run(resume_runs, zero):
     """The sharded AdamW state (ZeRO-1 pieces, FSDP2 shards), the loss scaler and the
     LR iteration are checkpointed: a run resumed at step 2 from another random init
     continues exactly."""
-    from support.precision_workers import run_world
-
-    res = run_world(2, "case_zero_resume", {"dir": str(tmp_path / "ckpt"),
-                                            "config": {"zero": zero}}, str(tmp_path))
-    for rank, r in enumerate(res):
+    for rank, res in enumerate(resume_runs):
+        r = res.get(f"zero{zero}", res)
         assert "exception" not in r, r["exception"]
         assert r["step"] == 2 and r["state_keys"] > 0
         assert r["restored"] == [2.0 ** 10, 3, 2], r["restored"]

@@ -28,9 +28,45 @@ GPT = {"family": "gpt", "layers": 2, "hidden": 64, "heads": 4, "ffn_hidden": 96,
        "seq_len": 16, "vocab": 128}
 
 
-def _exec(args, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-m", "merak_exec", *args], capture_output=True,
-                          text=True, timeout=timeout, env=ENV, cwd=cwd)
+BAD_VALUES = [
+    (["train", "--steps", "0"], "'--steps': 0 is not in the range"),
+    (["train", "--mbs", "0"], "'--mbs': 0"),
+    (["train", "--trace", "/proc/nope/t.json"], "--chrome-trace: cannot write"),
+    (["train", "--chrome-trace", "."], "is a directory"),
+    (["profile", "--out", "/proc/nope/x.json"], "--out: cannot write"),
+    (["profile", "--out", "x.json", "--micro-batch-size", "0,2"], "positive integers"),
+    (["profile", "--out", "x.json", "--device", "tpu"], "choose cpu, cuda"),
+    (["train", "--plan", "missing.json"], "cannot read plan file"),
+]
+HELP_AND_ALIASES = [
+    ["--version"],
+    ["train", "-h"],
+    ["train", "--mbs", "2", "--micro-batch-size", "2"],
+    ["train", "--steps", "1", "--layers", "2", "--hidden", "16", "--seq", "8", "--vocab", "32",
+     "--mbs", "2", "--trace", "t.json"],
+]
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    """Every command line of the tests below, run once by one interpreter
+    (support.cli_runs): ``cli[key]`` is ``(CompletedProcess, working directory)``."""
+    from support.cli_runs import run_commands
+
+    plan_dir = tmp_path_factory.mktemp("refused")
+    Plan(model=GPT, cluster={"preset": "local-cpu"},
+         parallel=ParallelConfig(dp=2, micro_batch_size=1, global_batch_size=4,
+                                 zero=3, zero_group=2)).save(plan_dir / "z.json")
+    jobs = {("bad", i): (args, tmp_path_factory.mktemp("bad"))
+            for i, (args, _) in enumerate(BAD_VALUES)}
+    jobs["cuda"] = (["profile", "--out", "x.json", "--device", "cuda"],
+                    tmp_path_factory.mktemp("cuda"))
+    jobs["refused"] = (["train", "--plan", "z.json"], plan_dir)
+    aliases = tmp_path_factory.mktemp("aliases")
+    for i, args in enumerate(HELP_AND_ALIASES):
+        jobs[("aliases", i)] = (args, aliases)
+    done = run_commands([(args, str(cwd)) for args, cwd in jobs.values()], ENV)
+    return {k: (r, cwd) for (k, (_, cwd)), r in zip(jobs.items(), done, strict=True)}
 
 
 @pytest.mark.parametrize("model", [GQA, GPT], ids=["llama-gqa", "gpt-ffn96"])
@@ -83,52 +119,42 @@ def test_capability_table_refuses_and_restricts():
         executable_space(SearchSpace().with_(cp=(2,)), get_model("gpt-1.5b"))
 
 
-def test_non_executable_plan_refused_before_any_work(tmp_path):
-    Plan(model=GPT, cluster={"preset": "local-cpu"},
-         parallel=ParallelConfig(dp=2, micro_batch_size=1, global_batch_size=4,
-                                 zero=3, zero_group=2)).save(tmp_path / "z.json")
-    r = _exec(["train", "--plan", "z.json"], tmp_path)
+def test_non_executable_plan_refused_before_any_work(cli):
+    r, cwd = cli["refused"]
     assert r.returncode == 2 and r.stdout == ""
+    assert sorted(p.name for p in cwd.iterdir()) == ["z.json"]
     assert r.stderr.strip().splitlines() == [
         "merak-exec: error: cannot run this plan: HSDP shard groups (zero_group=2) is "
         "simulated but not executed by merak-exec (ZeRO shards over all of dp)"]
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["train", "--steps", "0"], "'--steps': 0 is not in the range"),
-    (["train", "--mbs", "0"], "'--mbs': 0"),
-    (["train", "--trace", "/proc/nope/t.json"], "--chrome-trace: cannot write"),
-    (["train", "--chrome-trace", "."], "is a directory"),
-    (["profile", "--out", "/proc/nope/x.json"], "--out: cannot write"),
-    (["profile", "--out", "x.json", "--micro-batch-size", "0,2"], "positive integers"),
-    (["profile", "--out", "x.json", "--device", "tpu"], "choose cpu, cuda"),
-    (["train", "--plan", "missing.json"], "cannot read plan file"),
-])
-def test_bad_values_one_line_exit_2(tmp_path, args, fragment):
-    r = _exec(args, tmp_path, timeout=120)
+@pytest.mark.parametrize("i, args, fragment", [(i, a, f) for i, (a, f) in enumerate(BAD_VALUES)],
+                         ids=[str(i) for i in range(len(BAD_VALUES))])
+def test_bad_values_one_line_exit_2(cli, i, args, fragment):
+    r, cwd = cli[("bad", i)]
+    assert r.args == args
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and fragment in lines[0], r.stderr
-    assert list(tmp_path.iterdir()) == []  # nothing left behind
+    assert list(cwd.iterdir()) == []  # nothing left behind
 
 
-def test_cuda_device_on_a_cpu_build_is_one_line(tmp_path):
-    r = _exec(["profile", "--out", "x.json", "--device", "cuda"], tmp_path, timeout=120)
+def test_cuda_device_on_a_cpu_build_is_one_line(cli):
+    r, _ = cli["cuda"]
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no CUDA" in r.stderr
 
 
-def test_version_help_and_aliases(tmp_path):
-    r = _exec(["--version"], tmp_path, timeout=120)
+def test_version_help_and_aliases(cli):
+    r, cwd = cli[("aliases", 0)]
     assert r.returncode == 0 and r.stdout.startswith("merak-exec, version")
-    r = _exec(["train", "-h"], tmp_path, timeout=120)
+    r, _ = cli[("aliases", 1)]
     assert r.returncode == 0 and "--micro-batch-size" in r.stdout
     assert "--mbs" not in r.stdout and "--trace " not in r.stdout  # hidden old spellings
-    r = _exec(["train", "--mbs", "2", "--micro-batch-size", "2"], tmp_path, timeout=120)
+    r, _ = cli[("aliases", 2)]
     assert r.returncode == 2 and "old spelling" in r.stderr
-    r = _exec(["train", "--steps", "1", "--layers", "2", "--hidden", "16", "--seq", "8",
-               "--vocab", "32", "--mbs", "2", "--trace", "t.json"], tmp_path)
+    r, _ = cli[("aliases", 3)]
     assert r.returncode == 0, r.stderr
-    assert re.match(r"parameters: \d+\n", r.stdout) and (tmp_path / "t.json").exists()
-    json.loads((tmp_path / "t.json").read_text())
+    assert re.match(r"parameters: \d+\n", r.stdout) and (cwd / "t.json").exists()
+    json.loads((cwd / "t.json").read_text())
 
 
 def test_executable_search_pairs_zero_2_3_only_with_whole_backwards():

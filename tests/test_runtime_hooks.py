@@ -1,10 +1,8 @@
 """The runtime's extension points fire once per action and posting of the program."""
 
-from support.workers import launch_scenario
 
-
-def test_hooks_see_every_action_and_posting_and_are_removed(tmp_path):
-    codes, res = launch_scenario(2, "scenario_hooks", {}, str(tmp_path))
+def test_hooks_see_every_action_and_posting_and_are_removed(two_rank_scenarios):
+    codes, res, _ = two_rank_scenarios["scenario_hooks"]
     assert codes == [0, 0], res
     kinds = set()
     for r in res:

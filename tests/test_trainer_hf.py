@@ -35,13 +35,26 @@ def test_chain_loss_with_labels_equal_input_ids_matches_hf_gpt2():
             assert float(chain.loss_fn(x, lab)) == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
-def test_parallel_hf_gpt2_loss_equals_hf_loss(tmp_path):
-    configs = [dict(pp=2, micro_batch_size=1, global_batch_size=4, dtype="fp32"),
-               dict(tp=2, micro_batch_size=2, global_batch_size=4, dtype="fp32"),
-               dict(dp=2, micro_batch_size=1, global_batch_size=4, dtype="fp32")]
-    for rank in run_world(2, "case_hf_loss", {"configs": configs}, str(tmp_path)):
+HF_LOSS_CONFIGS = [dict(pp=2, micro_batch_size=1, global_batch_size=4, dtype="fp32"),
+                   dict(tp=2, micro_batch_size=2, global_batch_size=4, dtype="fp32"),
+                   dict(dp=2, micro_batch_size=1, global_batch_size=4, dtype="fp32")]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """case_hf_loss and case_trainer in turn in one launch of 2 gloo ranks: per rank,
+    ``{"hf_loss": ..., "trainer": ...}`` (or the launch's exception)."""
+    out = tmp_path_factory.mktemp("two-ranks")
+    jobs = [["hf_loss", "case_hf_loss", {"configs": HF_LOSS_CONFIGS}],
+            ["trainer", "case_trainer", {"dir": str(out / "run")}]]
+    return run_world(2, "case_each", {"jobs": jobs}, str(out))
+
+
+def test_parallel_hf_gpt2_loss_equals_hf_loss(two_ranks):
+    for res in two_ranks:
+        rank = res.get("hf_loss", res)
         assert isinstance(rank, list), rank
-        for cfg, r in zip(configs, rank, strict=True):
+        for cfg, r in zip(HF_LOSS_CONFIGS, rank, strict=True):
             for got, want in zip(r["got"], r["want"], strict=True):
                 assert abs(got - want) <= 1e-5 * abs(want), (cfg, r)
 
@@ -99,9 +112,9 @@ def test_rotation_keeps_the_newest(tmp_path):
                                                           "checkpoint-x"]
 
 
-def test_trainer_epochs_rotation_and_resume_two_ranks(tmp_path):
-    res = run_world(2, "case_trainer", {"dir": str(tmp_path / "run")}, str(tmp_path))
-    for r in res:
+def test_trainer_epochs_rotation_and_resume_two_ranks(two_ranks):
+    for res in two_ranks:
+        r = res.get("trainer", res)
         assert "exception" not in r, r
         assert len(r["full"]) == 8 and r["saved"] == r["full"]  # 2 epochs of 4 steps
         assert r["kept"] == ["checkpoint-6", "checkpoint-8"]

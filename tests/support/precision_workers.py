@@ -19,7 +19,7 @@ from merak_sim.io import atomic_write_text
 from support.models import build_model, data
 
 __all__ = ["run_world", "reference_amp", "amp_run", "hf_loss_run", "case_amp", "case_trainer",
-           "case_hf_loss", "case_zero_resume"]
+           "case_hf_loss", "case_zero_resume", "case_each"]
 
 
 def _main(rank: int, world: int, port: int, name: str, arg: dict, out: str) -> None:
@@ -40,6 +40,19 @@ def run_world(world: int, name: str, arg: dict, out: str, timeout_s: float = 400
     if None in codes:
         raise TimeoutError(f"{name} did not finish within {timeout_s} s")
     return [json.load(open(os.path.join(out, f"{name}-{r}.json"))) for r in range(world)]
+
+
+def case_each(rank: int, arg: dict) -> dict:
+    """Every ``[key, name, arg]`` of ``arg["jobs"]`` in turn in this world (one process
+    start for several cases): ``{key: name(rank, arg)}``, or ``{"exception": ...}`` for
+    a case that raised."""
+    out = {}
+    for key, name, a in arg["jobs"]:
+        try:
+            out[key] = globals()[name](rank, a)
+        except Exception:
+            out[key] = {"exception": traceback.format_exc()}
+    return out
 
 
 def _amp_dtype(name: str):

@@ -3,8 +3,8 @@
 :func:`launch` spawns ``world`` processes; each runs :func:`run_cases`, which trains a
 tiny model under every given configuration and compares losses, final gradients and
 parameters with a single-process run of the same model and data.
-:func:`launch_scenario` runs one ``scenario_*`` function on every rank (resume, a lost
-rank, bad input, events, hooks, ...). Each rank writes its result to a JSON file in
+:func:`launch_scenario` runs one ``scenario_*`` function on every rank (resume, bad
+input, events, hooks, ...), :func:`launch_scenarios` several in turn in one launch. Each rank writes its result to a JSON file in
 ``out_dir`` *before* tearing down, so the caller judges reported results, not exit
 signals. :func:`cli_fault` runs ``merak-exec train`` as one process per rank and
 stops (SIGSTOP) or kills (SIGKILL) one of them mid-training.
@@ -24,7 +24,7 @@ from merak_exec.mesh import init_distributed, loopback_env
 from merak_sim.io import atomic_write_text
 from support.models import RecordingSGD, build_model, data, reference_run, tiny_gpt_config
 
-__all__ = ["launch", "run_cases", "run_case", "launch_scenario", "cli_fault"]
+__all__ = ["launch", "run_cases", "run_case", "launch_scenario", "launch_scenarios", "cli_fault"]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -235,28 +235,43 @@ def scenario_bad_input(rank: int, arg: dict) -> dict:
     return msgs
 
 
-def _scenario_main(rank: int, world: int, port: int, name: str, arg: dict, out_dir: str):
-    os.environ.update(MERAK_TIMEOUT_S=str(arg.get("timeout_s", 60)))
-    result: dict
+def _scenarios_main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> None:
+    """Process entry point: join the gloo world once, then run every ``(name, arg)``
+    scenario of ``jobs`` in turn, each writing its result before the next starts."""
+    os.environ.update(MERAK_TIMEOUT_S="60")
     try:
         _setup(rank, world, port)
-        result = globals()[name](rank, arg)
+        failed = None
     except Exception:
-        result = {"exception": traceback.format_exc()}
-    atomic_write_text(os.path.join(out_dir, f"{name}-rank{rank}.json"), json.dumps(result))
-    os._exit(int(result.get("exit", 0)) if isinstance(result, dict) else 0)
+        failed = {"exception": traceback.format_exc()}
+    for name, arg in jobs:
+        try:
+            result = failed or globals()[name](rank, arg)
+        except Exception:
+            result = {"exception": traceback.format_exc()}
+        atomic_write_text(os.path.join(out_dir, f"{name}-rank{rank}.json"), json.dumps(result))
+    os._exit(0)
+
+
+def launch_scenarios(world: int, jobs: list, out_dir: str,
+                     timeout_s: float = 600) -> tuple[list, dict]:
+    """Run every ``(name, arg)`` scenario of ``jobs`` in one launch of ``world`` ranks
+    (one process start for all of them); return (exit codes, {name: per-rank results,
+    None for a rank that wrote none})."""
+    codes = run_ranks(_scenarios_main, world, (world, free_port(), jobs, out_dir),
+                      timeout_s=timeout_s, fail_fast=False)
+    res = {}
+    for name, _ in jobs:
+        files = [os.path.join(out_dir, f"{name}-rank{r}.json") for r in range(world)]
+        res[name] = [json.load(open(f)) if os.path.exists(f) else None for f in files]
+    return codes, res
 
 
 def launch_scenario(world: int, name: str, arg: dict, out_dir: str,
                     timeout_s: float = 300) -> tuple[list, list]:
     """Run scenario ``name`` on ``world`` ranks; return (exit codes, results or None)."""
-    codes = run_ranks(_scenario_main, world, (world, free_port(), name, arg, out_dir),
-                      timeout_s=timeout_s, fail_fast=False)
-    res = []
-    for r in range(world):
-        f = os.path.join(out_dir, f"{name}-rank{r}.json")
-        res.append(json.load(open(f)) if os.path.exists(f) else None)
-    return codes, res
+    codes, res = launch_scenarios(world, [(name, arg)], out_dir, timeout_s)
+    return codes, res[name]
 
 
 def scenario_events(rank: int, arg: dict) -> dict:
