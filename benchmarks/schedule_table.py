@@ -24,7 +24,9 @@ from merak_sim.schedule import SCHEDULES, ScheduleSpec, generate, liveness, repl
 from merak_sim.schedule.liveness import ItemSizes
 
 SIZES = ((4, 8), (8, 16))
-_NOT_REQUIREMENTS = {"name", "order", "stage_fractions"}
+#: Spec fields that describe how a schedule is built, not what it needs (``period``: the
+#: steady-state period the exact evaluator extends).
+_NOT_REQUIREMENTS = {"name", "order", "stage_fractions", "period"}
 
 
 def virtual_stages(spec: ScheduleSpec) -> int:
