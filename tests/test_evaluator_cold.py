@@ -21,24 +21,18 @@ from merak_sim.sim.api import evaluator_trace, shape_schedule, simulate
 from merak_sim.sim.periodic import Evaluated, extended
 from merak_sim.sim.program import compile_program
 from merak_sim.sim.result import build_result
-
-FIELDS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s",
-          "recompute_s", "send_activation_s", "grad_allreduce_s", "optimizer_s",
-          "activation_bytes", "checkpoint_bytes", "input_bytes", "weight_bytes",
-          "grad_bytes", "optimizer_bytes", "p2p_bytes", "flops", "tp_comm_fwd_s",
-          "tp_exposed_fwd_s", "tp_comm_bwd_s", "tp_exposed_bwd_s", "tp_comm_recompute_s",
-          "tp_exposed_recompute_s", "tp_bytes_fwd", "tp_bytes_bwd", "tp_bytes_recompute")
+from tests.test_evaluator_fast import STAGE_FIELDS
 
 
 def table(n: int, kind: str, seed: int, tied: bool = False) -> CostTable:
     """``n`` stages: "uniform" (all equal), "ends" (first and last 1.5-3x heavier),
     "random" (every field of every stage drawn in [0.05, 3])."""
     rng = random.Random(seed)
-    base = {k: rng.uniform(0.05, 3.0) for k in FIELDS}
+    base = {k: rng.uniform(0.05, 3.0) for k in STAGE_FIELDS}
     stages = []
     for g in range(n):
         if kind == "random":
-            vals = {k: rng.uniform(0.05, 3.0) for k in FIELDS}
+            vals = {k: rng.uniform(0.05, 3.0) for k in STAGE_FIELDS}
         else:
             f = rng.uniform(1.5, 3.0) if kind == "ends" and g in (0, n - 1) else 1.0
             vals = {k: v * f for k, v in base.items()}

@@ -29,13 +29,19 @@ BASE = {"task": "pretrain", "model": "Llama-toy", "n_layers": "8", "hidden_size"
         "peak_mem_gib": "20", "peak_mem_bytes": "", "source_section": "toy"}
 
 
-def test_public_run_outcomes_predict_and_skip(tmp_path):
-    p = tmp_path / "toy.csv"
-    with open(p, "w", newline="") as f:
+def write_toy_rows(path, *changes: dict):
+    """``path`` as a public-runs CSV of BASE and one row per dict of changes to it."""
+    with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(BASE))
         w.writeheader()
         w.writerow(BASE)
-        w.writerow({**BASE, "precision": "NVFP4"})
+        for c in changes:
+            w.writerow({**BASE, **c})
+    return path
+
+
+def test_public_run_outcomes_predict_and_skip(tmp_path):
+    p = write_toy_rows(tmp_path / "toy.csv", {"precision": "NVFP4"})
     done, skipped = public_run_outcomes(p)
     assert len(done) == 1 and len(skipped) == 1
     assert "FP4" in skipped[0].reason and skipped[0].dataset == "public-runs/toy"

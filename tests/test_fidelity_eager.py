@@ -1,8 +1,6 @@
 """Eager elementwise ops (merak_sim.costs.fusion), the fidelity table's target group and
 the rule that picks how many parameters a Hopper fit moves (merak_sim.experiments.fit_cv)."""
 
-import csv
-
 import pytest
 
 from merak_sim.config import ParallelConfig
@@ -28,7 +26,7 @@ from merak_sim.experiments.hopper_fit import CHOSEN, VARIANTS, family_of, publis
 from merak_sim.experiments.public_runs import eager_elementwise, row_setup
 from merak_sim.hardware import get_cluster
 from merak_sim.model import get_model
-from tests.test_fidelity import BASE
+from tests.test_fidelity import BASE, write_toy_rows
 
 E = 2  # bf16
 F32 = 4
@@ -104,13 +102,7 @@ def test_target_group_holds_held_out_h100_a100_bf16_rows(tmp_path):
                              ("held out", "GH200-96GB", "bf16"),
                              ("held out", "H200-141GB", "bf16")):
         assert target_group(role, gpu, dtype) is None
-    p = tmp_path / "toy.csv"
-    with open(p, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(BASE))
-        w.writeheader()
-        w.writerow(BASE)
-        w.writerow({**BASE, "precision": "FP8"})
-    done, _ = public_run_outcomes(p)
+    done, _ = public_run_outcomes(write_toy_rows(tmp_path / "toy.csv", {"precision": "FP8"}))
     st = {s.group: s for s in summarise(done, ("target", "precision"))}
     assert st[f"target={TARGET}"].rows == 1 == st["precision=bf16"].rows
     assert st["all"].rows == 2
