@@ -66,6 +66,7 @@ from pathlib import Path
 
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
+from merak_sim.costs.base import CostTable
 from merak_sim.costs.comm import measured_collectives
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.costs.nccl import VTRAIN_A100
@@ -192,11 +193,16 @@ class PreparedRow:
         sched = cfg.build_schedule()
         return cls(row, model, cluster, cfg, sched, cfg.recompute_per_stage(sched))
 
+    def cost_table(self, efficiency: Efficiency | None = None,
+                   pipeline_send: str = MEGATRON_PIPELINE_SEND) -> CostTable:
+        """The row's cost table under ``efficiency`` (the calibrated A100 model)."""
+        return vtrain_cost_model(efficiency, pipeline_send).cost_table(
+            self.model, self.cluster, self.config)
+
     def predict(self, efficiency: Efficiency | None = None,
                 pipeline_send: str = MEGATRON_PIPELINE_SEND) -> float:
         """Predicted iteration time (seconds), as :func:`predict_row`."""
-        table = vtrain_cost_model(efficiency, pipeline_send).cost_table(
-            self.model, self.cluster, self.config)
+        table = self.cost_table(efficiency, pipeline_send)
         return evaluate(compile_program(self.schedule, table, self.recompute)).makespan
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.vtrain import PreparedRow, vtrain_cost_model
+from merak_sim.experiments.vtrain import PreparedRow
 from merak_sim.sim.evaluator import evaluate
 from merak_sim.sim.program import compile_program
 
@@ -87,8 +87,7 @@ def row_breakdown(prepared: PreparedRow, efficiency: Efficiency | None = None
                   ) -> RowBreakdown:
     """The breakdown of ``prepared``'s prediction with ``efficiency`` (module
     docstring); ``predicted_s`` equals :meth:`PreparedRow.predict`."""
-    table = vtrain_cost_model(efficiency).cost_table(prepared.model, prepared.cluster,
-                                                     prepared.config)
+    table = prepared.cost_table(efficiency)
 
     def span(*drop) -> float:
         st = table.stages

@@ -326,7 +326,7 @@ def simulate(
 
 def _periodic(cfg: ParallelConfig, table: CostTable, placement: RankLayout,
               overlap_dp: bool, buckets: int, common: dict) -> Extended | None:
-    """The evaluator's figures for ``cfg`` extended from two small schedules of the
+    """The evaluator's figures for ``cfg`` extended from a small base schedule of the
     same generator (:mod:`merak_sim.sim.periodic`), or None to evaluate in full."""
     spec = SCHEDULES.get(cfg.schedule)
     period = spec.steady_period(cfg.pp, cfg.virtual_stages) if spec is not None else None
