@@ -102,9 +102,11 @@ def test_eager_minus_compiled_peak_is_the_cached_w2_outputs():
     for r in (eager, comp):
         model, cluster, cfg = row_setup(r)
         cm = AnalyticCostModel().with_profile(activation_profile(r))
-        res = simulate(model, cluster, cfg, cost_model=cm, engine="evaluator",
+        table = cm.cost_table(model, cluster, cfg)
+        res = simulate(model, cluster, cfg, cost_table=table, engine="evaluator",
                        sub_cluster=True, keep_trace=False)
-        peaks.append(comparable_peak_bytes(r, model, cluster, cfg, res.peak_memory_bytes))
+        peaks.append(comparable_peak_bytes(r, model, cluster, cfg, table,
+                                           res.peak_memory_bytes))
     tok = cfg.micro_batch_size * model.seq_len
     assert peaks[0] - peaks[1] == pytest.approx(model.layers * tok * 2 * model.hidden,
                                                 rel=1e-6)
@@ -208,8 +210,10 @@ def test_sailor_memory_adds_the_runtime_outside_the_allocator():
     r = _rows("sailor.csv", model="OPT-350M")[0]
     model, cluster, cfg = row_setup(r)
     peaks = (10e9,) * cfg.pp
-    bare = comparable_peak_bytes({**r, "framework": "other"}, model, cluster, cfg, peaks)
-    assert comparable_peak_bytes(r, model, cluster, cfg, peaks) == \
+    table = AnalyticCostModel().cost_table(model, cluster, cfg)
+    bare = comparable_peak_bytes({**r, "framework": "other"}, model, cluster, cfg, table,
+                                 peaks)
+    assert comparable_peak_bytes(r, model, cluster, cfg, table, peaks) == \
         pytest.approx(bare + runtime_memory_bytes("GH200-96GB"))
 
 
@@ -219,9 +223,11 @@ def test_torchtitan_pp_adds_fp32_accumulation_and_drops_the_fp8_copy():
     assert cfg.pp == 8 and cfg.zero == 1 and cfg.dtype == "fp8"
     peaks = (80e9,) + (10e9,) * (cfg.pp - 1)
     other = {**r, "framework": "other"}
-    got = comparable_peak_bytes(r, model, cluster, cfg, peaks)
-    ref = comparable_peak_bytes(other, model, cluster, cfg, peaks)
-    n = -(-model.layers // cfg.pp)  # the even split puts the remainder first
+    table = AnalyticCostModel().cost_table(model, cluster, cfg)
+    got = comparable_peak_bytes(r, model, cluster, cfg, table, peaks)
+    ref = comparable_peak_bytes(other, model, cluster, cfg, table, peaks)
+    n = table.stages[0].layers  # the cost table's own split (uniform: 15 of 126)
+    assert n == 15
     p0 = stage_params(model, n, True, False, cfg.tp)
     # Stage 0 (the largest with the embedding): + 2 B (fp32 accumulation) - 1 B (no FP8
     # copy, weights unsharded under ZeRO 1) per parameter, and torchtitan's larger
@@ -229,6 +235,32 @@ def test_torchtitan_pp_adds_fp32_accumulation_and_drops_the_fp8_copy():
     work = [backward_working_bytes(model, cfg.micro_batch_size, cfg.tp, True, "full", p,
                                    cfg.dtype, cfg.cp) for p in (TORCHTITAN, FLASH)]
     assert got - ref == pytest.approx(p0 + work[0] - work[1], rel=0.02)
+
+
+def test_pp_terms_follow_the_cost_tables_split_and_virtual_chunks():
+    # The per-rank parameters come from the layers the cost table gives each model
+    # stage, summed over a rank's chunks under virtual stages.
+    r = _rows("torchtitan.csv", model="405B", other_flags="1F1B")[0]
+    model, cluster, cfg = row_setup(r)
+    other = {**r, "framework": "other"}
+    cm = AnalyticCostModel()
+    split = (30,) + (14,) * 6 + (12,)
+    table = cm.cost_table(model, cluster, cfg, split)
+    peaks = (80e9,) + (10e9,) * (cfg.pp - 1)
+    got = comparable_peak_bytes(r, model, cluster, cfg, table, peaks)
+    ref = comparable_peak_bytes(other, model, cluster, cfg, table, peaks)
+    work = [backward_working_bytes(model, cfg.micro_batch_size, cfg.tp, True, "full", p,
+                                   cfg.dtype, cfg.cp) for p in (TORCHTITAN, FLASH)]
+    p0 = stage_params(model, 30, True, False, cfg.tp)
+    assert got - ref == pytest.approx(p0 + work[0] - work[1], rel=0.02)
+    vcfg = replace(cfg, virtual_stages=2, schedule="interleaved-1f1b")
+    vtable = cm.cost_table(model, cluster, vcfg, (8,) * 15 + (6,))
+    assert [vcfg.rank_of_stage(g) for g in (0, 8)] == [0, 0]
+    vgot = comparable_peak_bytes(r, model, cluster, vcfg, vtable, peaks)
+    vref = comparable_peak_bytes(other, model, cluster, vcfg, vtable, peaks)
+    p0 = stage_params(model, 8, True, False, cfg.tp) + stage_params(model, 8, False, False,
+                                                                      cfg.tp)
+    assert vgot - vref == pytest.approx(p0 + work[0] - work[1], rel=0.02)
 
 
 def test_dtensor_sequence_parallelism_keeps_the_gathered_norm_outputs():

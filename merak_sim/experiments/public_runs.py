@@ -72,6 +72,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from merak_sim.config import ParallelConfig
+from merak_sim.costs.base import CostTable
 from merak_sim.hardware import Cluster, get_cluster
 from merak_sim.memory import (
     FLASH,
@@ -227,9 +228,12 @@ def _measure(row: dict) -> str:
 
 
 def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: ParallelConfig,
-                          stage_peaks: tuple[float, ...]) -> float:
+                          table: CostTable, stage_peaks: tuple[float, ...]) -> float:
     """The prediction of a row's published memory column (:data:`MEMORY_MEASURE`), the
-    max over stages of the simulated peak (state, stash, FSDP buffers) plus:
+    max over pipeline ranks of the simulated peak (``stage_peaks``: state, stash, FSDP
+    buffers; one per rank) plus the terms below, each priced from the layers and
+    parameters of the model stages the cost ``table`` puts on that rank (its chunks
+    under virtual stages, :meth:`ParallelConfig.rank_of_stage`):
 
     - the transient working set of the stage's largest backward step
       (:func:`merak_sim.memory.backward_working_bytes`), which an allocator-level peak
@@ -247,26 +251,27 @@ def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: Pa
     with expandable segments)."""
     prof = activation_profile(row) or (FLASH if cfg.attention == "flash" else KORTHIKANTI)
     prof = prof if prof.attention == cfg.attention else replace(prof, attention=cfg.attention)
-    pp = len(stage_peaks)
     titan = "torchtitan" in row.get("framework", "").lower()
     fp32_accum = titan and cfg.pp > 1 and cfg.zero > 0
     no_fp8_copy = titan and cfg.dtype == "fp8"
     shard = cfg.shard_group if cfg.zero >= 3 else 1
-    layers = stage_layers(row) or _even_split(model.layers, pp)
     outside = runtime_memory_bytes(cluster.gpu.name) if _measure(row) == "sailor" else 0.0
+    n_st = len(table.stages)
+    params = [0.0] * len(stage_peaks)
+    holds_last = [False] * len(stage_peaks)
+    for g, st in enumerate(table.stages):
+        r = cfg.rank_of_stage(g)
+        params[r] += stage_params(model, st.layers, g == 0, g == n_st - 1, cfg.tp)
+        holds_last[r] = holds_last[r] or g == n_st - 1
     out = []
-    for s, peak in enumerate(stage_peaks):
+    for r, peak in enumerate(stage_peaks):
         extra = backward_working_bytes(model, cfg.micro_batch_size, cfg.tp,
                                        cfg.sequence_parallel, cfg.recompute, prof, cfg.dtype,
-                                       cfg.cp, last=s == pp - 1)
-        params = stage_params(model, layers[s], s == 0, s == pp - 1, cfg.tp)
-        extra += (2 * params if fp32_accum else 0.0) - (params / shard if no_fp8_copy else 0.0)
+                                       cfg.cp, last=holds_last[r])
+        extra += ((2 * params[r] if fp32_accum else 0.0)
+                  - (params[r] / shard if no_fp8_copy else 0.0))
         out.append(peak + extra + outside)
     return max(out)
-
-
-def _even_split(n: int, parts: int) -> tuple[int, ...]:
-    return tuple(n // parts + (1 if i < n % parts else 0) for i in range(parts))
 
 
 def stage_layers(row: dict) -> tuple[int, ...] | None:
