@@ -16,6 +16,12 @@ grows in 2 MiB pages, well under 0.1 % of these peaks.
   holds the two largest units' gathered bytes for the whole step
   (:func:`fsdp_stream_pool_bytes`; the default stream's copies of the unsharded
   weights are the cost model's, :func:`merak_sim.costs.sharded_dp.fsdp_working_bytes`).
+  The same rule explains why the ZeRO 3 state the cost model counts (16 bytes per
+  parameter / g) is what FSDP2 reserves at the loss's peak although its gradients are
+  freed by then: its sharded gradients are views of the reduce-scatter outputs, which
+  it allocates on its reduce-scatter stream, so after ``zero_grad`` their 4 bytes per
+  parameter / g stay reserved in that stream's pool beside the fp32 sharded weights
+  and Adam's moments (12 / g); no term is added for them.
 - cuBLAS workspace: PyTorch allocates one workspace per cuBLAS handle and stream
   through the caching allocator; its default size (``CUBLAS_WORKSPACE_CONFIG`` unset)
   is 4096 KiB x 8 = 32 MiB on Hopper (sm90) and 4096 KiB x 2 + 16 KiB x 8 elsewhere
@@ -30,8 +36,9 @@ grows in 2 MiB pages, well under 0.1 % of these peaks.
   (:func:`pipeline_buffer_bytes`).
 - The freed logits: an eager cross entropy on fp32 logits frees the 16-bit logits and
   their fp32 copy at the end of forward; the loss backward then asks for fp32
-  vocabulary-sized blocks, which the 6V-byte hole per token left by the two serves
-  once (4V), leaving 2V per token reserved and unused at the loss backward's peak,
+  vocabulary-sized blocks, which the hole the two leave (2V + 4V bytes per token, V the
+  vocabulary per tensor-parallel rank) serves once (4V), leaving the 16-bit logits'
+  2V per token reserved and unused at the loss backward's peak,
   since the allocator never moves live blocks (:func:`freed_logits_bytes`). A fused
   loss (16-bit logits, one 16-bit gradient) leaves none.
 """
