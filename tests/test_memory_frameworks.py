@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from merak_sim.allocator_memory import fsdp_stream_pool_bytes, pipeline_buffer_bytes
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.experiments.public_runs import (
@@ -31,6 +32,7 @@ from merak_sim.memory import (
     backward_working_bytes,
     last_stage_extra_bytes,
     layer_activation_bytes,
+    peak_memory,
     stage_params,
 )
 from merak_sim.model import get_model
@@ -102,9 +104,11 @@ def test_eager_minus_compiled_peak_is_the_cached_w2_outputs():
     for r in (eager, comp):
         model, cluster, cfg = row_setup(r)
         cm = AnalyticCostModel().with_profile(activation_profile(r))
-        res = simulate(model, cluster, cfg, cost_model=cm, engine="evaluator",
+        table = cm.cost_table(model, cluster, cfg)
+        res = simulate(model, cluster, cfg, cost_table=table, engine="evaluator",
                        sub_cluster=True, keep_trace=False)
-        peaks.append(comparable_peak_bytes(r, model, cluster, cfg, res.peak_memory_bytes))
+        peaks.append(comparable_peak_bytes(r, model, cluster, cfg, table,
+                                           res.peak_memory_bytes))
     tok = cfg.micro_batch_size * model.seq_len
     assert peaks[0] - peaks[1] == pytest.approx(model.layers * tok * 2 * model.hidden,
                                                 rel=1e-6)
@@ -208,8 +212,10 @@ def test_sailor_memory_adds_the_runtime_outside_the_allocator():
     r = _rows("sailor.csv", model="OPT-350M")[0]
     model, cluster, cfg = row_setup(r)
     peaks = (10e9,) * cfg.pp
-    bare = comparable_peak_bytes({**r, "framework": "other"}, model, cluster, cfg, peaks)
-    assert comparable_peak_bytes(r, model, cluster, cfg, peaks) == \
+    table = AnalyticCostModel().cost_table(model, cluster, cfg)
+    bare = comparable_peak_bytes({**r, "framework": "other"}, model, cluster, cfg, table,
+                                 peaks)
+    assert comparable_peak_bytes(r, model, cluster, cfg, table, peaks) == \
         pytest.approx(bare + runtime_memory_bytes("GH200-96GB"))
 
 
@@ -219,16 +225,58 @@ def test_torchtitan_pp_adds_fp32_accumulation_and_drops_the_fp8_copy():
     assert cfg.pp == 8 and cfg.zero == 1 and cfg.dtype == "fp8"
     peaks = (80e9,) + (10e9,) * (cfg.pp - 1)
     other = {**r, "framework": "other"}
-    got = comparable_peak_bytes(r, model, cluster, cfg, peaks)
-    ref = comparable_peak_bytes(other, model, cluster, cfg, peaks)
-    n = -(-model.layers // cfg.pp)  # the even split puts the remainder first
+    table = AnalyticCostModel().cost_table(model, cluster, cfg)
+    got = comparable_peak_bytes(r, model, cluster, cfg, table, peaks)
+    ref = comparable_peak_bytes(other, model, cluster, cfg, table, peaks)
+    n = table.stages[0].layers  # the cost table's own split (uniform: 15 of 126)
+    assert n == 15
     p0 = stage_params(model, n, True, False, cfg.tp)
     # Stage 0 (the largest with the embedding): + 2 B (fp32 accumulation) - 1 B (no FP8
     # copy, weights unsharded under ZeRO 1) per parameter, and torchtitan's larger
     # recompute working set (gathered norm outputs).
     work = [backward_working_bytes(model, cfg.micro_batch_size, cfg.tp, True, "full", p,
                                    cfg.dtype, cfg.cp) for p in (TORCHTITAN, FLASH)]
-    assert got - ref == pytest.approx(p0 + work[0] - work[1], rel=0.02)
+    alloc = _titan_rank0_allocator(model, cfg, table, [(True, False)])
+    assert got - ref == pytest.approx(p0 + work[0] - work[1] + alloc, rel=0.02)
+
+
+def _titan_rank0_allocator(model, cfg, table, stages) -> float:
+    """What torchtitan's allocator reserves on pipeline rank 0 beyond the live tensors
+    (merak_sim.allocator_memory): two gathered blocks in FSDP's all-gather pool and,
+    per chunk at (first, last), pipelining's buffers."""
+    b = cfg.micro_batch_size * model.seq_len * model.hidden * 2 / cfg.tp
+    k = peak_memory(table, cfg)[0].peak_in_flight
+    m = cfg.num_microbatches
+    pool = fsdp_stream_pool_bytes([stage_params(model, 1, False, False, cfg.tp)] * 2, 2)
+    return pool + sum(pipeline_buffer_bytes(b, m, min(k, m), f, la) for f, la in stages)
+
+
+def test_pp_terms_follow_the_cost_tables_split_and_virtual_chunks():
+    # The per-rank parameters come from the layers the cost table gives each model
+    # stage, summed over a rank's chunks under virtual stages.
+    r = _rows("torchtitan.csv", model="405B", other_flags="1F1B")[0]
+    model, cluster, cfg = row_setup(r)
+    other = {**r, "framework": "other"}
+    cm = AnalyticCostModel()
+    split = (30,) + (14,) * 6 + (12,)
+    table = cm.cost_table(model, cluster, cfg, split)
+    peaks = (80e9,) + (10e9,) * (cfg.pp - 1)
+    got = comparable_peak_bytes(r, model, cluster, cfg, table, peaks)
+    ref = comparable_peak_bytes(other, model, cluster, cfg, table, peaks)
+    work = [backward_working_bytes(model, cfg.micro_batch_size, cfg.tp, True, "full", p,
+                                   cfg.dtype, cfg.cp) for p in (TORCHTITAN, FLASH)]
+    p0 = stage_params(model, 30, True, False, cfg.tp)
+    alloc = _titan_rank0_allocator(model, cfg, table, [(True, False)])
+    assert got - ref == pytest.approx(p0 + work[0] - work[1] + alloc, rel=0.02)
+    vcfg = replace(cfg, virtual_stages=2, schedule="interleaved-1f1b")
+    vtable = cm.cost_table(model, cluster, vcfg, (8,) * 15 + (6,))
+    assert [vcfg.rank_of_stage(g) for g in (0, 8)] == [0, 0]
+    vgot = comparable_peak_bytes(r, model, cluster, vcfg, vtable, peaks)
+    vref = comparable_peak_bytes(other, model, cluster, vcfg, vtable, peaks)
+    p0 = stage_params(model, 8, True, False, cfg.tp) + stage_params(model, 8, False, False,
+                                                                      cfg.tp)
+    alloc = _titan_rank0_allocator(model, vcfg, vtable, [(True, False), (False, False)])
+    assert vgot - vref == pytest.approx(p0 + work[0] - work[1] + alloc, rel=0.02)
 
 
 def test_dtensor_sequence_parallelism_keeps_the_gathered_norm_outputs():

@@ -182,7 +182,7 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
                 if activation_profile(row) is not None and hasattr(cm, "with_profile"):
                     cm = cm.with_profile(activation_profile(row))
                 split = stage_layers(row) if cfg.pp > 1 else None
-                table = None if split is None else cm.cost_table(model, cluster, cfg, split)
+                table = cm.cost_table(model, cluster, cfg, split)
                 res = simulate(model, cluster, cfg, cost_model=cm, cost_table=table,
                                engine="evaluator", sub_cluster=True, keep_trace=False)
             except ValueError as e:
@@ -192,7 +192,8 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
             continue
         pub = published_peak_bytes(row)
         mem_err = (None if pub is None else
-                   comparable_peak_bytes(row, model, cluster, cfg, res.peak_memory_bytes)
+                   comparable_peak_bytes(row, model, cluster, cfg, table,
+                                         res.peak_memory_bytes)
                    / pub - 1)
         zero = f"{cfg.zero}" + (f" (HSDP {cfg.zero_group})" if cfg.zero_group else "")
         role = role_of(dataset, row)

@@ -71,7 +71,14 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from merak_sim.allocator_memory import (
+    cublas_workspace_bytes,
+    freed_logits_bytes,
+    fsdp_stream_pool_bytes,
+    pipeline_buffer_bytes,
+)
 from merak_sim.config import ParallelConfig
+from merak_sim.costs.base import CostTable
 from merak_sim.hardware import Cluster, get_cluster
 from merak_sim.memory import (
     FLASH,
@@ -80,7 +87,10 @@ from merak_sim.memory import (
     TORCHTITAN_COMPILED,
     TORCHTITAN_COMPILED_LOSS,
     ActivationProfile,
+    DTYPE_BYTES,
     backward_working_bytes,
+    peak_memory,
+    stage_input_bytes,
     stage_params,
 )
 from merak_sim.model import ModelSpec, get_model
@@ -227,9 +237,12 @@ def _measure(row: dict) -> str:
 
 
 def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: ParallelConfig,
-                          stage_peaks: tuple[float, ...]) -> float:
+                          table: CostTable, stage_peaks: tuple[float, ...]) -> float:
     """The prediction of a row's published memory column (:data:`MEMORY_MEASURE`), the
-    max over stages of the simulated peak (state, stash, FSDP buffers) plus:
+    max over pipeline ranks of the simulated peak (``stage_peaks``: state, stash, FSDP
+    buffers; one per rank) plus the terms below, each priced from the layers and
+    parameters of the model stages the cost ``table`` puts on that rank (its chunks
+    under virtual stages, :meth:`ParallelConfig.rank_of_stage`):
 
     - the transient working set of the stage's largest backward step
       (:func:`merak_sim.memory.backward_working_bytes`), which an allocator-level peak
@@ -241,32 +254,74 @@ def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: Pa
     - torchtitan's fp8 (torchao's Float8Linear) casts the weights to FP8 at every use
       and saves the 16-bit ones for backward: none of the cached FP8 copy the fp8 state
       counts (1 byte per parameter, sharded like the weights);
+    - what the caching allocator reserves beyond the live tensors
+      (:mod:`merak_sim.allocator_memory`): the cuBLAS workspace (every row) and, for
+      torchtitan's PyTorch stack, FSDP2's all-gather stream pool, pipelining's receive
+      buffers and forward cache, and the freed logits of an eager fp32 loss when the
+      loss backward is the rank's peak;
     - for a device-level reading (Sailor), the memory the runtime holds outside the
       allocator (:func:`merak_sim.runtime_memory.runtime_memory_bytes`).
-    Caching slack between allocated and reserved bytes is not modelled (torchtitan runs
-    with expandable segments)."""
+    Fragmentation beyond those terms is not modelled (torchtitan runs with expandable
+    segments; nothing is fitted to the memory columns)."""
     prof = activation_profile(row) or (FLASH if cfg.attention == "flash" else KORTHIKANTI)
     prof = prof if prof.attention == cfg.attention else replace(prof, attention=cfg.attention)
-    pp = len(stage_peaks)
     titan = "torchtitan" in row.get("framework", "").lower()
     fp32_accum = titan and cfg.pp > 1 and cfg.zero > 0
     no_fp8_copy = titan and cfg.dtype == "fp8"
     shard = cfg.shard_group if cfg.zero >= 3 else 1
-    layers = stage_layers(row) or _even_split(model.layers, pp)
     outside = runtime_memory_bytes(cluster.gpu.name) if _measure(row) == "sailor" else 0.0
+    workspace = cublas_workspace_bytes(cluster.gpu.name)
+    n_st = len(table.stages)
+    in_flight = ([m.peak_in_flight for m in peak_memory(table, cfg)] if titan and cfg.pp > 1
+                 else [1] * len(stage_peaks))
+    ranks = [[] for _ in stage_peaks]
+    for g in range(n_st):
+        ranks[cfg.rank_of_stage(g)].append(g)
     out = []
-    for s, peak in enumerate(stage_peaks):
-        extra = backward_working_bytes(model, cfg.micro_batch_size, cfg.tp,
+    for r, peak in enumerate(stage_peaks):
+        stages = [(table.stages[g].layers, g == 0, g == n_st - 1) for g in ranks[r]]
+        params = sum(stage_params(model, n, first, last, cfg.tp) for n, first, last in stages)
+        last = any(lst for _, _, lst in stages)
+        work = [backward_working_bytes(model, cfg.micro_batch_size, cfg.tp,
                                        cfg.sequence_parallel, cfg.recompute, prof, cfg.dtype,
-                                       cfg.cp, last=s == pp - 1)
-        params = stage_params(model, layers[s], s == 0, s == pp - 1, cfg.tp)
-        extra += (2 * params if fp32_accum else 0.0) - (params / shard if no_fp8_copy else 0.0)
-        out.append(peak + extra + outside)
+                                       cfg.cp, last=lst) for lst in (False, last)]
+        extra = (work[1] + (2 * params if fp32_accum else 0.0)
+                 - (params / shard if no_fp8_copy else 0.0))
+        if titan:
+            extra += _torchtitan_allocator_bytes(row, model, cfg, prof, stages, in_flight[r],
+                                                 loss_peak=work[1] > work[0])
+        out.append(peak + extra + outside + workspace)
     return max(out)
 
 
-def _even_split(n: int, parts: int) -> tuple[int, ...]:
-    return tuple(n // parts + (1 if i < n % parts else 0) for i in range(parts))
+def _torchtitan_allocator_bytes(row: dict, model: ModelSpec, cfg: ParallelConfig,
+                                prof: ActivationProfile,
+                                stages: list[tuple[int, bool, bool]], in_flight: int,
+                                loss_peak: bool) -> float:
+    """Reserved bytes of torchtitan's PyTorch stack beyond the live tensors on one rank
+    (:mod:`merak_sim.allocator_memory`): FSDP2's all-gather stream pool over
+    torchtitan's units (each block; the root module, embedding + final norm + head, as
+    one), pipelining's buffers (``in_flight``: the rank's most micro-batches alive) and,
+    when the loss backward is the rank's
+    peak, the freed logits of an eager fp32 loss."""
+    tok = cfg.micro_batch_size * model.seq_len / cfg.cp
+    e = DTYPE_BYTES[cfg.dtype]
+    total = 0.0
+    if cfg.zero > 0:
+        units = [stage_params(model, 1, False, False, cfg.tp)] * sum(n for n, _, _ in stages)
+        units += [stage_params(model, 0, first, last, cfg.tp) for _, first, last in stages
+                  if first or last]
+        fp8_gather = cfg.dtype == "fp8" and "float8_all_gather" in row.get("other_flags", "")
+        total += fsdp_stream_pool_bytes(units, 1 if fp8_gather else e)
+    if cfg.pp > 1:
+        boundary = stage_input_bytes(model, cfg.micro_batch_size, cfg.tp,
+                                     cfg.sequence_parallel, prof, cfg.dtype, cfg.cp)
+        total += sum(pipeline_buffer_bytes(boundary, cfg.num_microbatches,
+                                           min(in_flight, cfg.num_microbatches), first, last)
+                     for _, first, last in stages)
+    if loss_peak and prof.loss != "fused":
+        total += freed_logits_bytes(tok, model.vocab / cfg.tp, e)
+    return total
 
 
 def stage_layers(row: dict) -> tuple[int, ...] | None:

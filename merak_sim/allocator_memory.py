@@ -1,0 +1,97 @@
+"""Bytes PyTorch's CUDA caching allocator reserves beyond the tensors a training step
+keeps alive at its peak (what ``torch.cuda.max_memory_reserved`` sees and a model of
+the live tensors does not).
+
+Each term is a documented behaviour of PyTorch or of a library it calls, priced from
+the run's shapes; nothing here is fitted. Block rounding is left out: with
+``expandable_segments:True`` (torchtitan's launch script sets it) a stream's segment
+grows in 2 MiB pages, well under 0.1 % of these peaks.
+
+- Per-stream pools: the allocator hands a freed block only to later requests on the
+  stream the block was allocated on (PyTorch's CUDA semantics notes, "memory
+  management"; the caching allocator keys its free blocks by stream). FSDP2 allocates
+  each unit's all-gather buffer (the gathered 16-bit, or with FSDP's float8 all-gather
+  8-bit, weights of the unit) on its own all-gather copy-in stream and keeps two in
+  flight (the unit being copied out and the prefetched next one), so that stream's pool
+  holds the two largest units' gathered bytes for the whole step
+  (:func:`fsdp_stream_pool_bytes`; the default stream's copies of the unsharded
+  weights are the cost model's, :func:`merak_sim.costs.sharded_dp.fsdp_working_bytes`).
+  The same rule explains why the ZeRO 3 state the cost model counts (16 bytes per
+  parameter / g) is what FSDP2 reserves at the loss's peak although its gradients are
+  freed by then: its sharded gradients are views of the reduce-scatter outputs, which
+  it allocates on its reduce-scatter stream, so after ``zero_grad`` their 4 bytes per
+  parameter / g stay reserved in that stream's pool beside the fp32 sharded weights
+  and Adam's moments (12 / g); no term is added for them.
+- cuBLAS workspace: PyTorch allocates one workspace per cuBLAS handle and stream
+  through the caching allocator; its default size (``CUBLAS_WORKSPACE_CONFIG`` unset)
+  is 4096 KiB x 8 = 32 MiB on Hopper (sm90) and 4096 KiB x 2 + 16 KiB x 8 elsewhere
+  (:func:`cublas_workspace_bytes`; one stream runs the matmuls).
+- Pipeline buffers: ``torch.distributed.pipelining`` allocates, when a stage first
+  runs, one activation receive buffer per micro-batch (stages after the first) and one
+  gradient receive buffer per micro-batch (stages before the last), each the size of
+  the tensor crossing the stage boundary, and keeps them between steps; it also keeps
+  each in-flight micro-batch's stage output for that micro-batch's backward (its
+  forward cache). The receive buffer of an in-flight micro-batch is the stage input
+  the stash already holds, so it is not counted twice
+  (:func:`pipeline_buffer_bytes`).
+- The freed logits: an eager cross entropy on fp32 logits frees the 16-bit logits and
+  their fp32 copy at the end of forward; the loss backward then asks for fp32
+  vocabulary-sized blocks, which the hole the two leave (2V + 4V bytes per token, V the
+  vocabulary per tensor-parallel rank) serves once (4V), leaving the 16-bit logits'
+  2V per token reserved and unused at the loss backward's peak,
+  since the allocator never moves live blocks (:func:`freed_logits_bytes`). A fused
+  loss (16-bit logits, one 16-bit gradient) leaves none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["CUBLAS_WORKSPACE_BYTES", "cublas_workspace_bytes", "fsdp_stream_pool_bytes",
+           "pipeline_buffer_bytes", "freed_logits_bytes"]
+
+KiB = 1024
+#: PyTorch's default cuBLAS workspace per handle and stream: Hopper (sm90), others.
+CUBLAS_WORKSPACE_BYTES = {"sm90": 4096 * KiB * 8, "other": 4096 * KiB * 2 + 16 * KiB * 8}
+_HOPPER = ("H100", "H200", "GH200")
+
+
+def cublas_workspace_bytes(gpu_name: str, streams: int = 1) -> float:
+    """Bytes of cuBLAS workspace the allocator holds for ``streams`` matmul streams on
+    ``gpu_name`` (a GPU preset name such as "H100-80GB")."""
+    if streams < 0:
+        raise ValueError(f"streams must be >= 0, got {streams}")
+    arch = "sm90" if gpu_name.upper().startswith(_HOPPER) else "other"
+    return float(CUBLAS_WORKSPACE_BYTES[arch] * streams)
+
+
+def fsdp_stream_pool_bytes(unit_params: Sequence[float], gather_bytes: int) -> float:
+    """Bytes FSDP2's all-gather copy-in stream keeps in its pool: the gathered weights
+    (``gather_bytes`` per parameter) of the two largest units of ``unit_params``
+    (parameters per GPU of each unit)."""
+    if gather_bytes < 0:
+        raise ValueError(f"gather_bytes must be >= 0, got {gather_bytes}")
+    top = sorted((float(u) for u in unit_params), reverse=True)[:2]
+    return sum(top) * gather_bytes
+
+
+def pipeline_buffer_bytes(boundary_bytes: float, micro_batches: int, in_flight: int,
+                          first: bool, last: bool) -> float:
+    """Bytes of ``torch.distributed.pipelining``'s buffers on one stage beyond the stash
+    (module docstring): the activation receive buffers of the micro-batches not in
+    flight (unless ``first``), a gradient receive buffer per micro-batch and the
+    forward cache's stage output per in-flight micro-batch (unless ``last``), each
+    ``boundary_bytes``."""
+    if micro_batches < 1 or not 0 <= in_flight <= micro_batches:
+        raise ValueError(f"need 1 <= micro_batches and 0 <= in_flight <= micro_batches, "
+                         f"got {micro_batches} and {in_flight}")
+    recv = 0 if first else micro_batches - in_flight
+    sent = 0 if last else micro_batches + in_flight
+    return float((recv + sent) * boundary_bytes)
+
+
+def freed_logits_bytes(tokens: float, vocab_per_rank: float, act_bytes: int) -> float:
+    """Bytes the loss backward of an eager fp32 cross entropy leaves reserved and
+    unused (module docstring): the 16-bit logits' share of the hole they and their
+    fp32 copy leave, ``act_bytes`` x V/t per token (``tokens`` of one micro-batch)."""
+    return float(tokens * vocab_per_rank * act_bytes)
