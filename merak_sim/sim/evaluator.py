@@ -25,7 +25,8 @@ from merak_sim.schedule.execute import execute
 from merak_sim.schedule.ir import Kind, ScheduleError
 
 from .buckets import chunk_buckets, overlapped_share
-from .program import OP_AR, OP_POST, Compiled, ProgramStructure
+from .program import Compiled
+from .structure import OP_AR, OP_POST, ProgramStructure
 
 __all__ = ["DependencyGraph", "Evaluation", "plan", "evaluate", "ar_buckets"]
 
@@ -79,7 +80,7 @@ _GRAPHS: weakref.WeakKeyDictionary[ProgramStructure, DependencyGraph] = \
 def plan(prog: Compiled) -> DependencyGraph:
     """Order the compute actions so that every dependency comes first (a rank runs
     until it needs a transfer whose send is not posted yet); computed once per
-    :class:`~merak_sim.sim.program.ProgramStructure`, so every pricing of one
+    :class:`~merak_sim.sim.structure.ProgramStructure`, so every pricing of one
     schedule object shares it."""
     pl = _GRAPHS.get(prog.structure)
     if pl is None:
