@@ -127,12 +127,7 @@ def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
     for r in range(S):
         hbm = HBM(capacity, prog.state_bytes[r], record_memory)
         ids = prog.structure.compute_ids[r]
-        for x in ids:
-            # HBM ignores zero-byte changes; most actions either allocate or free
-            if alloc[x]:
-                hbm.alloc(start[x], alloc[x], x)
-            if free[x]:
-                hbm.free(end[x], free[x])
+        hbm.replay(ids, start, end, alloc, free)
         acts.append(list(zip(ids, map(start.__getitem__, ids), map(end.__getitem__, ids),
                              strict=True)))
         mems.append(hbm)

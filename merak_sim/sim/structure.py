@@ -198,7 +198,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         first = len(actions)
         for step in prog:
             if type(step) is not Action or step.kind.is_comm:
-                for p in step.parts:
+                for p in (step,) if type(step) is Action else step.parts:
                     fk = (id(p.kind), p.chunk)
                     f = facts.get(fk)
                     if f is None:
