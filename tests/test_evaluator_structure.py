@@ -1,17 +1,15 @@
 """The evaluator's building blocks on the cold path: the program structure's walk
 (merak_sim.sim.structure), the one-loop memory replay (HBM.replay), forgetting
-kept structures, and the cyclic collector paused only while the evaluator runs."""
+kept structures."""
 
-import gc
 import random
 
 import pytest
 
 from merak_sim.schedule import SCHEDULES, ScheduleError, generate
-from merak_sim.sim.api import SimulationError, forget_schedules, shape_schedule, simulate
+from merak_sim.sim.api import forget_schedules, shape_schedule
 from merak_sim.sim.entities import HBM
 from merak_sim.sim.structure import OP_COMPUTE, OP_POST, program_structure
-from tests.test_evaluator_cold import table
 
 
 def _shapes():
@@ -72,25 +70,3 @@ def test_forget_schedules_forgets_structures():
     forget_schedules()
     assert program_structure(sched) is not ps
     assert shape_schedule("1f1b", 3, 5) is not sched
-
-
-def _args(**kw):
-    cfg = dict(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=8, schedule="1f1b")
-    return dict(config=cfg, cost_table=table(2, "ends", 3), engine="evaluator",
-                keep_trace=False, **kw)
-
-
-@pytest.mark.parametrize("enabled", [True, False])
-def test_collector_state_is_restored(enabled):
-    """The evaluator pauses the cyclic collector and restores the caller's setting,
-    also when it raises."""
-    was = gc.isenabled()
-    try:
-        (gc.enable if enabled else gc.disable)()
-        res = simulate(**_args())
-        assert res.iteration_time_s > 0 and gc.isenabled() is enabled
-        with pytest.raises(SimulationError, match="schedule has pp=3"):
-            simulate(**_args(custom_schedule=generate("1f1b", 3, 8)))
-        assert gc.isenabled() is enabled
-    finally:
-        (gc.enable if was else gc.disable)()

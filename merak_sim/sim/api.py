@@ -8,9 +8,7 @@ SimPy engine or the exact fast evaluator.
 
 from __future__ import annotations
 
-import gc
 from collections import OrderedDict
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -297,9 +295,8 @@ def simulate(
         if mode != "representative" or contention or what_if:
             raise SimulationError("the fast evaluator runs representative mode without "
                                   "contention or what-ifs; use engine='simpy'")
-        with _collector_paused():
-            return _evaluated(cfg, cost_table, placement, custom_schedule, keep_trace,
-                              overlap_dp, buckets, common)
+        return _evaluated(cfg, cost_table, placement, custom_schedule, keep_trace,
+                          overlap_dp, buckets, common)
     prog = _compiled(cfg, cost_table, custom_schedule)
     opts, caps = _engine_options(cfg, clus, capacity, mode=mode, topology=topology,
                                  contention=contention, overlap_dp=overlap_dp,
@@ -308,22 +305,6 @@ def simulate(
                                  keep_trace=keep_trace)
     tr = run_engine(prog, placement, capacity, opts, capacities=caps)
     return build_result(tr, engine=engine, keep_trace=keep_trace, **common)
-
-
-@contextmanager
-def _collector_paused():
-    """Pause Python's cyclic garbage collector (restored on exit): compiling and
-    evaluating a schedule allocates tens of thousands of small acyclic objects that
-    live until the result is built, and every collection they trigger would rescan
-    all of them (and, at the oldest generation, every cached structure) to find no
-    garbage; reference counting still frees everything as usual."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _compiled(cfg: ParallelConfig, table: CostTable,
