@@ -180,13 +180,13 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     free_of: list[int] = []
     ops_all, flops_r, rec_r, ar_order, last_bwd, chunks_all = [], [], [], [], [], []
     ids_all, consumed_all = [], []
-    n_posts = 0
+    add_action, add_alloc, add_free = actions.append, alloc_of.append, free_of.append
+    add_rule = rule_of.append
     for rank, prog in enumerate(sched.programs):
         ops: list[tuple[int, int, int]] = []
-        ids: list[int] = []
+        add_op = ops.append
         consumed: dict[int, int] = {}
-        live = liveness(sched, rank).steps
-        li = 0
+        live = iter(liveness(sched, rank).steps).__next__
         # (chunk, micro-batch) -> (history code, states entered); the code numbers
         # the history uniquely (base 4, states + 1), so rules are keyed by integers.
         history: dict[tuple[int, int], tuple[int, tuple[Held, ...]]] = {}
@@ -195,7 +195,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         fl: list[int] = []
         rf: list[int] = []
         facts: dict[tuple[int, int], list] = {}
-        first = len(actions)
+        first = aid = len(actions)
         for step in prog:
             if type(step) is not Action or step.kind.is_comm:
                 for p in (step,) if type(step) is Action else step.parts:
@@ -203,67 +203,68 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                     f = facts.get(fk)
                     if f is None:
                         f = facts[fk] = _step_facts(sched, p)
-                    key = (f[1], f[2], p.microbatch)
-                    (sends if f[0] else recvs)[key] = p
+                    is_send, tensor, src = f
+                    key = (tensor, src, p.microbatch)
+                    if is_send:
+                        sends[key] = p
+                    else:
+                        recvs[key] = p
                     t = tid.get(key)
                     if t is None:
                         t = tid[key] = len(tid)
-                    ops.append((OP_POST, t, 1 if f[0] else 0))
-                    n_posts += 1
+                    add_op((OP_POST, t, 1 if is_send else 0))
                 continue
             a = step
             k = a.kind
-            fk = (id(k), a.chunk)
+            ch = a.chunk
+            fk = (id(k), ch)
             f = facts.get(fk)
             if f is None:
                 f = facts[fk] = _step_facts(sched, a)
-            aid = len(actions)
-            actions.append(a)
-            ids.append(aid)
-            ls = live[li]
-            li += 1
+            per_mb, g, reads, flops_class, is_last, is_ar, head, rid, rid_r = f
+            add_action(a)
+            ls = live()
             al = fr = 0
             enters = ls.enters
             if enters is not None:
-                item = (a.chunk, a.microbatch)
+                item = (ch, a.microbatch)
                 code, h = history.get(item, (0, ()))
                 code = code * 4 + int(enters) + 1
                 h = h + (enters,)
                 history[item] = (code, h)
-                mk = (a.chunk, code, False)
+                mk = (ch, code, False)
                 al = mem_ids.get(mk, -1)
                 if al < 0:
                     al = mem_ids[mk] = len(mem_rules)
-                    mem_rules.append((rank, a.chunk, h, False))
+                    mem_rules.append((rank, ch, h, False))
             elif ls.leaves is not None:
-                code, h = history.pop((a.chunk, a.microbatch), (0, ()))
-                mk = (a.chunk, code, True)
+                code, h = history.pop((ch, a.microbatch), (0, ()))
+                mk = (ch, code, True)
                 fr = mem_ids.get(mk, -1)
                 if fr < 0:
                     fr = mem_ids[mk] = len(mem_rules)
-                    mem_rules.append((rank, a.chunk, h, True))
-            alloc_of.append(al)
-            free_of.append(fr)
-            per_mb = f[0]
-            explicit = bool(per_mb and f[2] and explicit_r
-                            and (rank, a.chunk, a.microbatch) in explicit_r)
-            slot = 8 if explicit else 7
-            rid = f[slot]
-            if rid < 0:
-                rid = f[slot] = len(rules)
-                rules.append((k, f[1], explicit, rank) if per_mb else (k, rank))
-            rule_of.append(rid)
-            if f[3] == 1:
+                    mem_rules.append((rank, ch, h, True))
+            add_alloc(al)
+            add_free(fr)
+            if reads and explicit_r and (rank, ch, a.microbatch) in explicit_r:
+                if rid_r < 0:
+                    rid_r = f[8] = len(rules)
+                    rules.append((k, g, True, rank))
+                rid = rid_r
+            elif rid < 0:
+                rid = f[7] = len(rules)
+                rules.append((k, g, False, rank) if per_mb else (k, rank))
+            add_rule(rid)
+            if flops_class == 1:
                 fl.append(rid)
-            elif f[3] == 2:
+            elif flops_class == 2:
                 rf.append(rid)
-            if f[4]:
-                last_b[a.chunk] = aid
-            head = f[6]
-            if f[5]:
-                ops.append((OP_AR, aid, -1))
+            if is_last:
+                last_b[ch] = aid
+            if is_ar:
+                add_op((OP_AR, aid, -1))
             elif head is None:
-                ops.append((OP_COMPUTE, aid, -1))
+                add_op((OP_COMPUTE, aid, -1))
             else:
                 t = tid.get((head[0], head[1], a.microbatch))
                 if t is None:
@@ -271,13 +272,14 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                                         f"{(*head, a.microbatch)} before its receive; "
                                         "lower the schedule")
                 consumed[aid] = t
-                ops.append((OP_COMPUTE, aid, t))
+                add_op((OP_COMPUTE, aid, t))
+            aid += 1
         rank_of += [rank] * (len(actions) - first)
         # chunks with per-micro-batch actions (sends and receives all are)
         chunks_all.append(tuple(sorted({ch for (_k, ch), f in facts.items()
                                         if len(f) == 3 or f[0]})))
         ops_all.append(tuple(ops))
-        ids_all.append(tuple(ids))
+        ids_all.append(tuple(range(first, aid)))
         consumed_all.append(consumed)
         order = sorted(last_b, key=lambda ch: last_b[ch])
         ar_order.append(tuple(order))
@@ -295,7 +297,8 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         bounds.append(key[1] if key[0] == "A" else key[1] - 1)
     return ProgramStructure(
         schedule=sched, ops=tuple(ops_all), actions=tuple(actions),
-        rank_of_action=tuple(rank_of), num_actions=n_posts + len(actions),
+        rank_of_action=tuple(rank_of),
+        num_actions=sum(map(len, ops_all)),
         transfer_ends=tuple(ends), transfer_boundary=tuple(bounds), rules=tuple(rules),
         rule_of_action=tuple(rule_of), memory_rules=tuple(mem_rules),
         alloc_rule=tuple(alloc_of), free_rule=tuple(free_of), flops_rules=tuple(flops_r),
