@@ -6,8 +6,9 @@ Per row (vTrain's multi-node rows; ``--single`` adds the single-node ones), each
 median of ``--repeat`` runs:
 
 - ``cold``: the whole :func:`merak_sim.experiments.vtrain.predict_row` (cost table,
-  schedule, compile, evaluation, result) with every schedule forgotten first
-  (:func:`merak_sim.sim.api.forget_schedules`): the first sight of a schedule shape.
+  schedule, compile, evaluation, result) with every schedule and its compiled
+  structure forgotten first (:func:`merak_sim.sim.api.forget_schedules`): the first
+  sight of a schedule shape.
   A generator that declares a steady-state period (1F1B) is evaluated on one small
   base and extended exactly (:mod:`merak_sim.sim.periodic`).
 - ``cold, full evaluation``: the same figures by evaluating the row's own schedule

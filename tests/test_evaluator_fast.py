@@ -29,7 +29,8 @@ from merak_sim.sim.api import schedule_of, simulate
 from merak_sim.sim.engine import run_engine
 from merak_sim.sim.evaluator import evaluate, plan
 from merak_sim.sim.gpu import EngineOptions
-from merak_sim.sim.program import OP_POST, compile_program, program_structure
+from merak_sim.sim.program import compile_program
+from merak_sim.sim.structure import OP_POST, program_structure
 
 SHAPES = [(1, 4, 1), (2, 3, 1), (3, 6, 1), (4, 8, 1), (4, 5, 1), (2, 4, 2), (3, 6, 3),
           (4, 8, 2)]

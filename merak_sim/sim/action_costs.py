@@ -3,7 +3,7 @@ stage costs, what one liveness history allocates or frees, and the gathers that
 spread per-rule values over the actions.
 
 :func:`~merak_sim.sim.program.compile_program` evaluates each distinct rule of a
-schedule once per cost table (:class:`~merak_sim.sim.program.ProgramStructure` lists
+schedule once per cost table (:class:`~merak_sim.sim.structure.ProgramStructure` lists
 them) and gathers the per-action values; the rules themselves are written down in
 that module's docstring.
 """

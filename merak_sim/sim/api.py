@@ -29,6 +29,7 @@ from .gpu import EngineOptions
 from .periodic import Evaluated, Extended, extended
 from .program import Compiled, compile_program
 from .result import SimResult, build_result, result_of
+from .structure import forget_structures
 
 __all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config", "schedule_of",
            "shape_schedule", "forget_schedules"]
@@ -88,9 +89,12 @@ def shape_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
 
 
 def forget_schedules() -> None:
-    """Empty :func:`shape_schedule`'s cache, so that the next simulation of every
-    shape starts cold (benchmarks of the first call; freeing memory)."""
+    """Empty :func:`shape_schedule`'s cache and the compiled structures kept per
+    schedule object (:func:`~merak_sim.sim.structure.forget_structures`), so that
+    the next simulation of every shape starts cold (benchmarks of the first call;
+    freeing memory)."""
     _SCHEDULES.clear()
+    forget_structures()
 
 
 def _load_schedule(schedule: Schedule | str | Path) -> Schedule:
@@ -121,12 +125,7 @@ def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
     for r in range(S):
         hbm = HBM(capacity, prog.state_bytes[r], record_memory)
         ids = prog.structure.compute_ids[r]
-        for x in ids:
-            # HBM ignores zero-byte changes; most actions either allocate or free
-            if alloc[x]:
-                hbm.alloc(start[x], alloc[x], x)
-            if free[x]:
-                hbm.free(end[x], free[x])
+        hbm.replay(ids, start, end, alloc, free)
         acts.append(list(zip(ids, map(start.__getitem__, ids), map(end.__getitem__, ids),
                              strict=True)))
         mems.append(hbm)
@@ -296,13 +295,23 @@ def simulate(
         if mode != "representative" or contention or what_if:
             raise SimulationError("the fast evaluator runs representative mode without "
                                   "contention or what-ifs; use engine='simpy'")
-        if custom_schedule is None and not keep_trace:
-            ext = _periodic(cfg, cost_table, placement, overlap_dp, buckets, common)
-            if ext is not None:
-                return result_of(ext.makespan, ext.figures, None, ext.flops,
-                                 ext.recompute_flops, placement=placement, stages=cfg.pp,
-                                 mode="representative", engine="evaluator", **common)
-    sched = (schedule_of(cfg, cost_table) if custom_schedule is None
+        return _evaluated(cfg, cost_table, placement, custom_schedule, keep_trace,
+                          overlap_dp, buckets, common)
+    prog = _compiled(cfg, cost_table, custom_schedule)
+    opts, caps = _engine_options(cfg, clus, capacity, mode=mode, topology=topology,
+                                 contention=contention, overlap_dp=overlap_dp,
+                                 buckets=buckets, slowdown=slowdown,
+                                 degraded_links=degraded_links, gpu_types=gpu_types,
+                                 keep_trace=keep_trace)
+    tr = run_engine(prog, placement, capacity, opts, capacities=caps)
+    return build_result(tr, engine=engine, keep_trace=keep_trace, **common)
+
+
+def _compiled(cfg: ParallelConfig, table: CostTable,
+              custom_schedule: Schedule | str | Path | None) -> Compiled:
+    """The configuration's schedule (or ``custom_schedule``), checked against its
+    degrees and compiled with ``table``."""
+    sched = (schedule_of(cfg, table) if custom_schedule is None
              else _load_schedule(custom_schedule))
     if (sched.num_stages, sched.num_microbatches, sched.virtual_stages) != (
             cfg.pp, cfg.num_microbatches, cfg.virtual_stages):
@@ -310,18 +319,24 @@ def simulate(
             f"schedule has pp={sched.num_stages}, microbatches={sched.num_microbatches}, "
             f"virtual stages={sched.virtual_stages} but the configuration needs "
             f"{cfg.pp}, {cfg.num_microbatches}, {cfg.virtual_stages}")
-    prog = compile_program(sched, cost_table, cfg.recompute_per_stage(sched))
-    if engine == "evaluator":
-        tr = evaluator_trace(prog, placement, capacity, overlap_dp=overlap_dp,
-                             buckets=buckets, zero=cfg.engine_zero, record_memory=keep_trace)
-    else:
-        opts, caps = _engine_options(cfg, clus, capacity, mode=mode, topology=topology,
-                                     contention=contention, overlap_dp=overlap_dp,
-                                     buckets=buckets, slowdown=slowdown,
-                                     degraded_links=degraded_links, gpu_types=gpu_types,
-                                     keep_trace=keep_trace)
-        tr = run_engine(prog, placement, capacity, opts, capacities=caps)
-    return build_result(tr, engine=engine, keep_trace=keep_trace, **common)
+    return compile_program(sched, table, cfg.recompute_per_stage(sched))
+
+
+def _evaluated(cfg: ParallelConfig, table: CostTable, placement: RankLayout,
+               custom_schedule: Schedule | str | Path | None, keep_trace: bool,
+               overlap_dp: bool, buckets: int, common: dict) -> SimResult:
+    """:func:`simulate`'s result with the fast evaluator: extended from a small base
+    where the schedule is periodic and no trace is kept, else in full."""
+    if custom_schedule is None and not keep_trace:
+        ext = _periodic(cfg, table, placement, overlap_dp, buckets, common)
+        if ext is not None:
+            return result_of(ext.makespan, ext.figures, None, ext.flops,
+                             ext.recompute_flops, placement=placement, stages=cfg.pp,
+                             mode="representative", engine="evaluator", **common)
+    prog = _compiled(cfg, table, custom_schedule)
+    tr = evaluator_trace(prog, placement, common["capacity"], overlap_dp=overlap_dp,
+                         buckets=buckets, zero=cfg.engine_zero, record_memory=keep_trace)
+    return build_result(tr, engine="evaluator", keep_trace=keep_trace, **common)
 
 
 def _periodic(cfg: ParallelConfig, table: CostTable, placement: RankLayout,

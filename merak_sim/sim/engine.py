@@ -53,7 +53,8 @@ from merak_sim.layout import RankLayout
 
 from .entities import HBM
 from .gpu import GPU, EngineOptions, EngineRun
-from .program import OP_POST, Compiled
+from .program import Compiled
+from .structure import OP_POST
 
 __all__ = ["EventLog", "run_engine"]
 

@@ -19,7 +19,7 @@ mode on symmetric configurations.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,6 +173,33 @@ class HBM:
         self.used -= nbytes
         if self._record:
             self.timeline.append((t, self.used))
+
+    def replay(self, ids: Sequence[int], start: Sequence[float], end: Sequence[float],
+               alloc: Sequence[float], free: Sequence[float]) -> None:
+        """For each action id of ``ids`` in order, :meth:`alloc` its ``alloc`` bytes
+        at its start and :meth:`free` its ``free`` bytes at its end: the same
+        operations in the same order, in one loop over local values."""
+        used, peak, cap = self.used, self.peak, self.capacity
+        rec = self.timeline.append if self._record else None
+        for x in ids:
+            a = alloc[x]
+            if a:
+                used += a
+                if rec is not None:
+                    rec((start[x], used))
+                if used > peak:
+                    peak = used
+                    over = used - cap
+                    if over > 0:
+                        if self.oom_time is None:
+                            self.oom_time, self.oom_action = start[x], x
+                        self.overflow = max(self.overflow, over)
+            f = free[x]
+            if f:
+                used -= f
+                if rec is not None:
+                    rec((end[x], used))
+        self.used, self.peak = used, peak
 
 
 class SyncGroup:

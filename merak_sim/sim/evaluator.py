@@ -25,7 +25,8 @@ from merak_sim.schedule.execute import execute
 from merak_sim.schedule.ir import Kind, ScheduleError
 
 from .buckets import chunk_buckets, overlapped_share
-from .program import OP_AR, OP_POST, Compiled, ProgramStructure
+from .program import Compiled
+from .structure import OP_AR, OP_POST, ProgramStructure
 
 __all__ = ["DependencyGraph", "Evaluation", "plan", "evaluate", "ar_buckets"]
 
@@ -79,7 +80,7 @@ _GRAPHS: weakref.WeakKeyDictionary[ProgramStructure, DependencyGraph] = \
 def plan(prog: Compiled) -> DependencyGraph:
     """Order the compute actions so that every dependency comes first (a rank runs
     until it needs a transfer whose send is not posted yet); computed once per
-    :class:`~merak_sim.sim.program.ProgramStructure`, so every pricing of one
+    :class:`~merak_sim.sim.structure.ProgramStructure`, so every pricing of one
     schedule object shares it."""
     pl = _GRAPHS.get(prog.structure)
     if pl is None:
@@ -100,43 +101,47 @@ def _order(prog: Compiled) -> DependencyGraph:
     waiting: dict[int, list[int]] = {}
     ready = list(range(S))[::-1]
     actions = prog.actions
+    optimizer = Kind.OPTIMIZER
 
+    add = nodes.append
     while ready:
         r = ready.pop()
         ops = prog.ops[r]
+        n_ops = len(ops)
         pc = pcs[r]
-        while pc < len(ops):
+        lr = last[r]
+        tail = tails[r]
+        while pc < n_ops:
             code, x, y = ops[pc]
             if code == OP_POST:
                 if y:
-                    send_prev[x] = last[r]
-                    for w in waiting.pop(x, ()):
-                        ready.append(w)
+                    send_prev[x] = lr
+                    woken = waiting.pop(x, None)
+                    if woken:
+                        ready.extend(woken)
                 else:
-                    recv_prev[x] = last[r]
-                pc += 1
-                continue
-            if code == OP_AR:
-                tails[r][0] = x
-                tails[r][2] = last[r]
-                last[r] = x
-                pc += 1
-                continue
-            if actions[x].kind is Kind.OPTIMIZER:
-                tails[r][1] = x
-                if tails[r][0] < 0:
-                    tails[r][2] = last[r]
-                last[r] = x
-                pc += 1
-                continue
-            if y >= 0 and send_prev[y] is None:
+                    recv_prev[x] = lr
+            elif code == OP_AR:
+                tail[0] = x
+                tail[2] = lr
+                lr = x
+            elif y < 0:
+                if actions[x].kind is optimizer:
+                    tail[1] = x
+                    if tail[0] < 0:
+                        tail[2] = lr
+                else:
+                    add((x, lr, -1, -1, -1))
+                lr = x
+            elif send_prev[y] is None:
                 waiting.setdefault(y, []).append(r)
                 break
-            nodes.append((x, last[r], y,
-                          send_prev[y] if y >= 0 else -1, recv_prev[y] if y >= 0 else -1))
-            last[r] = x
+            else:
+                add((x, lr, y, send_prev[y], recv_prev[y]))
+                lr = x
             pc += 1
         pcs[r] = pc
+        last[r] = lr
     if any(pcs[r] < len(prog.ops[r]) for r in range(S)):
         # Let the reference interpreter produce its rank x step grid.
         execute(prog.schedule, lambda a: 1.0)

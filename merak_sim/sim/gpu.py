@@ -19,7 +19,8 @@ from merak_sim.schedule.ir import Kind
 
 from .buckets import chunk_buckets, overlapped_share
 from .entities import HBM, Fabric, SyncGroup, Topology
-from .program import OP_AR, OP_POST, Compiled
+from .program import Compiled
+from .structure import OP_AR, OP_POST
 from .routes import LinkRoutes
 
 if TYPE_CHECKING:

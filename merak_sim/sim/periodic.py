@@ -42,7 +42,8 @@ from merak_sim.schedule.spec import Period
 
 from .engine import EventLog
 from .evaluator import DependencyGraph, plan
-from .program import FORWARD_KINDS, RECOMPUTING_KINDS, Compiled
+from .program import Compiled
+from .structure import FORWARD_KINDS, RECOMPUTING_KINDS
 from .result import SimResult, rank_breakdown
 
 __all__ = ["Evaluated", "Extended", "extended", "BASE_BLOCKS"]

@@ -32,7 +32,8 @@ from merak_sim.layout import RankLayout
 from merak_sim.schedule.ir import Kind
 from merak_sim.sim.api import evaluator_trace, simulate
 from merak_sim.sim.evaluator import evaluate, plan
-from merak_sim.sim.program import OP_COMPUTE, OP_POST, compile_program
+from merak_sim.sim.program import compile_program
+from merak_sim.sim.structure import OP_COMPUTE, OP_POST
 from merak_sim.sim.result import build_result
 from merak_sim.validation.rundir import MeasuredRun
 
