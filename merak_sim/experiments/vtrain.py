@@ -40,19 +40,26 @@ emulate it additively (14 us of device time per kernel and a penalty on small GE
 12.26 % MAPE on these rows, against 7.26 % with the floor).
 
 What the held-out rows still show (benchmarks/results/vtrain_validation.md): the floor
-adds nothing to them (large models are device bound), and their remaining bias comes
-from device-bound rows the single-node rows cannot inform: the 39.1B tp=2 runs reach
+adds nothing to them (large models are device bound), and pricing the pipeline as
+DeepSpeed's engine ran it adds 1-3 % to the pipelined rows (pipeline communication
+0.9 % -> 1.7 % of the predicted time) without closing their bias, which comes from
+device-bound rows the single-node rows cannot inform: the 39.1B tp=2 runs reach
 about 85 TFLOP/s per GPU where tp=4 and tp=8 runs of the same model reach 124-127,
 and several series move with the micro-batch far beyond any kernel-size effect (for
 the same global batch, 3.6B at tp=4 and tp=8 runs 31 % and 58 % slower at micro-batch
 2 than at 4; 39.1B at tp=4 dp=16 pp=8 takes 16.1, 17.6, 17.4, 16.1 s at 2, 3, 4, 6,
 where a fixed per-GPU work and a bubble growing from 7/48 to 7/16 of it allow no
-decrease). The single-node device-bound rows instead push gemm_max, attn_factor and
-mem_bw_eff to their upper bounds. :mod:`merak_sim.experiments.vtrain_breakdown` splits
-every prediction into compute, bubble and TP / PP / DP communication: for tp <= 8
-the communication is 3-16 % of the predicted time per tp group and would have to grow
-about 2x (tp=1) to 4x (tp=2) to close those groups' bias, far beyond the measured NCCL
-figures it is priced from, so the bias is not in the communication.
+decrease). Two rows are beyond any model whose time per sample does not grow with the
+micro-batch: at pp = 1 the same work in fewer, larger micro-batches cannot take
+longer, yet 3.6B tp=8 dp=8 takes 9.84 s at micro-batch 64 against 4.97 s at 32 (at
+least 49 % off whatever the model) and 18.4B tp=8 dp=32 10.51 s at 16 against 9.60 s
+at 8 (at least 9 %). The single-node device-bound rows instead push gemm_max,
+attn_factor and mem_bw_eff to their upper bounds.
+:mod:`merak_sim.experiments.vtrain_breakdown` splits every prediction into compute,
+bubble and TP / PP / DP communication: for tp <= 8 the communication is 3-16 % of the
+predicted time per tp group and would have to grow about 2x (tp=1) to 3.5x (tp=2) to
+close those groups' bias, far beyond the measured NCCL figures it is priced from, so
+the bias is not in the communication.
 
 The fit (:func:`fit`) moves only the efficiency curve: the single-node rows' links are
 measured (the NCCL tables), not fitted. Bounds come from physics, fixed before looking
