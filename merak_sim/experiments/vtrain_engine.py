@@ -97,15 +97,16 @@ def exchange_seconds(table: CostTable, cluster: Cluster, config: ParallelConfig,
             return 0.0
         return 2.0 * comm("p2p", st[g].p2p_bytes / tp, (a, b), cluster)
 
+    def full(nbytes: float, g: int) -> float:
+        return _full_seconds(nbytes, tp_ranks[g], cluster, comm, efficiency)
+
     out = []
     for g in range(n):
         # Forward: the exchange with g - 1, then full() of the received input.
-        fwd = 0.0 if g == 0 else exchange(g - 1) + _full_seconds(
-            st[g - 1].p2p_bytes, tp_ranks[g], cluster, comm, efficiency)
+        fwd = 0.0 if g == 0 else exchange(g - 1) + full(st[g - 1].p2p_bytes, g)
         # Backward: the exchange with g + 1, then full() of the own output and of the
         # received gradient (both the size of the output).
-        bwd = 0.0 if g == n - 1 else exchange(g) + 2.0 * _full_seconds(
-            st[g].p2p_bytes, tp_ranks[g], cluster, comm, efficiency)
+        bwd = 0.0 if g == n - 1 else exchange(g) + 2.0 * full(st[g].p2p_bytes, g)
         out.append(StageExchange(fwd, bwd))
     return tuple(out)
 
@@ -116,20 +117,30 @@ def _shift(s: StageCost, ex: StageExchange, sign: float) -> StageCost:
                    backward_input_s=s.backward_input_s + sign * ex.backward_s)
 
 
+def _shifted(table: CostTable, exchange: tuple[StageExchange, ...], sign: float
+             ) -> CostTable:
+    # A table shares one StageCost among the stages that cost the same; shift each
+    # distinct (stage, exchange) pair once.
+    done: dict[tuple[int, StageExchange], StageCost] = {}
+    out = []
+    for s, ex in zip(table.stages, exchange, strict=True):
+        key = (id(s), ex)
+        if key not in done:
+            done[key] = replace(_shift(s, ex, sign), send_activation_s=0.0)
+        out.append(done[key])
+    return replace(table, stages=tuple(out))
+
+
 def with_exchange(table: CostTable, exchange: tuple[StageExchange, ...]) -> CostTable:
     """``table`` with each stage's forward and backward (and backward-input) times
     including its exchange waits and no separate transfer time (module docstring)."""
-    return replace(table, stages=tuple(replace(_shift(s, ex, 1.0), send_activation_s=0.0)
-                                       for s, ex in zip(table.stages, exchange,
-                                                        strict=True)))
+    return _shifted(table, exchange, 1.0)
 
 
 def without_exchange(table: CostTable, exchange: tuple[StageExchange, ...]) -> CostTable:
     """The inverse of :func:`with_exchange` on the times (transfers stay at zero):
     the table with no pipeline communication at all."""
-    return replace(table, stages=tuple(_shift(s, ex, -1.0)
-                                       for s, ex in zip(table.stages, exchange,
-                                                        strict=True)))
+    return _shifted(table, exchange, -1.0)
 
 
 class DeepSpeedPipelineModel:
