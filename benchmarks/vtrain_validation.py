@@ -9,8 +9,9 @@ Protocol (merak_sim/experiments/vtrain.py): the A100 efficiency parameters of th
 analytic cost model are fitted to ground_truth_single.csv only, within physical bounds
 (experiments.vtrain.BOUNDS: GEMM ceiling 0.80, host seconds per kernel 10-100 us);
 links inside a node come from vTrain's measured NCCL tables, the network between
-nodes from NCCL's measured bus bandwidth on that node design, and pipeline sends are
-Megatron's scatter-gather; every row of
+nodes from NCCL's measured bus bandwidth on that node design, and pipeline
+communication is DeepSpeed's PipelineEngine's (the runs were Megatron-DeepSpeed's:
+experiments.vtrain_engine); every row of
 ground_truth_multi.csv is then predicted without refitting, by the exact fast
 evaluator (contention-free) and by the SimPy engine with link contention. Writes
 benchmarks/results/vtrain_validation.md (per-row table, MAPE per GPU count and where
@@ -182,11 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Command: `.venv/bin/python benchmarks/vtrain_validation.py` "
         f"(data: data/vtrain; {time.strftime('%Y-%m-%d')}).",
-        "Assumptions: vocab 51,200, fp16, 1F1B, full recompute, no DP overlap, cluster "
+        "Assumptions (the runs were Megatron-DeepSpeed's): GPT-2 vocabulary padded to a "
+        "multiple of 128 x tp, fp16, 1F1B, full recompute, no DP overlap, cluster "
         "vtrain-a100 (8 A100 per node, 800 Gb/s per node between nodes: 4 HDR adapters, "
         "91 GB/s as NCCL measures it on that node design), Megatron rank "
         "placement; collectives inside a node from vTrain's measured NCCL all-reduce "
-        "tables (data/vtrain/nccl-a100); pipeline sends as Megatron's scatter-gather.",
+        "tables (data/vtrain/nccl-a100); pipeline communication as DeepSpeed's "
+        "PipelineEngine does it (synchronous, TP-partitioned, all-gathers on the compute "
+        "stream: merak_sim.experiments.vtrain_engine), so the SimPy column has no "
+        "pipeline transfers to put on links.",
         f"Time: {time.perf_counter() - t0:.0f} s on this machine (fit {fit_s:.0f} s).",
         "",
         "## Calibration (ground_truth_single.csv only, 1,440 rows)",

@@ -38,7 +38,7 @@ def test_load_and_setup(files):
     assert single[1].tp == 2 and single[1].dp == 2 and single[1].pp == 2
     assert multi[0].params_b == 3.6 and multi[0].gpus == 64
     model, cluster, cfg = row_setup(multi[1])
-    assert (model.hidden, model.layers, model.vocab, model.seq_len) == (3072, 30, 51200, 2048)
+    assert (model.hidden, model.layers, model.vocab, model.seq_len) == (3072, 30, 50432, 2048)
     assert cluster.world_size == 64 and cluster.gpus_per_node == 8
     assert (cfg.dp, cfg.tp, cfg.pp, cfg.num_microbatches) == (32, 2, 1, 2)
     assert cfg.recompute == "full" and cfg.schedule == "1f1b" and cfg.dtype == "fp16"
@@ -83,7 +83,7 @@ def test_prepared_row_predicts_as_predict_row(files):
 
     e = Efficiency(gemm_max=0.75, kernel_overhead_s=8e-6)
     for r in load_vtrain(files[0]) + load_vtrain(files[1]):
-        for mode in ("full", "scatter-gather"):
+        for mode in ("deepspeed", "full", "scatter-gather"):
             assert PreparedRow.of(r).predict(e, mode) == predict_row(r, e, pipeline_send=mode)
 
 

@@ -9,19 +9,27 @@ training on A100 clusters: 1,440 single-node runs (1-8 GPUs) and 109 multi-node 
 :mod:`merak_sim.costs.calibrated`).
 
 How a row becomes a simulation (assumptions, as stated in vTrain's description of its
-data): GPT with the row's layers, hidden size, heads and sequence length, vocabulary
-51,200 (Megatron's padded GPT-2 BPE), fp16; cluster ``vtrain-a100`` (8 A100 per node,
-vTrain's link figures); 1F1B, full recomputation, no overlap of the data-parallel
-all-reduce.
+data and the framework that measured it): GPT with the row's layers, hidden size, heads
+and sequence length, fp16; cluster ``vtrain-a100`` (8 A100 per node, vTrain's link
+figures); 1F1B, full recomputation, no overlap of the data-parallel all-reduce. The
+runs were "collected using Megatron-DeepSpeed" (vTrain's data README), whose GPT
+pretraining uses the GPT-2 BPE tokenizer (50,257 tokens) and pads the vocabulary to a
+multiple of 128 x tp (Megatron's ``--make-vocab-size-divisible-by`` default 128, times
+the tensor-parallel size): :func:`padded_vocab`, 50,304 at tp = 1 up to 51,200 at
+tp = 8 and 16.
 
 Communication as the runs had it (:data:`merak_sim.costs.nccl.VTRAIN_A100`):
 collectives inside a node priced from vTrain's measured NCCL all-reduce tables (bus
 bandwidth per group size and message size); between nodes, vTrain's stated 800 Gb/s
 per node (4 HDR adapters) as NCCL measures it on that node design, 91 GB/s of
 all-reduce bus bandwidth per node (:data:`merak_sim.costs.nccl.HDR4_A100_NODES`), shared
-by the node's GPUs; pipeline sends as Megatron-LM sends them by default
-(scatter-gather: 1/tp of the activation per GPU, then an NVLink all-gather;
-``pipeline_send="full"`` for the whole activation).
+by the node's GPUs. Pipeline communication as Megatron-DeepSpeed runs it, by DeepSpeed's
+``PipelineEngine`` (:mod:`merak_sim.experiments.vtrain_engine`: synchronous transfers,
+activations and gradients partitioned over the TP group and rebuilt by all-gathers,
+all on the compute stream; ``pipeline_send="deepspeed"``, the default); Megatron-LM's
+own sends remain selectable for comparison (``"scatter-gather"``: 1/tp of the
+activation per GPU, then an NVLink all-gather, off the compute stream; ``"full"``: the
+whole activation).
 
 Host issue: Megatron-LM runs eagerly, so every pass is at least its kernel count times
 the host's cost per kernel (``host_op_s``, :meth:`Efficiency.host_bound`). The
@@ -32,19 +40,26 @@ emulate it additively (14 us of device time per kernel and a penalty on small GE
 12.26 % MAPE on these rows, against 7.26 % with the floor).
 
 What the held-out rows still show (benchmarks/results/vtrain_validation.md): the floor
-adds nothing to them (large models are device bound), and their remaining bias comes
-from device-bound rows the single-node rows cannot inform: the 39.1B tp=2 runs reach
+adds nothing to them (large models are device bound), and pricing the pipeline as
+DeepSpeed's engine ran it adds 1-3 % to the pipelined rows (pipeline communication
+0.9 % -> 1.7 % of the predicted time) without closing their bias, which comes from
+device-bound rows the single-node rows cannot inform: the 39.1B tp=2 runs reach
 about 85 TFLOP/s per GPU where tp=4 and tp=8 runs of the same model reach 124-127,
 and several series move with the micro-batch far beyond any kernel-size effect (for
 the same global batch, 3.6B at tp=4 and tp=8 runs 31 % and 58 % slower at micro-batch
 2 than at 4; 39.1B at tp=4 dp=16 pp=8 takes 16.1, 17.6, 17.4, 16.1 s at 2, 3, 4, 6,
 where a fixed per-GPU work and a bubble growing from 7/48 to 7/16 of it allow no
-decrease). The single-node device-bound rows instead push gemm_max, attn_factor and
-mem_bw_eff to their upper bounds. :mod:`merak_sim.experiments.vtrain_breakdown` splits
-every prediction into compute, bubble and TP / PP / DP communication: for tp <= 8
-the communication is 3-16 % of the predicted time per tp group and would have to grow
-about 2x (tp=1) to 4x (tp=2) to close those groups' bias, far beyond the measured NCCL
-figures it is priced from, so the bias is not in the communication.
+decrease). Two rows are beyond any model whose time per sample does not grow with the
+micro-batch: at pp = 1 the same work in fewer, larger micro-batches cannot take
+longer, yet 3.6B tp=8 dp=8 takes 9.84 s at micro-batch 64 against 4.97 s at 32 (at
+least 49 % off whatever the model) and 18.4B tp=8 dp=32 10.51 s at 16 against 9.60 s
+at 8 (at least 9 %). The single-node device-bound rows instead push gemm_max,
+attn_factor and mem_bw_eff to their upper bounds.
+:mod:`merak_sim.experiments.vtrain_breakdown` splits every prediction into compute,
+bubble and TP / PP / DP communication: for tp <= 8 the communication is 3-16 % of the
+predicted time per tp group and would have to grow about 2x (tp=1) to 3.5x (tp=2) to
+close those groups' bias, far beyond the measured NCCL figures it is priced from, so
+the bias is not in the communication.
 
 The fit (:func:`fit`) moves only the efficiency curve: the single-node rows' links are
 measured (the NCCL tables), not fitted. Bounds come from physics, fixed before looking
@@ -66,11 +81,12 @@ from pathlib import Path
 
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
-from merak_sim.costs.base import CostTable
-from merak_sim.costs.comm import measured_collectives
+from merak_sim.costs.base import CostModel, CostTable
+from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, measured_collectives
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.costs.nccl import VTRAIN_A100
 from merak_sim.experiments.fitting import coordinate_search
+from merak_sim.experiments.vtrain_engine import DeepSpeedPipelineModel
 from merak_sim.hardware import Cluster, get_cluster
 from merak_sim.model import ModelSpec
 from merak_sim.schedule.ir import Schedule
@@ -78,14 +94,22 @@ from merak_sim.sim.api import simulate
 from merak_sim.sim.evaluator import evaluate
 from merak_sim.sim.program import compile_program
 
-__all__ = ["BOUNDS", "FIT_PARAMS", "MEGATRON_PIPELINE_SEND", "PreparedRow", "VTrainRow",
-           "fit", "load_vtrain", "predict_row", "row_setup", "vtrain_cost_model"]
+__all__ = ["BOUNDS", "FIT_PARAMS", "GPT2_VOCAB", "PIPELINE_MODES", "PreparedRow",
+           "VOCAB_MULTIPLE", "VTRAIN_PIPELINE", "VTrainRow", "fit", "load_vtrain",
+           "padded_vocab", "predict_row", "row_setup", "vtrain_cost_model"]
 
 #: Efficiency parameters the fit may move (the others keep their published defaults).
 FIT_PARAMS = ("gemm_max", "gemm_dim_half", "gemm_flops_half", "attn_factor", "mem_bw_eff",
               "kernel_overhead_s", "host_op_s")
-#: Megatron-LM's pipeline send without sequence parallelism (the vTrain runs' framework).
-MEGATRON_PIPELINE_SEND = "scatter-gather"
+#: How the runs' engine (DeepSpeed's PipelineEngine under Megatron-DeepSpeed) moves
+#: activations between stages (:mod:`merak_sim.experiments.vtrain_engine`).
+VTRAIN_PIPELINE = "deepspeed"
+#: The choices of ``pipeline_send``: the runs' engine, or Megatron-LM's own sends.
+PIPELINE_MODES = (VTRAIN_PIPELINE, *PIPELINE_SENDS)
+#: GPT-2 BPE vocabulary (Megatron's GPT2BPETokenizer, Megatron-DeepSpeed's GPT default).
+GPT2_VOCAB = 50257
+#: Megatron's ``--make-vocab-size-divisible-by`` default.
+VOCAB_MULTIPLE = 128
 
 #: Physical limits of the fitted parameters, fixed before looking at any result:
 #: - gemm_max <= 0.80: cuBLAS fp16 GEMMs of 4k-8k sizes on A100 reach about 250 of
@@ -141,12 +165,20 @@ def load_vtrain(path: str | Path) -> list[VTrainRow]:
     return rows
 
 
+def padded_vocab(tp: int) -> int:
+    """Megatron's padded vocabulary: GPT-2's 50,257 tokens rounded up to a multiple of
+    ``VOCAB_MULTIPLE * tp`` (so every TP rank holds an equal, aligned slice)."""
+    m = VOCAB_MULTIPLE * tp
+    return -(-GPT2_VOCAB // m) * m
+
+
 def row_setup(row: VTrainRow) -> tuple[ModelSpec, Cluster, ParallelConfig]:
     """(ModelSpec, Cluster, ParallelConfig) of a vTrain row (module docstring)."""
+    vocab = padded_vocab(row.tp)
     model = ModelSpec(name=f"vtrain-h{row.hidden}-L{row.layers}", family="gpt",
                       layers=row.layers, hidden=row.hidden, heads=row.heads,
-                      seq_len=row.seq_len, vocab=51200, dtype="fp16",
-                      source="vTrain ground truth row (vocab 51200 assumed)")
+                      seq_len=row.seq_len, vocab=vocab, dtype="fp16",
+                      source=f"vTrain ground truth row (GPT-2 vocabulary padded to {vocab})")
     nodes = max(1, math.ceil(row.gpus / 8))
     cluster = get_cluster("vtrain-a100", nodes=nodes)
     cfg = ParallelConfig(dp=row.dp, tp=row.tp, pp=row.pp, micro_batch_size=row.micro_batch,
@@ -156,16 +188,23 @@ def row_setup(row: VTrainRow) -> tuple[ModelSpec, Cluster, ParallelConfig]:
 
 
 def vtrain_cost_model(efficiency: Efficiency | None = None,
-                      pipeline_send: str = MEGATRON_PIPELINE_SEND) -> AnalyticCostModel:
-    """The analytic model as the vTrain rows are priced (module docstring)."""
-    return AnalyticCostModel(efficiency=efficiency,
-                             collectives=measured_collectives(VTRAIN_A100),
+                      pipeline_send: str = VTRAIN_PIPELINE) -> CostModel:
+    """The analytic model as the vTrain rows are priced (module docstring);
+    ``pipeline_send`` one of :data:`PIPELINE_MODES`."""
+    comm = measured_collectives(VTRAIN_A100)
+    if pipeline_send == VTRAIN_PIPELINE:
+        return DeepSpeedPipelineModel(AnalyticCostModel(efficiency=efficiency,
+                                                        collectives=comm), comm)
+    if pipeline_send not in PIPELINE_SENDS:
+        raise CostModelError(f"unknown pipeline send {pipeline_send!r}; choose one of: "
+                             f"{', '.join(PIPELINE_MODES)}")
+    return AnalyticCostModel(efficiency=efficiency, collectives=comm,
                              pipeline_send=pipeline_send)
 
 
 def predict_row(row: VTrainRow, efficiency: Efficiency | None = None, *,
                 engine: str = "evaluator", contention: bool | None = None,
-                pipeline_send: str = MEGATRON_PIPELINE_SEND) -> float:
+                pipeline_send: str = VTRAIN_PIPELINE) -> float:
     """Predicted iteration time (seconds) of a vTrain row with the given efficiency."""
     model, cluster, cfg = row_setup(row)
     res = simulate(model, cluster, cfg, cost_model=vtrain_cost_model(efficiency, pipeline_send),
@@ -194,13 +233,13 @@ class PreparedRow:
         return cls(row, model, cluster, cfg, sched, cfg.recompute_per_stage(sched))
 
     def cost_table(self, efficiency: Efficiency | None = None,
-                   pipeline_send: str = MEGATRON_PIPELINE_SEND) -> CostTable:
+                   pipeline_send: str = VTRAIN_PIPELINE) -> CostTable:
         """The row's cost table under ``efficiency`` (the calibrated A100 model)."""
         return vtrain_cost_model(efficiency, pipeline_send).cost_table(
             self.model, self.cluster, self.config)
 
     def predict(self, efficiency: Efficiency | None = None,
-                pipeline_send: str = MEGATRON_PIPELINE_SEND) -> float:
+                pipeline_send: str = VTRAIN_PIPELINE) -> float:
         """Predicted iteration time (seconds), as :func:`predict_row`."""
         table = self.cost_table(efficiency, pipeline_send)
         return evaluate(compile_program(self.schedule, table, self.recompute)).makespan

@@ -4,8 +4,10 @@ communication of each parallel dimension.
 Each communication term is its marginal cost on the critical path: the exact
 evaluator's makespan minus the makespan with that term removed from the cost table
 (tensor-parallel: the exposed TP collectives inside forward, recompute and backward;
-pipeline: the activation / gradient sends between stages; data-parallel: the gradient
-all-reduce, with the tied-embedding all-reduce between the first and last stage).
+pipeline: the activation / gradient transfers between stages, with DeepSpeed's
+exchange waits and all-gathers inside forward and backward
+(:mod:`merak_sim.experiments.vtrain_engine`); data-parallel: the gradient all-reduce,
+with the tied-embedding all-reduce between the first and last stage).
 ``compute_s`` is the busiest pipeline rank's compute (forward, recompute and backward
 of every micro-batch, communication excluded), ``bubble_s`` the idle time the pipeline
 adds to it when no communication is charged, ``optimizer_s`` the slowest rank's
@@ -24,7 +26,8 @@ from dataclasses import dataclass, replace
 
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.vtrain import PreparedRow
+from merak_sim.experiments.vtrain import PreparedRow, vtrain_cost_model
+from merak_sim.experiments.vtrain_engine import DeepSpeedPipelineModel, without_exchange
 from merak_sim.sim.evaluator import evaluate
 from merak_sim.sim.program import compile_program
 
@@ -88,20 +91,26 @@ def row_breakdown(prepared: PreparedRow, efficiency: Efficiency | None = None
     """The breakdown of ``prepared``'s prediction with ``efficiency`` (module
     docstring); ``predicted_s`` equals :meth:`PreparedRow.predict`."""
     table = prepared.cost_table(efficiency)
+    cm = vtrain_cost_model(efficiency)
+    # The table without pipeline communication: DeepSpeed's exchange waits taken out
+    # of forward and backward, the separate transfers set to zero.
+    no_pp = (without_exchange(table, cm.exchange(table, prepared.cluster, prepared.config))
+             if isinstance(cm, DeepSpeedPipelineModel) else table)
+    no_pp = replace(no_pp, stages=tuple(_no_pp(s) for s in no_pp.stages))
 
-    def span(*drop) -> float:
-        st = table.stages
+    def span(*drop, base: CostTable = table) -> float:
+        st = base.stages
         for f in drop:
             st = tuple(f(s) for s in st)
-        t: CostTable = replace(table, stages=st)
+        t: CostTable = replace(base, stages=st)
         return evaluate(compile_program(prepared.schedule, t, prepared.recompute)).makespan
 
     total = span()
-    bare = span(_no_tp, _no_pp, _no_dp, _no_opt)
+    bare = span(_no_tp, _no_dp, _no_opt, base=no_pp)
     m = prepared.config.num_microbatches
     c = prepared.recompute
     per_rank: dict[int, float] = {}
-    for g, s in enumerate(table.stages):
+    for g, s in enumerate(no_pp.stages):
         r = prepared.config.rank_of_stage(g)
         s0 = _no_tp(s)
         per_rank[r] = per_rank.get(r, 0.0) + m * (s0.forward_s + s0.backward_s
@@ -110,7 +119,7 @@ def row_breakdown(prepared: PreparedRow, efficiency: Efficiency | None = None
     return RowBreakdown(
         predicted_s=total, measured_s=prepared.row.time_ms / 1e3, compute_s=compute,
         bubble_s=bare - compute, tp_comm_s=total - span(_no_tp),
-        pp_comm_s=total - span(_no_pp), dp_comm_s=total - span(_no_dp),
+        pp_comm_s=total - span(base=no_pp), dp_comm_s=total - span(_no_dp),
         optimizer_s=max(s.optimizer_s for s in table.stages))
 
 
