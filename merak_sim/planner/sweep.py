@@ -155,13 +155,11 @@ class _Memo:
     @staticmethod
     def _rows(cache: dict, placement: str, items: list, fields: tuple, build) -> None:
         """Fill ``cache[(array key, placement)]`` for the items missing there: ``build``
-        on their ``fields`` stacked (``state_by_zero`` as one row of ZeRO stages per
-        item), split back into one tuple of rows per item."""
+        on their ``fields`` stacked, split back into one tuple of rows per item."""
         missing = {a: arr for a, arr, *_ in items if (a, placement) not in cache}
         if not missing:
             return
-        stacked = {f: np.stack([np.stack(arr[f]) if f == "state_by_zero" else arr[f]
-                                for arr in missing.values()]) for f in fields}
+        stacked = {f: np.stack([arr[f] for arr in missing.values()]) for f in fields}
         out = build(stacked)
         for j, a in enumerate(missing):
             cache[a, placement] = tuple(p[j] for p in out)
