@@ -103,8 +103,6 @@ class _Memo:
     rp: RelaxedPricer
     margin: float
     arrays: dict = field(default_factory=dict)
-    parts: dict = field(default_factory=dict)
-    states: dict = field(default_factory=dict)
     screens: dict = field(default_factory=dict)
     bounds: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
@@ -131,9 +129,8 @@ class _Memo:
         S, v = b.pp, b.virtual_stages
         if screens:
             items = list(screens.values())
-            self._rows(self.states, placement, items, ("state_by_zero",), lambda st: (
-                state_per_rank(placement, S, v, st["state_by_zero"]),))
-            st = np.stack([self.states[a, placement][0] for a, *_ in items])
+            st = state_per_rank(placement, S, v,
+                                np.stack([arr["state_by_zero"] for _a, arr, _rc in items]))
             ck, act = (np.stack([arr[f] for _a, arr, _rc in items]) for f in MEMORY_FIELDS[::-1])
             rcs = [rc for *_, rc in items]
             kept = kept_rows(rank_grid(placement, S, v), ck, act,
@@ -144,25 +141,11 @@ class _Memo:
                 self.screens[k] = (ex[j], r[j])
         if bounds:
             items = list(bounds.values())
-            self._rows(self.parts, placement, items, _BOUND_FIELDS,
-                       lambda st: bound_parts(st, placement, S, v))
-            parts = tuple(np.stack(col) for col in zip(*(self.parts[a, placement]
-                                                         for a, *_ in items)))
+            parts = bound_parts({f: np.stack([arr[f] for _a, arr, *_ in items])
+                                 for f in _BOUND_FIELDS}, placement, S, v)
             vals = bound_values(parts, b.microbatches, np.array([f for *_, f, _o in items]),
                                 np.array([o for *_, o in items]), never, explicit)
             self.bounds.update(zip(bounds, vals.tolist()))
-
-    @staticmethod
-    def _rows(cache: dict, placement: str, items: list, fields: tuple, build) -> None:
-        """Fill ``cache[(array key, placement)]`` for the items missing there: ``build``
-        on their ``fields`` stacked, split back into one tuple of rows per item."""
-        missing = {a: arr for a, arr, *_ in items if (a, placement) not in cache}
-        if not missing:
-            return
-        stacked = {f: np.stack([arr[f] for arr in missing.values()]) for f in fields}
-        out = build(stacked)
-        for j, a in enumerate(missing):
-            cache[a, placement] = tuple(p[j] for p in out)
 
     def capacity(self) -> float:
         """Usable bytes per GPU (the probes' capacity: known once one is priced)."""
