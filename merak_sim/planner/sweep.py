@@ -15,10 +15,12 @@ what the relaxed pass reads depends on few fields:
   the ZeRO stage, and without the policy except whether it is full recompute (the
   relaxed arrays have no tail, so the DP overlap does not enter either).
 
-So :func:`relaxed_sweep` prices each distinct value once, with the same functions
-and the same arguments as one candidate at a time, and spreads the results over the
-block's variants with numpy; the rows it decides (pruned by a rule or by memory) go
-into the :class:`~merak_sim.planner.rows.RowBook` as chunks, in enumeration order.
+So :func:`relaxed_sweep` prices each distinct value once, a block's new values in
+one call on arrays stacked one row per key (the functions of one candidate at a time
+take leading axes and give each row the same float as that row alone), and spreads
+the results over the block's variants with numpy; the rows it decides (pruned by a
+rule or by memory) go into the :class:`~merak_sim.planner.rows.RowBook` as chunks, in
+enumeration order.
 """
 
 from __future__ import annotations
