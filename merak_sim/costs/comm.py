@@ -106,9 +106,21 @@ def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: C
         a, b = ranks
         if a == b or nbytes == 0:
             return 0.0
+        # Memoised on the rank values (a ring's pairs are new tuples on every call),
+        # the same objects for the rest, as below.
+        pkey = (nbytes, a, b, id(cluster), id(intra_table))
+        hit = _P2P.get(pkey)
+        if hit is not None and hit[0] is cluster and hit[1] is intra_table:
+            return hit[2]
         if cluster.same_node(a, b):
-            return cluster.intra.time(nbytes)
-        return cluster.inter.latency_s + nbytes / inter_bandwidth_per_gpu(cluster, intra_table)
+            t = cluster.intra.time(nbytes)
+        else:
+            t = cluster.inter.latency_s + nbytes / inter_bandwidth_per_gpu(cluster,
+                                                                          intra_table)
+        if len(_P2P) >= _IDENTITY_SIZE:
+            _P2P.clear()
+        _P2P[pkey] = (cluster, intra_table, t)
+        return t
     # Identity memo in front of the value caches: a cost table prices the same group
     # objects many times, and hashing a data-parallel group of thousands of ranks (and
     # the cluster, and the measured table) costs more than the collective's formula.
@@ -127,6 +139,7 @@ def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: C
 
 
 _BY_IDENTITY: dict[tuple, tuple] = {}
+_P2P: dict[tuple, tuple] = {}
 _IDENTITY_SIZE = 65536
 
 
@@ -219,6 +232,7 @@ def clear_caches() -> None:
     """Empty the memoised collective times and stage placements (benchmarks time a
     cold cost model with it)."""
     _BY_IDENTITY.clear()
+    _P2P.clear()
     _group_ranks.cache_clear()
     _collective_cached.cache_clear()
     stage_placement.cache_clear()

@@ -57,7 +57,8 @@ class RelaxedPricer:
     """Probe tables per :func:`relaxed_key` and the relaxed arrays built from them.
 
     ``arrays(c)`` returns the relaxed stage arrays of ``c`` (times: per model stage;
-    ``state_bytes``: the ZeRO-0 model state, exact for ZeRO 0 candidates), or None when
+    ``state_bytes``: the ZeRO-0 model state, exact for ZeRO 0 candidates;
+    ``state_by_zero``: one row per ZeRO stage of what it keeps whole), or None when
     the probe cannot be priced or the cost model's stages are not the affine uniform
     ones this relaxation assumes. ``probes`` counts the probe tables priced.
     """
@@ -136,11 +137,11 @@ class RelaxedPricer:
             # Model state each ZeRO stage keeps whole, whatever the shard group: 1
             # shards the optimizer, 2 the gradients too, 3 the weights too.
             w, g = out.pop("weight_bytes"), out.pop("grad_bytes")
-            out["state_by_zero"] = (out["state_bytes"], w + g, w, zeros)
+            out["state_by_zero"] = np.stack((out["state_bytes"], w + g, w, zeros))
             if n_st == 1 and getattr(self.model, "tied_embeddings", True):
                 # One stage holds the embedding and the head: a tied word embedding is
                 # stored once there, not once per end as in the probe.
-                out["state_by_zero"] = (zeros,) * 4
+                out["state_by_zero"] = np.zeros((4, n_st))
             out["grad_allreduce_s"] = zeros
             out["optimizer_s"] = zeros
         self._arrays[full] = out

@@ -221,4 +221,6 @@ def ranked_table(rows: RowBook | list[dict]):
     t = np.where(np.isnan(cols["time_s"]), cols["bound_s"], cols["time_s"])
     t = np.where(np.isnan(t), np.inf, t)
     order = np.lexsort((position, t, o))
-    return pd.DataFrame({k: cols[k][order] for k in ROW_KEYS}, columns=list(ROW_KEYS))
+    # The gathered columns are fresh arrays: the frame may own them (no second copy).
+    return pd.DataFrame({k: cols[k][order] for k in ROW_KEYS}, columns=list(ROW_KEYS),
+                        copy=False)

@@ -26,8 +26,8 @@ from .grid import rank_grid
 from .space import Candidate
 from .templates import MemoryTemplate, stage_arrays
 
-__all__ = ["Pricer", "Fit", "quick_memory", "kept_one", "state_per_rank", "worst_excess",
-           "fit_fractions"]
+__all__ = ["Pricer", "Fit", "quick_memory", "kept_one", "kept_rows", "state_per_rank",
+           "worst_excess", "fit_fractions"]
 
 
 @dataclass
@@ -74,16 +74,27 @@ def kept_one(c: Candidate, arr: dict[str, np.ndarray]) -> np.ndarray:
     """Per rank, the largest activation bytes one micro-batch keeps on one chunk at the
     cheapest checkpointing ``c``'s policy allows (what :func:`quick_memory` adds to
     the model state)."""
-    S, v = c.pp, c.virtual_stages
-    grid = rank_grid(SCHEDULES[c.schedule].placement, S, v)
-    frac = 0.0 if c.recompute in ("none", "selective") else 1.0
-    kept = frac * arr["checkpoint_bytes"] + (1 - frac) * arr["activation_bytes"]
-    if c.recompute == "full":
-        kept = kept.copy()
-        for s in SCHEDULES[c.schedule].never_recompute(S):
-            for ch in range(v):
-                kept[grid[ch, s]] = arr["activation_bytes"][grid[ch, s]]
-    return kept[grid].max(axis=0)
+    spec = SCHEDULES[c.schedule]
+    return kept_rows(rank_grid(spec.placement, c.pp, c.virtual_stages),
+                     arr["checkpoint_bytes"], arr["activation_bytes"],
+                     c.recompute not in ("none", "selective"), c.recompute == "full",
+                     spec.never_recompute(c.pp))
+
+
+def kept_rows(grid: np.ndarray, checkpoint: np.ndarray, activation: np.ndarray,
+              checkpointed: np.ndarray | bool, full: np.ndarray | bool,
+              never: frozenset[int]) -> np.ndarray:
+    """:func:`kept_one` on per-model-stage byte arrays with leading axes (one row per
+    set of arrays): ``checkpointed`` whether the row's policy checkpoints at its
+    cheapest, ``full`` whether it is full recompute (whose ``never`` ranks keep every
+    activation), both broadcast against the leading axes."""
+    frac = np.where(np.asarray(checkpointed), 1.0, 0.0)[..., None]
+    kept = frac * checkpoint + (1 - frac) * activation
+    full = np.asarray(full)
+    if never and full.any():
+        cols = np.isin(np.arange(kept.shape[-1]), grid[:, sorted(never)])
+        kept = np.where(full[..., None] & cols, activation, kept)
+    return kept[..., grid].max(axis=-2)
 
 
 def state_per_rank(placement: str, num_stages: int, virtual_stages: int,
@@ -96,11 +107,9 @@ def state_per_rank(placement: str, num_stages: int, virtual_stages: int,
 
 def worst_excess(need: np.ndarray, cap: float) -> tuple[np.ndarray, np.ndarray]:
     """(largest excess of ``need`` over ``cap``, its rank) along the last axis (``need``:
-    one rank vector, or one per row)."""
+    one rank vector, or any array of them)."""
     r = np.argmax(need - cap, axis=-1)
-    if need.ndim == 1:
-        return need[r] - cap, r
-    return need[np.arange(len(need)), r] - cap, r
+    return np.take_along_axis(need, r[..., None], axis=-1)[..., 0] - cap, r
 
 
 def quick_memory(c: Candidate, arr: dict[str, np.ndarray], cap: float) -> tuple[float, int]:

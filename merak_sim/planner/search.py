@@ -50,7 +50,8 @@ from merak_sim.resolve import cluster_record, resolve_cluster, resolve_model
 from merak_sim.schedule import SCHEDULES, ScheduleError
 from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 
-from .bounds import lower_bound
+from .bounds import bound_parts, lower_bound
+from .memo import IdentityMemo
 from .report import GiB, PlannerError, PlanResult, new_counts, no_fit
 from .relaxed import RelaxedPricer, admissible
 from .rows import RowBook, ranked_table, row
@@ -171,9 +172,10 @@ def _screen(job: _Job, rows: RowBook, counts: dict, prog: Progress) -> list[tupl
 
 
 def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: RowBook,
-                  counts: dict, seen: set) -> float | None:
+                  counts: dict, seen: set, memo: IdentityMemo) -> float | None:
     """Stage 4 for one candidate: exact memory, then the fast evaluator; appends its
-    row and returns its time (None when it is pruned here)."""
+    row and returns its time (None when it is pruned here). ``memo`` shares the
+    memory fit between candidates of one table, schedule and policy."""
     skey = (c.schedule, c.pp, c.microbatches, c.virtual_stages)
     try:
         mt = memory_template(*skey)
@@ -182,7 +184,8 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: RowBook
         rows.append(row(c, "pruned", f"pruned: {e}", bound_s=bound))
         return None
     cap = job.capacity(tab)
-    fit = fit_fractions(c, arr, mt, cap)
+    fit = memo.get((arr, mt), ("fit", c.recompute, cap),
+                   lambda: fit_fractions(c, arr, mt, cap))
     stage_aware = c.recompute == "stage-aware"
     fracs = fit.fractions if stage_aware else None
     if fit.shortfall > 0:
@@ -244,13 +247,14 @@ def _evaluate(job: _Job, live: list[tuple], rows: RowBook, counts: dict,
     best_times: list[float] = []
     evaluated: list[tuple[float, int]] = []
     seen: set = set()
+    memo = IdentityMemo()
     for pos, (bound, _i, c, tab, arr) in enumerate(live):
         k = job.top_k
         if not job.exhaustive and len(best_times) >= k and bound > best_times[k - 1]:
             _bound_out(job, live[pos:], best_times[k - 1], rows, counts)
             prog.advance(len(live) - pos)
             break
-        t = _evaluate_one(job, bound, c, tab, arr, rows, counts, seen)
+        t = _evaluate_one(job, bound, c, tab, arr, rows, counts, seen, memo)
         prog.advance()
         if t is not None:
             evaluated.append((t, len(rows) - 1))
@@ -297,6 +301,7 @@ def _best_first(job: _Job, rows: RowBook, counts: dict, prog: Progress
     best_times: list[float] = []
     evaluated: list[tuple[float, int]] = []
     seen: set = set()
+    memo = IdentityMemo()
     admissible_so_far = True
     i, order, k = 0, len(heap), job.top_k
     n0 = len(level0)
@@ -316,12 +321,17 @@ def _best_first(job: _Job, rows: RowBook, counts: dict, prog: Progress
             entry = _price(job, pricer, c, rows, counts, prog, bound=b0)
             if entry is None:
                 continue
-            admissible_so_far &= admissible(rp.arrays(c), entry[1], c.zero)
-            heapq.heappush(heap, (lower_bound(c, entry[1]), order, c, *entry))
+            rel, arr = rp.arrays(c), entry[1]
+            admissible_so_far &= memo.get((rel, arr), ("admissible", c.zero),
+                                          lambda: admissible(rel, arr, c.zero))
+            place = SCHEDULES[c.schedule].placement
+            parts = memo.get((arr,), ("parts", place),
+                             lambda: bound_parts(arr, place, c.pp, c.virtual_stages))
+            heapq.heappush(heap, (lower_bound(c, arr, parts), order, c, *entry))
             order += 1
             continue
         bound, _j, c, tab, arr = heapq.heappop(heap)
-        t = _evaluate_one(job, bound, c, tab, arr, rows, counts, seen)
+        t = _evaluate_one(job, bound, c, tab, arr, rows, counts, seen, memo)
         prog.advance()
         if t is not None:
             evaluated.append((t, len(rows) - 1))

@@ -15,10 +15,12 @@ what the relaxed pass reads depends on few fields:
   the ZeRO stage, and without the policy except whether it is full recompute (the
   relaxed arrays have no tail, so the DP overlap does not enter either).
 
-So :func:`relaxed_sweep` prices each distinct value once, with the same functions
-and the same arguments as one candidate at a time, and spreads the results over the
-block's variants with numpy; the rows it decides (pruned by a rule or by memory) go
-into the :class:`~merak_sim.planner.rows.RowBook` as chunks, in enumeration order.
+So :func:`relaxed_sweep` prices each distinct value once, a block's new values in
+one call on arrays stacked one row per key (the functions of one candidate at a time
+take leading axes and give each row the same float as that row alone), and spreads
+the results over the block's variants with numpy; the rows it decides (pruned by a
+rule or by memory) go into the :class:`~merak_sim.planner.rows.RowBook` as chunks, in
+enumeration order.
 """
 
 from __future__ import annotations
@@ -31,15 +33,19 @@ import numpy as np
 from merak_sim.progress import WORK_LIMIT, Progress
 from merak_sim.schedule import SCHEDULES
 
-from .bounds import bound_parts, lower_bound
-from .relaxed import RelaxedPricer
+from .bounds import bound_parts, bound_values
+from .grid import rank_grid
+from .relaxed import MEMORY_FIELDS, RelaxedPricer
 from .rows import RowBook
-from .screen import kept_one, state_per_rank, worst_excess
+from .screen import kept_rows, state_per_rank, worst_excess
 from .space import Block, Candidate
 
 __all__ = ["Level0", "relaxed_sweep", "bounded_reasons"]
 
 _GiB = float(2**30)
+#: The stage-array fields :func:`~merak_sim.planner.bounds.bound_parts` reads.
+_BOUND_FIELDS = ("forward_s", "backward_s", "backward_input_s", "recompute_s", "optimizer_s",
+                 "grad_allreduce_s")
 
 
 @dataclass(frozen=True)
@@ -99,8 +105,6 @@ class _Memo:
     rp: RelaxedPricer
     margin: float
     arrays: dict = field(default_factory=dict)
-    parts: dict = field(default_factory=dict)
-    states: dict = field(default_factory=dict)
     screens: dict = field(default_factory=dict)
     bounds: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
@@ -114,31 +118,36 @@ class _Memo:
             self.arrays[akey] = self.rp.arrays(c_at())
         return akey, self.arrays[akey]
 
-    def screen(self, skey: tuple, arr: dict, c: Candidate) -> tuple[np.ndarray, np.ndarray]:
-        """(excess, rank) per ZeRO stage of the one-micro-batch screen of shape
-        ``skey``: :func:`~merak_sim.planner.screen.quick_memory` for every ZeRO stage
-        at once (the kept activations do not depend on it)."""
-        got = self.screens.get(skey)
-        if got is None:
-            placement = SCHEDULES[c.schedule].placement
-            st = (skey[0], placement)
-            if st not in self.states:
-                self.states[st] = state_per_rank(placement, c.pp, c.virtual_stages,
-                                                 np.stack(arr["state_by_zero"]))
-            got = self.screens[skey] = worst_excess(self.states[st] + kept_one(c, arr),
-                                                    self.capacity())
-        return got
-
-    def bound(self, bkey: tuple, arr: dict, c: Candidate) -> float:
-        """The relaxed lower bound of ``c`` (cached under ``bkey``)."""
-        got = self.bounds.get(bkey)
-        if got is None:
-            placement = SCHEDULES[c.schedule].placement
-            pkey = (bkey[0], placement)
-            if pkey not in self.parts:
-                self.parts[pkey] = bound_parts(arr, placement, c.pp, c.virtual_stages)
-            got = self.bounds[bkey] = lower_bound(c, arr, self.parts[pkey])
-        return got
+    def fill(self, b: Block, sched: tuple, screens: dict, bounds: dict) -> None:
+        """Price for block ``b`` (schedule traits ``sched``), all at once, the
+        one-micro-batch screens ``screens`` (screen key -> (array key, arrays, recompute
+        policy)) and the relaxed bounds ``bounds`` (bound key -> (array key, arrays,
+        full recompute, DP overlap)) not cached yet, with the functions
+        :func:`~merak_sim.planner.screen.quick_memory` and
+        :func:`~merak_sim.planner.bounds.lower_bound` use, on arrays stacked one row per
+        key (each row's values equal those of that key alone). A screen is (excess,
+        rank) per ZeRO stage: the kept activations do not depend on it."""
+        placement, never, explicit = sched
+        S, v = b.pp, b.virtual_stages
+        if screens:
+            items = list(screens.values())
+            st = state_per_rank(placement, S, v,
+                                np.stack([arr["state_by_zero"] for _a, arr, _rc in items]))
+            ck, act = (np.stack([arr[f] for _a, arr, _rc in items]) for f in MEMORY_FIELDS[::-1])
+            rcs = [rc for *_, rc in items]
+            kept = kept_rows(rank_grid(placement, S, v), ck, act,
+                             np.array([rc not in ("none", "selective") for rc in rcs]),
+                             np.array([rc == "full" for rc in rcs]), never)
+            ex, r = worst_excess(st + kept[:, None, :], self.capacity())
+            for j, k in enumerate(screens):
+                self.screens[k] = (ex[j], r[j])
+        if bounds:
+            items = list(bounds.values())
+            parts = bound_parts({f: np.stack([arr[f] for _a, arr, *_ in items])
+                                 for f in _BOUND_FIELDS}, placement, S, v)
+            vals = bound_values(parts, b.microbatches, np.array([f for *_, f, _o in items]),
+                                np.array([o for *_, o in items]), never, explicit)
+            self.bounds.update(zip(bounds, vals.tolist()))
 
     def capacity(self) -> float:
         """Usable bytes per GPU (the probes' capacity: known once one is priced)."""
@@ -247,10 +256,10 @@ def _block_values(b: Block, ix: _Index, memo: _Memo, free: np.ndarray, sched: tu
     rel = [memo.relaxed(b, key, lambda j=j: b.candidate(ix.first[(j,)])) if j in need
            else (None, None) for j, key in enumerate(ix.relaxed)]
     n_sh = len(ix.shape)
-    excess = np.full((n_sh, 4), np.nan)
-    bound = np.full(n_sh, np.nan)
     skeys: list[tuple | None] = [None] * n_sh
-    for s_i in set(ix.shape_idx[free].tolist()):
+    bkeys: list[tuple | None] = [None] * n_sh
+    todo_s, todo_b = {}, {}
+    for s_i in sorted(set(ix.shape_idx[free].tolist())):
         j, rc = ix.shape[s_i]
         akey, arr = rel[j]
         if arr is None:
@@ -259,15 +268,20 @@ def _block_values(b: Block, ix: _Index, memo: _Memo, free: np.ndarray, sched: tu
         # Full recompute reads the schedule's never-recompute ranks and explicit
         # re-forwards; the other policies only its placement.
         where = sched if full else sched[0]
-        c = None
         skey = skeys[s_i] = (akey, rc, where)
+        bkey = bkeys[s_i] = (akey, full, where)
         if skey not in memo.screens:
-            c = b.candidate(ix.first[(j, rc)])
-        excess[s_i] = memo.screen(skey, arr, c)[0]
-        bkey = (akey, full, where)
-        if bkey not in memo.bounds and c is None:
-            c = b.candidate(ix.first[(j, rc)])
-        bound[s_i] = memo.bound(bkey, arr, c)
+            todo_s[skey] = (akey, arr, rc)
+        if bkey not in memo.bounds and bkey not in todo_b:
+            # The DP overlap of the shape's first variant (the relaxed tail is zero).
+            todo_b[bkey] = (akey, arr, full, b.variants[ix.first[(j, rc)]][6])
+    memo.fill(b, sched, todo_s, todo_b)
+    excess = np.full((n_sh, 4), np.nan)
+    bound = np.full(n_sh, np.nan)
+    for s_i, (skey, bkey) in enumerate(zip(skeys, bkeys)):
+        if skey is not None:
+            excess[s_i] = memo.screens[skey][0]
+            bound[s_i] = memo.bounds[bkey]
     none = np.array([a is None for _k, a in rel])[ix.relaxed_idx]
     return none, excess[ix.shape_idx, ix.zero], bound[ix.shape_idx], skeys
 

@@ -30,7 +30,7 @@ from functools import lru_cache
 import numpy as np
 
 from merak_sim.costs.base import CostTable, StageCost
-from merak_sim.schedule import SCHEDULES, Kind, Schedule, generate, iter_actions
+from merak_sim.schedule import SCHEDULES, Kind, Schedule, generate, iter_actions, lower
 from merak_sim.schedule.liveness import liveness
 from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 from merak_sim.sim.evaluator import DependencyGraph, evaluate, plan
@@ -38,8 +38,8 @@ from merak_sim.sim.program import Compiled, compile_program
 
 from .grid import rank_grid
 
-__all__ = ["EvalTemplate", "MemoryTemplate", "eval_template", "memory_template",
-           "stage_arrays"]
+__all__ = ["EvalTemplate", "MemoryTemplate", "built_schedule", "eval_template",
+           "memory_template", "stage_arrays"]
 
 _ZERO_STAGE = StageCost(*([0.0] * 16), layers=1)
 
@@ -117,12 +117,23 @@ class EvalTemplate:
                         zero=zero).makespan
 
 
+@lru_cache(maxsize=4096)
+def built_schedule(name: str, pp: int, microbatches: int, virtual_stages: int) -> Schedule:
+    """The unlowered schedule of a shape (cached; ``costs=None`` for a cost-aware one):
+    the memory template walks it and the evaluation template lowers it, so a shape
+    that gets both is ordered once. Raises ScheduleError when the schedule's
+    requirements fail."""
+    return SCHEDULES[name].build(pp, microbatches, virtual_stages)
+
+
 @lru_cache(maxsize=2048)
 def eval_template(name: str, pp: int, microbatches: int, virtual_stages: int,
                   costs: ZeroBubbleCosts | None = None) -> EvalTemplate:
     """The :class:`EvalTemplate` of a schedule (cached); ``costs`` orders a cost-aware
     schedule as :meth:`~merak_sim.config.ParallelConfig.build_schedule` does."""
-    sched = generate(name, pp, microbatches, virtual_stages, costs)
+    # As generate(): the schedule lowered, ordered by ``costs`` where it adapts to them.
+    sched = (lower(built_schedule(name, pp, microbatches, virtual_stages)) if costs is None
+             else generate(name, pp, microbatches, virtual_stages, costs))
     zero = CostTable(stages=(_ZERO_STAGE,) * sched.num_model_stages,
                      memory_capacity_bytes=1.0, peak_flops=1.0)
     prog = compile_program(sched, zero, None)
@@ -212,11 +223,7 @@ def memory_template(name: str, pp: int, microbatches: int, virtual_stages: int
                     ) -> MemoryTemplate:
     """The :class:`MemoryTemplate` of a schedule (cached; built from the unlowered
     schedule, raising ScheduleError when the schedule's requirements fail)."""
-    spec = SCHEDULES[name]
-    if spec.interleaved:
-        sched = spec.build(pp, microbatches, virtual_stages)
-    else:
-        sched = spec.build(pp, microbatches)
+    sched = built_schedule(name, pp, microbatches, virtual_stages)
     lives = [liveness(sched, rank) for rank in range(pp)]
     states = tuple(np.array(lv.allocation_counts(), dtype=float).reshape(-1, 3 * virtual_stages)
                    for lv in lives)
