@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
-from merak_sim.schedule.liveness import Held, liveness
+from merak_sim.schedule.liveness import Held, transitions
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
 from .action_costs import gatherer
@@ -166,11 +166,9 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     """One walk of ``sched`` (module docstring): everything
     :func:`~merak_sim.sim.program.compile_program` needs but the costs (a receive
     precedes its consumer, so its transfer has an id by then)."""
-    explicit_r = {(a.stage, a.chunk, a.microbatch) for prog in sched.programs for a in prog
-                  if type(a) is Action and a.kind is Kind.RECOMPUTE}  # never fused
     tid: dict[tuple, int] = {}
-    sends: dict = {}
-    recvs: dict = {}
+    sends: list[Action | None] = []  # per transfer id
+    recvs: list[Action | None] = []
     rules: list[tuple] = []
     mem_rules: list = [None]
     actions: list[Action] = []
@@ -182,11 +180,16 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     ids_all, consumed_all = [], []
     add_action, add_alloc, add_free = actions.append, alloc_of.append, free_of.append
     add_rule = rule_of.append
+    rebuilt = Held.REBUILT
     for rank, prog in enumerate(sched.programs):
         ops: list[tuple[int, int, int]] = []
         add_op = ops.append
         consumed: dict[int, int] = {}
-        live = iter(liveness(sched, rank).steps).__next__
+        walk = transitions(sched, rank)
+        live = iter(walk).__next__
+        # (chunk, micro-batch) of every explicit R (its item rebuilt) on the rank
+        explicit_r = {(a.chunk, a.microbatch) for a, enters, _l, _c in walk
+                      if enters is rebuilt}
         # (chunk, micro-batch) -> (history code, states entered); the code numbers
         # the history uniquely (base 4, states + 1), so rules are keyed by integers.
         history: dict[tuple[int, int], tuple[int, tuple[Held, ...]]] = {}
@@ -205,13 +208,15 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                         f = facts[fk] = _step_facts(sched, p)
                     is_send, tensor, src = f
                     key = (tensor, src, p.microbatch)
-                    if is_send:
-                        sends[key] = p
-                    else:
-                        recvs[key] = p
                     t = tid.get(key)
                     if t is None:
                         t = tid[key] = len(tid)
+                        sends.append(None)
+                        recvs.append(None)
+                    if is_send:
+                        sends[t] = p
+                    else:
+                        recvs[t] = p
                     add_op((OP_POST, t, 1 if is_send else 0))
                 continue
             a = step
@@ -223,9 +228,8 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 f = facts[fk] = _step_facts(sched, a)
             per_mb, g, reads, flops_class, is_last, is_ar, head, rid, rid_r = f
             add_action(a)
-            ls = live()
+            _a, enters, leaves, _c = live()
             al = fr = 0
-            enters = ls.enters
             if enters is not None:
                 item = (ch, a.microbatch)
                 code, h = history.get(item, (0, ()))
@@ -237,7 +241,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 if al < 0:
                     al = mem_ids[mk] = len(mem_rules)
                     mem_rules.append((rank, ch, h, False))
-            elif ls.leaves is not None:
+            elif leaves is not None:
                 code, h = history.pop((ch, a.microbatch), (0, ()))
                 mk = (ch, code, True)
                 fr = mem_ids.get(mk, -1)
@@ -246,7 +250,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                     mem_rules.append((rank, ch, h, True))
             add_alloc(al)
             add_free(fr)
-            if reads and explicit_r and (rank, ch, a.microbatch) in explicit_r:
+            if reads and explicit_r and (ch, a.microbatch) in explicit_r:
                 if rid_r < 0:
                     rid_r = f[8] = len(rules)
                     rules.append((k, g, True, rank))
@@ -287,8 +291,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         flops_r.append(tuple(fl))
         rec_r.append(tuple(rf))
     ends, bounds = [], []
-    for key in tid:  # insertion order is id order
-        s, r = sends.get(key), recvs.get(key)
+    for key, s, r in zip(tid, sends, recvs, strict=True):  # insertion order is id order
         if s is None or r is None:
             a = s or r
             raise ScheduleError(f"{a} on rank {a.stage} has no matching "
