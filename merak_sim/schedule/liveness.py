@@ -62,7 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .ir import Action, Kind, Schedule, iter_actions
+from .ir import Action, Kind, Schedule
 
 if TYPE_CHECKING:
     from merak_sim.costs.base import StageCost
@@ -225,7 +225,10 @@ def transitions(sched: Schedule, rank: int, counted: bool = False
     out: list[tuple[Action, Held | None, Held | None, tuple[int, ...] | None]] = []
     add = out.append
     entering = _ENTERS_BY_ID.get
-    for a in iter_actions(sched.programs[rank]):
+    for a in sched.programs[rank]:
+        # A fused group holds sends and receives only: nothing to flatten.
+        if type(a) is not Action and not isinstance(a, Action):
+            continue
         k = a.kind
         if k.is_comm:
             continue
