@@ -296,14 +296,18 @@ class Schedule:
             raise ScheduleError(
                 f"schedule has {len(self.programs)} programs for {self.num_stages} stages"
             )
+        v = self.virtual_stages
         for rank, prog in enumerate(self.programs):
-            for a in iter_actions(prog):
-                if a.stage != rank:
-                    raise ScheduleError(f"action {a} of stage {a.stage} placed on rank {rank}")
-                if a.chunk >= self.virtual_stages:
-                    raise ScheduleError(
-                        f"action {a} uses chunk {a.chunk} but virtual_stages={self.virtual_stages}"
-                    )
+            # Every action of every schedule is checked, so the loop is inlined (a
+            # generator per program costs more than the checks).
+            for step in prog:
+                if type(step) is Action:
+                    if step.stage != rank or step.chunk >= v:
+                        _misplaced(step, rank, v)
+                else:
+                    for a in step.parts:
+                        if a.stage != rank or a.chunk >= v:
+                            _misplaced(a, rank, v)
 
     @property
     def num_model_stages(self) -> int:
@@ -432,6 +436,14 @@ class Schedule:
             lowered=meta.get("lowered", "1") == "1",
             placement=meta.get("placement", "loop"),
         )
+
+
+def _misplaced(a: Action, rank: int, virtual_stages: int) -> None:
+    """Raise the :class:`ScheduleError` of an action ``a`` that rank ``rank``'s program
+    may not hold."""
+    if a.stage != rank:
+        raise ScheduleError(f"action {a} of stage {a.stage} placed on rank {rank}")
+    raise ScheduleError(f"action {a} uses chunk {a.chunk} but virtual_stages={virtual_stages}")
 
 
 def placed_stage(placement: str, num_stages: int, rank: int, chunk: int) -> int:
