@@ -152,13 +152,25 @@ class Action:
     microbatch: int = -1
     chunk: int = 0
 
-    def __post_init__(self) -> None:
+    # Generators and the lowering build thousands of actions per schedule: the
+    # fields are set through their slot descriptors (what the generated frozen
+    # __init__ does through object.__setattr__, at twice the cost) and every check
+    # of a valid action is one comparison chain.
+    def __init__(self, kind: Kind, stage: int, microbatch: int = -1, chunk: int = 0) -> None:
+        _SET_KIND(self, kind)
+        _SET_STAGE(self, stage)
+        _SET_MICROBATCH(self, microbatch)
+        _SET_CHUNK(self, chunk)
+        if stage < 0 or chunk < 0 or (microbatch < 0 if kind.per_microbatch
+                                      else microbatch != -1):
+            self._invalid()
+
+    def _invalid(self) -> None:
         if self.stage < 0 or self.chunk < 0:
             raise ScheduleError(f"action has negative stage {self.stage} or chunk {self.chunk}")
-        if self.kind.per_microbatch and self.microbatch < 0:
+        if self.kind.per_microbatch:
             raise ScheduleError(f"{self.kind.name} needs a micro-batch index >= 0")
-        if not self.kind.per_microbatch and self.microbatch != -1:
-            raise ScheduleError(f"{self.kind.value} takes no micro-batch index")
+        raise ScheduleError(f"{self.kind.value} takes no micro-batch index")
 
     def __str__(self) -> str:
         prefix = str(self.chunk) if self.chunk else ""
@@ -188,22 +200,30 @@ class Action:
         return Action(kind, stage, int(mb_s) if mb_s else -1, int(chunk_s) if chunk_s else 0)
 
 
+_SET_KIND, _SET_STAGE, _SET_MICROBATCH, _SET_CHUNK = (
+    Action.kind.__set__, Action.stage.__set__, Action.microbatch.__set__,  # type: ignore[attr-defined]
+    Action.chunk.__set__)  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True, slots=True)
 class Fused:
     """Communication actions posted together as one batched posting (e.g. ``sA3/rG0``)."""
 
     parts: tuple[Action, ...]
 
-    def __post_init__(self) -> None:
-        if len(self.parts) < 2:
+    def __init__(self, parts: tuple[Action, ...]) -> None:  # as Action's, for speed
+        _SET_PARTS(self, parts)
+        if len(parts) < 2:
             raise ScheduleError("a fused group needs at least two actions")
-        for a in self.parts:
+        for a in parts:
             if not a.kind.is_comm:
                 raise ScheduleError(f"only sends and receives can be fused, not {a}")
 
     def __str__(self) -> str:
         return "/".join(str(a) for a in self.parts)
 
+
+_SET_PARTS = Fused.parts.__set__  # type: ignore[attr-defined]
 
 Step = Action | Fused
 
@@ -276,14 +296,18 @@ class Schedule:
             raise ScheduleError(
                 f"schedule has {len(self.programs)} programs for {self.num_stages} stages"
             )
+        v = self.virtual_stages
         for rank, prog in enumerate(self.programs):
-            for a in iter_actions(prog):
-                if a.stage != rank:
-                    raise ScheduleError(f"action {a} of stage {a.stage} placed on rank {rank}")
-                if a.chunk >= self.virtual_stages:
-                    raise ScheduleError(
-                        f"action {a} uses chunk {a.chunk} but virtual_stages={self.virtual_stages}"
-                    )
+            # Every action of every schedule is checked, so the loop is inlined (a
+            # generator per program costs more than the checks).
+            for step in prog:
+                if type(step) is Action:
+                    if step.stage != rank or step.chunk >= v:
+                        _misplaced(step, rank, v)
+                else:
+                    for a in step.parts:
+                        if a.stage != rank or a.chunk >= v:
+                            _misplaced(a, rank, v)
 
     @property
     def num_model_stages(self) -> int:
@@ -412,6 +436,14 @@ class Schedule:
             lowered=meta.get("lowered", "1") == "1",
             placement=meta.get("placement", "loop"),
         )
+
+
+def _misplaced(a: Action, rank: int, virtual_stages: int) -> None:
+    """Raise the :class:`ScheduleError` of an action ``a`` that rank ``rank``'s program
+    may not hold."""
+    if a.stage != rank:
+        raise ScheduleError(f"action {a} of stage {a.stage} placed on rank {rank}")
+    raise ScheduleError(f"action {a} uses chunk {a.chunk} but virtual_stages={virtual_stages}")
 
 
 def placed_stage(placement: str, num_stages: int, rank: int, chunk: int) -> int:

@@ -62,13 +62,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .ir import Action, Kind, Schedule, iter_actions
+from .ir import Action, Kind, Schedule
 
 if TYPE_CHECKING:
     from merak_sim.costs.base import StageCost
 
 __all__ = ["ALIVE", "FULL", "Held", "ItemSizes", "LiveStep", "LiveTrace", "liveness",
-           "stash_sizes"]
+           "stash_sizes", "transitions"]
 
 
 class Held(enum.IntEnum):
@@ -79,9 +79,11 @@ class Held(enum.IntEnum):
     REBUILT = 2
 
 
-_ENTERS = {Kind.FORWARD: Held.STASH, Kind.FORWARD_NOGRAD: Held.INPUT,
-           Kind.RECOMPUTE: Held.REBUILT}
-_FREES = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
+# The state each allocating kind enters, keyed by the kind's identity (hashing an
+# enum member runs Python code); B and W free their item.
+_ENTERS_BY_ID = {id(Kind.FORWARD): Held.STASH, id(Kind.FORWARD_NOGRAD): Held.INPUT,
+                 id(Kind.RECOMPUTE): Held.REBUILT}
+_B, _W = Kind.BACKWARD, Kind.BACKWARD_WEIGHT
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,25 +210,41 @@ class LiveTrace:
 def liveness(sched: Schedule, rank: int) -> LiveTrace:
     """Walk ``rank``'s program (lowered or not; communication is skipped) and return
     its :class:`LiveTrace` (module docstring)."""
+    return LiveTrace(rank, sched.virtual_stages,
+                     tuple(LiveStep(*t) for t in transitions(sched, rank, counted=True)))
+
+
+def transitions(sched: Schedule, rank: int, counted: bool = False
+                ) -> list[tuple[Action, Held | None, Held | None, tuple[int, ...] | None]]:
+    """The walk of :func:`liveness` as plain tuples, one per compute action in program
+    order: (action, enters, leaves, counts), counts (as :attr:`LiveStep.counts`) only
+    if ``counted``, else None; for consumers that walk thousands of actions and need
+    only the transitions."""
     state: dict[tuple[int, int], Held] = {}
     counts = [0] * (3 * sched.virtual_stages)
-    steps = []
-    for a in iter_actions(sched.programs[rank]):
+    out: list[tuple[Action, Held | None, Held | None, tuple[int, ...] | None]] = []
+    add = out.append
+    entering = _ENTERS_BY_ID.get
+    for a in sched.programs[rank]:
+        # A fused group holds sends and receives only: nothing to flatten.
+        if type(a) is not Action and not isinstance(a, Action):
+            continue
         k = a.kind
         if k.is_comm:
             continue
         key = (a.chunk, a.microbatch)
-        enters = _ENTERS.get(k)
+        enters = entering(id(k))
         leaves = None
         if enters is not None:
             leaves = state.get(key)
-            if leaves is not None:
-                counts[a.chunk * 3 + leaves] -= 1
-            counts[a.chunk * 3 + enters] += 1
+            if counted:
+                if leaves is not None:
+                    counts[a.chunk * 3 + leaves] -= 1
+                counts[a.chunk * 3 + enters] += 1
             state[key] = enters
-        elif k in _FREES:
+        elif k is _B or k is _W:
             leaves = state.pop(key, None)
-            if leaves is not None:
+            if counted and leaves is not None:
                 counts[a.chunk * 3 + leaves] -= 1
-        steps.append(LiveStep(a, enters, leaves, tuple(counts)))
-    return LiveTrace(rank, sched.virtual_stages, tuple(steps))
+        add((a, enters, leaves, tuple(counts) if counted else None))
+    return out

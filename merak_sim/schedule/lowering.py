@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .ir import Action, Fused, Kind, Schedule, Step, iter_actions
+from .ir import Action, Fused, Kind, Schedule, Step
 
 __all__ = ["lower", "peer_of", "comm_key", "consumed_key"]
 
@@ -87,67 +87,62 @@ def lower(sched: Schedule) -> Schedule:
     """Return ``sched`` with communication inserted (idempotent on lowered schedules)."""
     if sched.lowered:
         return sched
-    # What a compute action needs depends on its kind, rank and chunk only (keyed by
-    # the kind's identity: enum hashing is slow); the micro-batch is copied.
-    needs: dict[tuple[int, int, int], tuple[Kind | None, Kind | None]] = {}
-    programs = []
-    for prog in sched.programs:
-        # Most generators place no communication: then nothing needs hashing.
-        explicit = {a for a in iter_actions(prog) if a.kind.is_comm} or None
-        # (step, inserted?) pairs; inserted ones are candidates for fusion.
-        seq: list[tuple[Step, bool]] = []
-        for step in prog:
-            if isinstance(step, Action) and step.kind.is_compute:
-                key = (id(step.kind), step.stage, step.chunk)
-                kinds = needs.get(key)
-                if kinds is None:
-                    r, s = _recv_for(sched, step), _send_for(sched, step)
-                    kinds = needs[key] = (r and r.kind, s and s.kind)
-                if kinds[0] is not None:
-                    recv = Action(kinds[0], step.stage, step.microbatch, step.chunk)
-                    if explicit is None or recv not in explicit:
-                        seq.append((recv, True))
-                seq.append((step, False))
-                if kinds[1] is not None:
-                    send = Action(kinds[1], step.stage, step.microbatch, step.chunk)
-                    if explicit is None or send not in explicit:
-                        seq.append((send, True))
-            else:
-                seq.append((step, False))
-        programs.append(tuple(_fuse(sched, seq)))
-    return replace(sched, programs=tuple(programs), lowered=True)
+    programs = tuple(_lowered(sched, prog) for prog in sched.programs)
+    return replace(sched, programs=programs, lowered=True)
 
 
-def _fuse(sched: Schedule, seq: list[tuple[Step, bool]]) -> list[Step]:
-    peers: dict[tuple[int, int], int] = {}  # (kind identity, chunk) -> peer rank
+def _needs(sched: Schedule, a: Action) -> tuple[Kind | None, int, Kind | None, int]:
+    """(receive kind, its peer, send kind, its peer) the lowering adds around compute
+    action ``a`` (kinds None where it adds none): facts of its kind, rank and chunk."""
+    r, s = _recv_for(sched, a), _send_for(sched, a)
+    return (r and r.kind, -1 if r is None else peer_of(sched, r),
+            s and s.kind, -1 if s is None else peer_of(sched, s))
 
-    def peer(a: Action) -> int:
-        key = (id(a.kind), a.chunk)
-        p = peers.get(key)
-        if p is None:
-            p = peers[key] = peer_of(sched, a)
-        return p
 
+def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
+    """One rank's program lowered in one pass: a send inserted after a compute action
+    waits in ``pending`` until the next step shows whether a receive inserted before
+    it, to the same peer, fuses with it."""
+    # Most generators place no communication: then nothing needs hashing.
+    explicit = {a for s in prog if type(s) is not Action or s.kind.is_comm
+                for a in s.parts} or None  # a fused group holds only sends and receives
+    # Keyed by the kind's identity (enum hashing is slow) and the chunk: the rank is
+    # the program's.
+    needs: dict[tuple[int, int], tuple[Kind | None, int, Kind | None, int]] = {}
     out: list[Step] = []
-    i = 0
-    while i < len(seq):
-        step, inserted = seq[i]
-        if (
-            inserted
-            and i + 1 < len(seq)
-            and seq[i + 1][1]
-            and isinstance(step, Action)
-            and step.kind.is_send
-        ):
-            nxt = seq[i + 1][0]
-            if (
-                isinstance(nxt, Action)
-                and nxt.kind.is_recv
-                and peer(nxt) == peer(step)
-            ):
-                out.append(Fused((step, nxt)))
-                i += 2
-                continue
-        out.append(step)
-        i += 1
-    return out
+    add = out.append
+    pending: Action | None = None
+    pending_peer = -1
+    for step in prog:
+        if not isinstance(step, Action) or not step.kind.is_compute:
+            if pending is not None:
+                add(pending)
+                pending = None
+            add(step)
+            continue
+        key = (id(step.kind), step.chunk)
+        n = needs.get(key)
+        if n is None:
+            n = needs[key] = _needs(sched, step)
+        recv_kind, recv_peer, send_kind, send_peer = n
+        if recv_kind is not None:
+            recv = Action(recv_kind, step.stage, step.microbatch, step.chunk)
+            if explicit is None or recv not in explicit:
+                if pending is not None and pending_peer == recv_peer:
+                    add(Fused((pending, recv)))
+                else:
+                    if pending is not None:
+                        add(pending)
+                    add(recv)
+                pending = None
+        if pending is not None:
+            add(pending)
+            pending = None
+        add(step)
+        if send_kind is not None:
+            send = Action(send_kind, step.stage, step.microbatch, step.chunk)
+            if explicit is None or send not in explicit:
+                pending, pending_peer = send, send_peer
+    if pending is not None:
+        add(pending)
+    return tuple(out)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
-from merak_sim.schedule.liveness import Held, liveness
+from merak_sim.schedule.liveness import Held, transitions
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
 from .action_costs import gatherer
@@ -145,32 +145,50 @@ def forget_structures() -> None:
     _STRUCTURES.clear()
 
 
+def _tag_base(tensor: str, src: int) -> int:
+    """The part of a transfer's integer number that its tensor and source model stage
+    fix (``src`` is in -1 .. model stages, so it is below :func:`_tag_width`): the
+    micro-batch m adds ``m * _tag_width``, which makes the number unique per tag."""
+    return (src + 1) * 2 + (tensor == "G")
+
+
+def _tag_width(sched: Schedule) -> int:
+    """Numbers of (tensor, source) pairs a transfer number leaves room for."""
+    return 2 * (sched.num_model_stages + 2)
+
+
 def _step_facts(sched: Schedule, a: Action) -> list:
     """Facts of ``a``'s (kind, rank, chunk), whatever its micro-batch: a send or
-    receive's [is send, tensor, source model stage]; a compute action's [per
-    micro-batch, model stage, reads the explicit-R flag, FLOPs class 1 model / 2
-    recompute / 0, is B or W, is AR, consumed (tensor, source stage) or None, rule
-    id without and with an explicit R (-1 until first used)]."""
+    receive's [is send, tensor, source model stage, tag base]; a compute action's
+    [per micro-batch, model stage, reads the explicit-R flag, FLOPs class 1 model / 2
+    recompute / 0, is B or W, is AR, consumed (tensor, source stage) or None, its tag
+    base, rule id without and with an explicit R (-1 until first used)]."""
     k = a.kind
     if k.is_comm:
-        return [k.is_send, *comm_key(sched, a)[:2]]
+        tensor, src = comm_key(sched, a)[:2]
+        return [k.is_send, tensor, src, _tag_base(tensor, src)]
     ck = consumed_key(sched, a) if k.per_microbatch else None
     return [k.per_microbatch, sched.model_stage(a) if k.per_microbatch else -1,
             k in (Kind.BACKWARD, Kind.BACKWARD_INPUT),
             1 if k in FORWARD_KINDS else 2 if k in RECOMPUTING_KINDS else 0,
             k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT), k is Kind.ALL_REDUCE,
-            None if ck is None else ck[:2], -1, -1]
+            None if ck is None else ck[:2], -1 if ck is None else _tag_base(*ck[:2]),
+            -1, -1]
 
 
 def _build_structure(sched: Schedule) -> ProgramStructure:
     """One walk of ``sched`` (module docstring): everything
     :func:`~merak_sim.sim.program.compile_program` needs but the costs (a receive
     precedes its consumer, so its transfer has an id by then)."""
-    explicit_r = {(a.stage, a.chunk, a.microbatch) for prog in sched.programs for a in prog
-                  if type(a) is Action and a.kind is Kind.RECOMPUTE}  # never fused
-    tid: dict[tuple, int] = {}
-    sends: dict = {}
-    recvs: dict = {}
+    # Transfers, facts, items and memory rules are keyed by integers built from the
+    # fields that identify them (chunks are below v, micro-batches >= 0: Schedule and
+    # Action check both), so the walk builds and hashes no tuples for its lookups.
+    v = sched.virtual_stages
+    width = _tag_width(sched)
+    tid: dict[int, int] = {}  # transfer number -> id
+    keys: list[tuple[str, int, int]] = []  # per transfer id, its tag
+    sends: list[Action | None] = []
+    recvs: list[Action | None] = []
     rules: list[tuple] = []
     mem_rules: list = [None]
     actions: list[Action] = []
@@ -182,77 +200,86 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     ids_all, consumed_all = [], []
     add_action, add_alloc, add_free = actions.append, alloc_of.append, free_of.append
     add_rule = rule_of.append
+    rebuilt = Held.REBUILT
     for rank, prog in enumerate(sched.programs):
         ops: list[tuple[int, int, int]] = []
         add_op = ops.append
         consumed: dict[int, int] = {}
-        live = iter(liveness(sched, rank).steps).__next__
+        walk = transitions(sched, rank)
+        live = iter(walk).__next__
+        # (chunk, micro-batch) of every explicit R (its item rebuilt) on the rank
+        explicit_r = {(a.chunk, a.microbatch) for a, enters, _l, _c in walk
+                      if enters is rebuilt}
         # (chunk, micro-batch) -> (history code, states entered); the code numbers
         # the history uniquely (base 4, states + 1), so rules are keyed by integers.
-        history: dict[tuple[int, int], tuple[int, tuple[Held, ...]]] = {}
-        mem_ids: dict[tuple[int, int, bool], int] = {}
+        history: dict[int, tuple[int, tuple[Held, ...]]] = {}  # key m * v + chunk
+        mem_ids: dict[int, int] = {}  # key (code * v + chunk) * 2 + frees
         last_b: dict[int, int] = {}
         fl: list[int] = []
         rf: list[int] = []
-        facts: dict[tuple[int, int], list] = {}
+        facts: dict[int, list] = {}  # key id(kind) * v + chunk
         first = aid = len(actions)
         for step in prog:
             if type(step) is not Action or step.kind.is_comm:
                 for p in (step,) if type(step) is Action else step.parts:
-                    fk = (id(p.kind), p.chunk)
+                    fk = id(p.kind) * v + p.chunk
                     f = facts.get(fk)
                     if f is None:
                         f = facts[fk] = _step_facts(sched, p)
-                    is_send, tensor, src = f
-                    key = (tensor, src, p.microbatch)
-                    if is_send:
-                        sends[key] = p
-                    else:
-                        recvs[key] = p
+                    is_send, tensor, src, base = f
+                    mb = p.microbatch
+                    key = mb * width + base
                     t = tid.get(key)
                     if t is None:
                         t = tid[key] = len(tid)
+                        keys.append((tensor, src, mb))
+                        sends.append(None)
+                        recvs.append(None)
+                    if is_send:
+                        sends[t] = p
+                    else:
+                        recvs[t] = p
                     add_op((OP_POST, t, 1 if is_send else 0))
                 continue
             a = step
             k = a.kind
             ch = a.chunk
-            fk = (id(k), ch)
+            fk = id(k) * v + ch
             f = facts.get(fk)
             if f is None:
                 f = facts[fk] = _step_facts(sched, a)
-            per_mb, g, reads, flops_class, is_last, is_ar, head, rid, rid_r = f
+            per_mb, g, reads, flops_class, is_last, is_ar, head, head_base, rid, rid_r = f
+            mb = a.microbatch
             add_action(a)
-            ls = live()
+            _a, enters, leaves, _c = live()
             al = fr = 0
-            enters = ls.enters
             if enters is not None:
-                item = (ch, a.microbatch)
+                item = mb * v + ch
                 code, h = history.get(item, (0, ()))
                 code = code * 4 + int(enters) + 1
                 h = h + (enters,)
                 history[item] = (code, h)
-                mk = (ch, code, False)
+                mk = (code * v + ch) * 2
                 al = mem_ids.get(mk, -1)
                 if al < 0:
                     al = mem_ids[mk] = len(mem_rules)
                     mem_rules.append((rank, ch, h, False))
-            elif ls.leaves is not None:
-                code, h = history.pop((ch, a.microbatch), (0, ()))
-                mk = (ch, code, True)
+            elif leaves is not None:
+                code, h = history.pop(mb * v + ch, (0, ()))
+                mk = (code * v + ch) * 2 + 1
                 fr = mem_ids.get(mk, -1)
                 if fr < 0:
                     fr = mem_ids[mk] = len(mem_rules)
                     mem_rules.append((rank, ch, h, True))
             add_alloc(al)
             add_free(fr)
-            if reads and explicit_r and (rank, ch, a.microbatch) in explicit_r:
+            if reads and explicit_r and (ch, mb) in explicit_r:
                 if rid_r < 0:
-                    rid_r = f[8] = len(rules)
+                    rid_r = f[9] = len(rules)
                     rules.append((k, g, True, rank))
                 rid = rid_r
             elif rid < 0:
-                rid = f[7] = len(rules)
+                rid = f[8] = len(rules)
                 rules.append((k, g, False, rank) if per_mb else (k, rank))
             add_rule(rid)
             if flops_class == 1:
@@ -266,18 +293,18 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             elif head is None:
                 add_op((OP_COMPUTE, aid, -1))
             else:
-                t = tid.get((head[0], head[1], a.microbatch))
+                t = tid.get(mb * width + head_base)
                 if t is None:
                     raise ScheduleError(f"{a} on rank {rank} consumes "
-                                        f"{(*head, a.microbatch)} before its receive; "
+                                        f"{(*head, mb)} before its receive; "
                                         "lower the schedule")
                 consumed[aid] = t
                 add_op((OP_COMPUTE, aid, t))
             aid += 1
         rank_of += [rank] * (len(actions) - first)
         # chunks with per-micro-batch actions (sends and receives all are)
-        chunks_all.append(tuple(sorted({ch for (_k, ch), f in facts.items()
-                                        if len(f) == 3 or f[0]})))
+        chunks_all.append(tuple(sorted({fk % v for fk, f in facts.items()
+                                        if len(f) == 4 or f[0]})))
         ops_all.append(tuple(ops))
         ids_all.append(tuple(range(first, aid)))
         consumed_all.append(consumed)
@@ -287,8 +314,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         flops_r.append(tuple(fl))
         rec_r.append(tuple(rf))
     ends, bounds = [], []
-    for key in tid:  # insertion order is id order
-        s, r = sends.get(key), recvs.get(key)
+    for key, s, r in zip(keys, sends, recvs, strict=True):
         if s is None or r is None:
             a = s or r
             raise ScheduleError(f"{a} on rank {a.stage} has no matching "
