@@ -33,6 +33,7 @@ def work_unit(nodeid: str) -> str:
     return nodeid if stem in INDEPENDENT else module
 
 
+@pytest.hookimpl(optionalhook=True)  # a plain pytest, without xdist, knows no such hook
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadscope`` (``make test``): xdist's scope scheduling with
     :func:`work_unit` scopes; any other mode is xdist's own."""
