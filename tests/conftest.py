@@ -10,18 +10,18 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 #: Session fixtures that make one multi-process launch for every test asking for them.
 SHARED_LAUNCHES = {"equivalence", "two_rank_scenarios"}
 #: One xdist work unit, run one module after another: every module whose tests ask for
-#: one of them (checked at collection), so each launch is made once, and the fault
-#: tests, whose ranks must end within a deadline, so never beside the launches' ranks.
+#: one of them (checked at collection), so each launch is made once; the fault tests,
+#: whose ranks must end within a deadline, and the end-to-end validation, whose
+#: profile must not be timed beside four busy ranks, so never beside the launches.
 SHARED_LAUNCH_MODULES = {"test_exec_fsdp", "test_exec_measure", "test_exec_parallel",
                          "test_exec_scenarios", "test_exec_sp_selective", "test_exec_v_shape",
                          "test_exec_zero", "test_runtime_hooks", "test_tp_replicas",
-                         "test_faults"}
+                         "test_faults", "test_validation_e2e"}
 #: Modules whose tests share nothing (each starts its own process): xdist may spread
 #: them over its workers one test at a time.
 INDEPENDENT = {"test_notebooks"}
 #: The longest work units, started first so that no worker is left with one at the end.
-LONGEST_FIRST = ("shared-launches", "test_notebooks", "test_validation_e2e",
-                 "test_planner_fast", "test_h200_validation", "test_reproduce")
+LONGEST_FIRST = ("shared-launches", "test_notebooks", "test_planner_fast", "test_h200_validation", "test_reproduce")
 
 
 def work_unit(nodeid: str) -> str:
