@@ -21,7 +21,8 @@ SHARED_LAUNCH_MODULES = {"test_exec_fsdp", "test_exec_measure", "test_exec_paral
 #: them over its workers one test at a time.
 INDEPENDENT = {"test_notebooks"}
 #: The longest work units, started first so that no worker is left with one at the end.
-LONGEST_FIRST = ("shared-launches", "test_notebooks", "test_planner_fast", "test_h200_validation", "test_reproduce")
+LONGEST_FIRST = ("shared-launches", "test_notebooks", "test_planner_fast",
+                 "test_h200_validation", "test_reproduce")
 
 
 def work_unit(nodeid: str) -> str:
