@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/merak-sim reproduce merak --out out/reproduce
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder tests
 
 # Rebuild every notebook from its build script and store its executed outputs (figures
 # included) in the committed .ipynb files.
