@@ -109,5 +109,3 @@ def equivalence(tmp_path_factory):
     from support.shared_launch import Launches
 
     return Launches(lambda world: tmp_path_factory.mktemp(f"equivalence-{world}")).results
-
-

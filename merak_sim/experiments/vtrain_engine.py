@@ -8,7 +8,7 @@ Evidence (what the runs did, not a fit):
   ``--no-pipeline-parallel``, so DeepSpeed's ``PipelineEngine`` runs the 1F1B schedule
   (its ``TrainSchedule``), not Megatron-LM's own point-to-point code. The causal
   attention mask is precomputed once and never sent between stages.
-- The engine's sends are synchronous: ``deepspeed/runtime/pipe/p2p.py`` refuses
+- The engine's sends are synchronous: DeepSpeed's ``deepspeed.runtime.pipe.p2p`` refuses
   ``async_op`` and calls ``torch.distributed.send`` / ``recv``, so each rank's compute
   stream waits for the transfer (vTrain's own simulator likewise charges every
   pipeline transfer to the sender's compute stream).
