@@ -227,7 +227,7 @@ def transitions(sched: Schedule, rank: int, counted: bool = False
     entering = _ENTERS_BY_ID.get
     for a in sched.programs[rank]:
         # A fused group holds sends and receives only: nothing to flatten.
-        if type(a) is not Action and not isinstance(a, Action):
+        if type(a) is not Action:
             continue
         k = a.kind
         if k.is_comm:

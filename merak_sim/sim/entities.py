@@ -159,12 +159,17 @@ class HBM:
         if self._record:
             self.timeline.append((t, self.used))
         if self.used > self.peak:
-            self.peak = self.used
-            over = self.used - self.capacity
-            if over > 0:
-                if self.oom_time is None:
-                    self.oom_time, self.oom_action = t, action
-                self.overflow = max(self.overflow, over)
+            self._new_peak(t, action)
+
+    def _new_peak(self, t: float, action: int) -> None:
+        """Record ``used`` as the peak, reached at ``t`` by ``action``, and any excess
+        over the capacity."""
+        self.peak = self.used
+        over = self.used - self.capacity
+        if over > 0:
+            if self.oom_time is None:
+                self.oom_time, self.oom_action = t, action
+            self.overflow = max(self.overflow, over)
 
     def free(self, t: float, nbytes: float) -> None:
         """Free ``nbytes`` at time ``t``."""
@@ -179,7 +184,7 @@ class HBM:
         """For each action id of ``ids`` in order, :meth:`alloc` its ``alloc`` bytes
         at its start and :meth:`free` its ``free`` bytes at its end: the same
         operations in the same order, in one loop over local values."""
-        used, peak, cap = self.used, self.peak, self.capacity
+        used, peak = self.used, self.peak
         rec = self.timeline.append if self._record else None
         for x in ids:
             a = alloc[x]
@@ -188,18 +193,14 @@ class HBM:
                 if rec is not None:
                     rec((start[x], used))
                 if used > peak:
-                    peak = used
-                    over = used - cap
-                    if over > 0:
-                        if self.oom_time is None:
-                            self.oom_time, self.oom_action = start[x], x
-                        self.overflow = max(self.overflow, over)
+                    self.used = peak = used
+                    self._new_peak(start[x], x)
             f = free[x]
             if f:
                 used -= f
                 if rec is not None:
                     rec((end[x], used))
-        self.used, self.peak = used, peak
+        self.used = used
 
 
 class SyncGroup:

@@ -26,8 +26,8 @@ from merak_sim.schedule.lowering import comm_key, consumed_key
 
 from .action_costs import gatherer
 
-__all__ = ["ProgramStructure", "program_structure", "forget_structures", "OP_COMPUTE", "OP_POST", "OP_AR",
-           "FORWARD_KINDS", "RECOMPUTING_KINDS"]
+__all__ = ["ProgramStructure", "program_structure", "forget_structures", "OP_COMPUTE",
+           "OP_POST", "OP_AR", "FORWARD_KINDS", "RECOMPUTING_KINDS"]
 
 #: Op codes of a compiled program step.
 OP_COMPUTE, OP_POST, OP_AR = 0, 1, 2
