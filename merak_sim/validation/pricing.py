@@ -19,8 +19,9 @@ and every backward (B or W) but a rank's first of the
 step adds the profiled cost of adding into existing gradients (:func:`_accumulating`:
 the runtime clears them once per step, so the others add into them; never below
 the fastest fresh sample, :func:`_profiled_durations`); no action is priced at a
-negative time (:class:`ValidationError` names it). The contract-only prediction (``refined=False``) is kept for comparison. Action times are
-the profile's means by default (:func:`profile_view`).
+negative time (:class:`ValidationError` names it). The contract-only prediction
+(``refined=False``) is kept for comparison. Action times are the profile's means by
+default (:func:`profile_view`).
 """
 
 from __future__ import annotations
