@@ -149,9 +149,9 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
     # compute action that follows it (and remembered, to compare actions alone).
     dur, extra = _refine(prog, dur, st, run.profile.get("machine", {}),
                          contended=cfg.dp * cfg.tp == 1 and cfg.pp > 1 and not action_s)
+    _check_actions(prog, dur, extra)
     post_extra = {(prog.actions[x].stage, str(prog.actions[x])): v for x, v in extra.items()
                   if v > 0}
-    _check_durations(prog, dur, extra)
     prog = replace(prog, duration_s=tuple(dur))
     tr = evaluator_trace(prog, RankLayout.of(cfg), table.memory_capacity_bytes,
                          zero=cfg.zero)
@@ -192,12 +192,18 @@ def _profiled_durations(prog, st: list[dict], action_s: dict | None) -> list[flo
     return dur
 
 
-def _check_durations(prog, dur: list[float], extra: dict[int, float]) -> None:
-    """Every action's own time (its duration less the posts added to it) must not be
-    negative: the evaluator would run it backwards in time."""
-    for x, d in enumerate(dur):
+def _check_actions(prog, dur: list[float], extra: dict[int, float]) -> None:
+    """Each (stage, IR token) names one action of the program (the post costs, the
+    replay's times and the per-action table are keyed so), and no action's own time
+    (its duration less the posts added to it) is negative: the evaluator would run
+    it backwards in time."""
+    seen = set()
+    for x, (a, d) in enumerate(zip(prog.actions, dur, strict=True)):
+        if (a.stage, str(a)) in seen:
+            raise ValidationError(f"stage {a.stage} action {a} occurs twice in the "
+                                  "program; validation needs one action per token")
+        seen.add((a.stage, str(a)))
         if d - extra.get(x, 0.0) < 0:
-            a = prog.actions[x]
             raise ValidationError(f"stage {a.stage} action {a} priced at "
                                   f"{d - extra.get(x, 0.0):.3g} s; fix the profile's "
                                   f"figures for {a.kind.name}")

@@ -1,24 +1,26 @@
-"""Pricing of backwards that add into existing gradients, when the profiled paired
-difference is noise-dominated.
+"""Invariants of the validation pricing.
 
-The profiler measures the accumulation cost as the median of paired differences
-(a backward adding into gradients minus one on cleared gradients). A stall in one
-pair's fresh sample (a descheduled rank; under tensor parallelism a peer late to a
-collective inside the backward) makes that difference strongly negative: on the
-loaded development machine the end-to-end tp=2 sub-pipelined run measured a
-difference more negative than its backward was long, and the per-action prediction
-came out negative. The pricing floors an accumulating backward at the fastest fresh
-sample, and refuses any action priced at a negative time, naming it.
+- Backwards that add into existing gradients: the profiler measures their extra cost
+  as the median of paired differences (a backward adding into gradients minus one on
+  cleared gradients), a small effect under two samples' noise. A stall in one pair's
+  fresh sample (a descheduled rank; under tensor parallelism a peer late to one of the
+  backward's collectives) can make the difference more negative than the backward is
+  long, which priced those backwards, and the per-action prediction, below zero. The
+  pricing floors an accumulating backward at the fastest fresh sample.
+- No action is priced at a negative time; the error names the action.
+- Each (stage, IR token) names one action, as the per-action keys assume.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from merak_sim.config import ParallelConfig
+from merak_sim.schedule import SCHEDULES
 from merak_sim.validation.compare import compare_run
 from merak_sim.validation.memory import gpt_param_bytes
 from merak_sim.validation.pricing import ValidationError, simulate_run
@@ -119,3 +121,24 @@ def test_an_action_priced_at_a_negative_time_is_a_clear_error():
     prof = _profile(forward_s=-1 * MS)
     with pytest.raises(ValidationError, match=r"stage 0 action F0 priced at -0\.001 s"):
         simulate_run(_stub(ParallelConfig(**SUB).to_dict(), prof))
+
+
+def test_every_schedule_validation_accepts_has_one_action_per_token():
+    """The post costs, the replay's times and the per-action table are keyed by
+    (stage, IR token): every program validation prices must have each once."""
+    priced = set()
+    for name, rc, pp in itertools.product(SCHEDULES, ("none", "full"), (2, 4)):
+        try:
+            cfg = ParallelConfig(pp=pp, dp=2, micro_batch_size=1, global_batch_size=4 * pp,
+                                 schedule=name, recompute=rc, dtype="fp32")
+            sim = simulate_run(_stub(cfg.to_dict(), _profile(pp)))
+        except ValidationError as e:
+            assert "virtual_stages" in str(e)  # interleaved: not a validation config
+            continue
+        except ValueError:
+            continue  # the schedule refuses this shape
+        ev = sim.events()
+        comp = ev[ev["stream"] != "p2p"]
+        assert not comp.duplicated(["rank", "stage", "action"]).any(), (name, rc, pp)
+        priced.add(name)
+    assert {"gpipe", "1f1b", "zb-h1", "zb-h2", "shifted-critical-path"} <= priced, priced
