@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from merak_sim.config import ParallelConfig
+from merak_sim.layout import RankLayout
 from merak_sim.validation.rundir import MeasuredRun
 
 __all__ = ["step_frame", "measured_breakdown", "cpu_shares"]
@@ -29,23 +31,32 @@ def step_frame(run: MeasuredRun, step: int):
             recv_end[(r.rank, r.kind, r.chunk, r.microbatch)] = r.end_s
             recv_post[(r.rank, r.kind, r.chunk, r.microbatch)] = r.start_s
         else:
-            send_post.setdefault((r.stage, r.kind, r.microbatch), r.start_s)
+            # by sending rank: a stage's data- or tensor-parallel replicas each send
+            # their own copy, posted at their own time
+            send_post.setdefault((r.rank, r.kind, r.microbatch), r.start_s)
+    layout = RankLayout.of(ParallelConfig.from_dict(run.config))
     eff, wait_comm = [], []
     for r in df.itertuples():
         e, w = r.start_s, 0.0
         if r.stream == "compute":
-            for rk, sk, peer in (("RECV_ACT", "SEND_ACT", r.stage - 1),
-                                 ("RECV_GRAD", "SEND_GRAD", r.stage + 1)):
+            for rk, sk, peer in (("RECV_ACT", "SEND_ACT", -1), ("RECV_GRAD", "SEND_GRAD", 1)):
                 key = (r.rank, rk, r.chunk, r.microbatch)
                 if key in recv_end and r.start_s <= recv_end[key] <= r.end_s:
                     e = max(e, recv_end[key])
-                    xs = max(recv_post[key], send_post.get((peer, sk, r.microbatch), r.start_s))
+                    src = _pipeline_peer(layout, r.rank, peer)
+                    xs = max(recv_post[key], send_post.get((src, sk, r.microbatch), r.start_s))
                     w = max(0.0, min(recv_end[key], e) - max(r.start_s, xs))
         eff.append(e)
         wait_comm.append(w)
     df["eff_start_s"] = eff
     df["wait_comm_s"] = wait_comm
     return df
+
+
+def _pipeline_peer(layout: RankLayout, rank: int, offset: int) -> int:
+    """The rank ``offset`` pipeline stages from ``rank`` with its other coordinates."""
+    c = layout.coords(rank)
+    return layout.rank(c.pp + offset, c.dp, c.tp, c.cp)
 
 
 def measured_breakdown(run: MeasuredRun, step: int, frame=None) -> tuple[float, list[dict]]:

@@ -17,9 +17,11 @@ blocked figure), a pipeline stage computing while the others idle runs at its
 measured alone speed (both by :func:`_refine`, which needs the simulated timeline),
 and every backward (B or W) but a rank's first of the
 step adds the profiled cost of adding into existing gradients (:func:`_accumulating`:
-the runtime clears them once per step, so the others add into them). The
-contract-only prediction (``refined=False``) is kept for comparison. Action times are
-the profile's means by default (:func:`profile_view`).
+the runtime clears them once per step, so the others add into them; never below
+the fastest fresh sample, :func:`_profiled_durations`); no action is priced at a
+negative time (:class:`ValidationError` names it). The contract-only prediction
+(``refined=False``) is kept for comparison. Action times are the profile's means by
+default (:func:`profile_view`).
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
     # compute action that follows it (and remembered, to compare actions alone).
     dur, extra = _refine(prog, dur, st, run.profile.get("machine", {}),
                          contended=cfg.dp * cfg.tp == 1 and cfg.pp > 1 and not action_s)
+    _check_actions(prog, dur, extra)
     post_extra = {(prog.actions[x].stage, str(prog.actions[x])): v for x, v in extra.items()
                   if v > 0}
     prog = replace(prog, duration_s=tuple(dur))
@@ -162,7 +165,13 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
 def _profiled_durations(prog, st: list[dict], action_s: dict | None) -> list[float]:
     """The program's durations with F* and R at their profiled times, the profiled
     cost of adding into existing gradients on the backwards that do, and ``action_s``
-    (the replay's measured times) in place of the actions it names."""
+    (the replay's measured times) in place of the actions it names.
+
+    An accumulating backward is priced no faster than the fastest fresh one the
+    profiler timed (``<key>_min_s``; without it, than the fresh figure): the paired
+    difference is a small effect under two samples' noise, and a stall in one
+    pair's fresh sample (a descheduled rank, or under TP a peer late to a
+    collective) can make it more negative than the backward is long."""
     dur = list(prog.duration_s)
     for i, a in enumerate(prog.actions):
         if a.kind is Kind.FORWARD_NOGRAD:
@@ -171,15 +180,33 @@ def _profiled_durations(prog, st: list[dict], action_s: dict | None) -> list[flo
             dur[i] = st[a.stage]["reforward_s"]
     for i in _accumulating(prog):
         # all but a rank's first backward add into existing gradients: their profiled
-        # extra time (older profiles have none: priced as before)
+        # extra time (older profiles have none: priced as before), floored (below)
         p = st[prog.actions[i].stage]
         key = ("backward_weight" if prog.actions[i].kind is Kind.BACKWARD_WEIGHT else
                "backward_ckpt" if prog.recompute_s[i] > 0 else "backward")
-        dur[i] += p.get(key + "_accum_delta_s", 0.0)
+        dur[i] = max(dur[i] + p.get(key + "_accum_delta_s", 0.0),
+                     p.get(key + "_min_s", dur[i]))
     if action_s:
         for i, a in enumerate(prog.actions):
             dur[i] = action_s.get((a.stage, str(a)), dur[i])
     return dur
+
+
+def _check_actions(prog, dur: list[float], extra: dict[int, float]) -> None:
+    """Each (stage, IR token) names one action of the program (the post costs, the
+    replay's times and the per-action table are keyed so), and no action's own time
+    (its duration less the posts added to it) is negative: the evaluator would run
+    it backwards in time."""
+    seen = set()
+    for x, (a, d) in enumerate(zip(prog.actions, dur, strict=True)):
+        if (a.stage, str(a)) in seen:
+            raise ValidationError(f"stage {a.stage} action {a} occurs twice in the "
+                                  "program; validation needs one action per token")
+        seen.add((a.stage, str(a)))
+        if d - extra.get(x, 0.0) < 0:
+            raise ValidationError(f"stage {a.stage} action {a} priced at "
+                                  f"{d - extra.get(x, 0.0):.3g} s; fix the profile's "
+                                  f"figures for {a.kind.name}")
 
 
 def _accumulating(prog) -> list[int]:
