@@ -33,7 +33,13 @@ grows in 2 MiB pages, well under 0.1 % of these peaks.
   each in-flight micro-batch's stage output for that micro-batch's backward (its
   forward cache). The receive buffer of an in-flight micro-batch is the stage input
   the stash already holds, so it is not counted twice
-  (:func:`pipeline_buffer_bytes`).
+  (:func:`pipeline_buffer_bytes`). On the last stage it also appends every
+  micro-batch's model output to ``output_chunks``, which the schedule's ``step``
+  merges and returns when all micro-batches are done (its releases before the
+  ``return_outputs`` switch of 2025): the output, the logits (torchtitan's 2024 model
+  returns them cast to fp32), stays alive after its backward, so at the last
+  micro-batch's backward the M - 1 earlier ones are held beside the stash
+  (:func:`output_chunks_bytes`).
 - The freed logits: an eager cross entropy on fp32 logits frees the 16-bit logits and
   their fp32 copy at the end of forward; the loss backward then asks for fp32
   vocabulary-sized blocks, which the hole the two leave (2V + 4V bytes per token, V the
@@ -65,7 +71,7 @@ from merak_sim.memory import (
 from merak_sim.model import ModelSpec
 
 __all__ = ["CUBLAS_WORKSPACE_BYTES", "cublas_workspace_bytes", "fsdp_stream_pool_bytes",
-           "pipeline_buffer_bytes", "freed_logits_bytes", "AllocatorStack", "BACKEND",
+           "pipeline_buffer_bytes", "output_chunks_bytes", "freed_logits_bytes", "AllocatorStack", "BACKEND",
            "MEGATRON", "TORCHTITAN_STACK", "on_cuda", "reserved_bytes"]
 
 KiB = 1024
@@ -108,6 +114,15 @@ def pipeline_buffer_bytes(boundary_bytes: float, micro_batches: int, in_flight: 
     return float((recv + sent) * boundary_bytes)
 
 
+def output_chunks_bytes(output_bytes: float, micro_batches: int) -> float:
+    """Bytes of the last stage's earlier model outputs ``torch.distributed.pipelining``
+    keeps for the step's merged result at the last micro-batch's backward (module
+    docstring): ``micro_batches`` - 1 outputs of ``output_bytes`` each."""
+    if micro_batches < 1:
+        raise ValueError(f"need 1 <= micro_batches, got {micro_batches}")
+    return float((micro_batches - 1) * output_bytes)
+
+
 def freed_logits_bytes(tokens: float, vocab_per_rank: float, act_bytes: int) -> float:
     """Bytes the loss backward of an eager fp32 cross entropy leaves reserved and
     unused (module docstring): the 16-bit logits' share of the hole they and their
@@ -130,6 +145,8 @@ class AllocatorStack:
             ``fully_shard`` (its all-gather stream pool); 4: none.
         pipelining_buffers: pipeline stages run under ``torch.distributed.pipelining``
             (its receive buffers and forward cache).
+        output_chunks: its schedules keep the last stage's outputs for the merged
+            result (releases before ``return_outputs``).
         eager_fp32_loss: the loss is an eager cross entropy on fp32 logits (its freed
             logits, when the loss backward is the rank's peak; a fused loss profile
             leaves none).
@@ -139,6 +156,7 @@ class AllocatorStack:
     name: str
     fsdp2_from_zero: int = 4
     pipelining_buffers: bool = False
+    output_chunks: bool = False
     eager_fp32_loss: bool = False
     fp8_all_gather: bool = False
 
@@ -178,7 +196,8 @@ def reserved_bytes(model: ModelSpec, gpu_name: str, cfg: Any, stage_layers: Sequ
     all-gather stream pool over the rank's units (each layer; each stage's embedding /
     final norm / head as one root unit) at ZeRO stages the stack shards with FSDP2,
     pipelining's buffers (``in_flight``: most micro-batches alive per rank; the
-    boundary tensor of ``profile``) and the freed logits of an eager fp32 loss on the
+    boundary tensor of ``profile``; the last stage's output chunks, logits stored as
+    ``profile``'s loss keeps them) and the freed logits of an eager fp32 loss on the
     ranks whose ``loss_peak`` says the loss backward is their peak. All 0 off a GPU."""
     if not on_cuda(gpu_name):
         return (0.0,) * cfg.pp
@@ -201,6 +220,9 @@ def reserved_bytes(model: ModelSpec, gpu_name: str, cfg: Any, stage_layers: Sequ
             k = min(in_flight[r] if in_flight is not None else 1, m)
             total += sum(pipeline_buffer_bytes(boundary, m, k, first, last)
                          for _, first, last in stages)
+            if stack.output_chunks and any(last for _, _, last in stages):
+                logits = tok * model.vocab / cfg.tp * (e if profile.loss == "fused" else 4)
+                total += output_chunks_bytes(logits, m)
         if (stack.eager_fp32_loss and profile.loss != "fused" and loss_peak is not None
                 and loss_peak[r]):
             total += freed_logits_bytes(tok, model.vocab / cfg.tp, e)

@@ -210,6 +210,12 @@ MEMORY_MEASURE: dict[str, str] = {
 }
 
 
+def _year(row: dict) -> int:
+    """The year in a torchtitan benchmark's file name (``..._202412_...``; 0: none)."""
+    m = re.search(r"_(20\d\d)(\d\d)_", row.get("source_path", ""))
+    return int(m.group(1)) if m is not None else 0
+
+
 def activation_profile(row: dict) -> ActivationProfile | None:
     """How the row's framework stores activations, where it differs from the cost
     model's default (None): torchtitan's op-level selective checkpointing, eager
@@ -218,9 +224,8 @@ def activation_profile(row: dict) -> ActivationProfile | None:
     loop calls an uncompiled loss)."""
     if "torchtitan" not in row.get("framework", "").lower():
         return None
-    m = re.search(r"_(20\d\d)(\d\d)_", row.get("source_path", ""))
     compiled = "torch.compile" in row.get("other_flags", "")
-    if compiled and m is not None and int(m.group(1)) >= 2025:
+    if compiled and _year(row) >= 2025:
         return TORCHTITAN_COMPILED_LOSS
     return TORCHTITAN_COMPILED if compiled else TORCHTITAN
 
@@ -283,7 +288,7 @@ def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: Pa
                      - (params / shard if no_fp8_copy else 0.0))
     # The simulated peaks hold the backend's reservations (the table's); the row's stack
     # replaces them.
-    stack = (replace(TORCHTITAN_STACK,
+    stack = (replace(TORCHTITAN_STACK, output_chunks=_year(row) < 2025,
                      fp8_all_gather="float8_all_gather" in row.get("other_flags", ""))
              if titan else MEGATRON)
     res = reserved_bytes(model, cluster.gpu.name, cfg, [st.layers for st in table.stages],
