@@ -151,6 +151,9 @@ class AllocatorStack:
             logits, when the loss backward is the rank's peak; a fused loss profile
             leaves none).
         fp8_all_gather: FSDP's float8 all-gather (8-bit gathered weights under fp8).
+        root_unit: the embedding, final norm and head form one FSDP unit (the root
+            module, as torchtitan wraps it); False: the embedding and the head are
+            units of their own, as the cost model prices them.
     """
 
     name: str
@@ -159,6 +162,7 @@ class AllocatorStack:
     output_chunks: bool = False
     eager_fp32_loss: bool = False
     fp8_all_gather: bool = False
+    root_unit: bool = False
 
 
 #: The backend plans are dispatched to (merak_exec): ZeRO 2 and 3 through FSDP2
@@ -173,7 +177,18 @@ MEGATRON = AllocatorStack("megatron")
 #: torchtitan: FSDP2 for every sharded stage (its pipelined FSDP is mapped to ZeRO 1),
 #: ``torch.distributed.pipelining``, an eager fp32 loss unless compiled.
 TORCHTITAN_STACK = AllocatorStack("torchtitan", fsdp2_from_zero=1, pipelining_buffers=True,
-                                  eager_fp32_loss=True)
+                                  eager_fp32_loss=True, root_unit=True)
+
+
+def _end_units(model: ModelSpec, tp: int, first: bool, last: bool, root: bool) -> list[float]:
+    """Parameters per GPU of the FSDP units beside the layers on one stage: the
+    embedding, final norm and head as one ``root`` unit, else the embedding and the
+    head (with the final norm) each as its own, as the cost model prices ZeRO 3."""
+    ends = stage_params(model, 0, first, last, tp) if first or last else 0.0
+    if root or not (first and last):
+        return [ends] if first or last else []
+    emb = stage_params(model, 0, True, False, tp)
+    return [emb, ends - emb]
 
 
 def _rank_stages(cfg: Any, stage_layers: Sequence[int]) -> list[list[tuple[int, bool, bool]]]:
@@ -193,8 +208,8 @@ def reserved_bytes(model: ModelSpec, gpu_name: str, cfg: Any, stage_layers: Sequ
     """Bytes the caching allocator reserves beyond the live tensors on each pipeline
     rank of ``cfg`` (a ParallelConfig; ``stage_layers``: transformer layers per model
     stage) under ``stack``: the cuBLAS workspace of one matmul stream, FSDP2's
-    all-gather stream pool over the rank's units (each layer; each stage's embedding /
-    final norm / head as one root unit) at ZeRO stages the stack shards with FSDP2,
+    all-gather stream pool over the rank's units (each layer, and the stack's units of
+    embedding, final norm and head) at ZeRO stages the stack shards with FSDP2,
     pipelining's buffers (``in_flight``: most micro-batches alive per rank; the
     boundary tensor of ``profile``; the last stage's output chunks, logits stored as
     ``profile``'s loss keeps them) and the freed logits of an eager fp32 loss on the
@@ -209,8 +224,8 @@ def reserved_bytes(model: ModelSpec, gpu_name: str, cfg: Any, stage_layers: Sequ
         total = workspace
         if cfg.zero >= stack.fsdp2_from_zero:
             units = [stage_params(model, 1, False, False, cfg.tp)] * sum(n for n, _, _ in stages)
-            units += [stage_params(model, 0, first, last, cfg.tp) for _, first, last in stages
-                      if first or last]
+            units += [u for _, first, last in stages for u in _end_units(model, cfg.tp, first,
+                                                                         last, stack.root_unit)]
             total += fsdp_stream_pool_bytes(units, 1 if stack.fp8_all_gather
                                             and cfg.dtype == "fp8" else e)
         if stack.pipelining_buffers and cfg.pp > 1:

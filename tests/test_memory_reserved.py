@@ -41,8 +41,10 @@ def test_gpu_tables_reserve_the_cublas_workspace_on_every_rank():
 def test_zero_3_adds_fsdp2s_all_gather_pool_of_two_units():
     cfg = replace(CFG, zero=3)
     table = CM.cost_table(MODEL, H100, cfg)
-    units = [stage_params(MODEL, 1, False, False, 2)] * MODEL.layers
-    units.append(stage_params(MODEL, 0, True, True, 2))
+    # The backend's units are the cost model's: the embedding, each layer, the head.
+    emb = stage_params(MODEL, 0, True, False, 2)
+    units = [emb] + [stage_params(MODEL, 1, False, False, 2)] * MODEL.layers
+    units.append(stage_params(MODEL, 0, True, True, 2) - emb)
     assert table.reserved(0) == pytest.approx(32 * MiB + fsdp_stream_pool_bytes(units, 2))
     # ZeRO 1 keeps Megatron-style flat buffers: no FSDP2 pool; the Megatron stack has
     # none at any stage.
