@@ -71,8 +71,9 @@ from merak_sim.memory import (
 from merak_sim.model import ModelSpec
 
 __all__ = ["CUBLAS_WORKSPACE_BYTES", "cublas_workspace_bytes", "fsdp_stream_pool_bytes",
-           "pipeline_buffer_bytes", "output_chunks_bytes", "freed_logits_bytes", "AllocatorStack", "BACKEND",
-           "MEGATRON", "TORCHTITAN_STACK", "on_cuda", "reserved_bytes"]
+           "pipeline_buffer_bytes", "output_chunks_bytes", "freed_logits_bytes",
+           "AllocatorStack", "BACKEND", "MEGATRON", "TORCHTITAN_STACK", "on_cuda",
+           "reserved_bytes"]
 
 KiB = 1024
 #: PyTorch's default cuBLAS workspace per handle and stream: Hopper (sm90), others.
