@@ -33,7 +33,13 @@ grows in 2 MiB pages, well under 0.1 % of these peaks.
   each in-flight micro-batch's stage output for that micro-batch's backward (its
   forward cache). The receive buffer of an in-flight micro-batch is the stage input
   the stash already holds, so it is not counted twice
-  (:func:`pipeline_buffer_bytes`).
+  (:func:`pipeline_buffer_bytes`). On the last stage it also appends every
+  micro-batch's model output to ``output_chunks``, which the schedule's ``step``
+  merges and returns when all micro-batches are done (its releases before the
+  ``return_outputs`` switch of 2025): the output, the logits (torchtitan's 2024 model
+  returns them cast to fp32), stays alive after its backward, so at the last
+  micro-batch's backward the M - 1 earlier ones are held beside the stash
+  (:func:`output_chunks_bytes`).
 - The freed logits: an eager cross entropy on fp32 logits frees the 16-bit logits and
   their fp32 copy at the end of forward; the loss backward then asks for fp32
   vocabulary-sized blocks, which the hole the two leave (2V + 4V bytes per token, V the
@@ -41,14 +47,33 @@ grows in 2 MiB pages, well under 0.1 % of these peaks.
   2V per token reserved and unused at the loss backward's peak,
   since the allocator never moves live blocks (:func:`freed_logits_bytes`). A fused
   loss (16-bit logits, one 16-bit gradient) leaves none.
+
+Which terms apply depends on the software stack (:class:`AllocatorStack`);
+:func:`reserved_bytes` prices a stack's terms per pipeline rank, for the cost table
+(the simulator's and the planner's peaks, :data:`BACKEND`) and for the public-runs
+comparison (each source's stack) alike. Nothing is reserved off a GPU: on CPU PyTorch
+has no caching allocator and no cuBLAS.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from merak_sim.memory import (
+    DTYPE_BYTES,
+    KORTHIKANTI,
+    ActivationProfile,
+    stage_input_bytes,
+    stage_params,
+)
+from merak_sim.model import ModelSpec
 
 __all__ = ["CUBLAS_WORKSPACE_BYTES", "cublas_workspace_bytes", "fsdp_stream_pool_bytes",
-           "pipeline_buffer_bytes", "freed_logits_bytes"]
+           "pipeline_buffer_bytes", "output_chunks_bytes", "freed_logits_bytes",
+           "AllocatorStack", "BACKEND", "MEGATRON", "TORCHTITAN_STACK", "on_cuda",
+           "reserved_bytes"]
 
 KiB = 1024
 #: PyTorch's default cuBLAS workspace per handle and stream: Hopper (sm90), others.
@@ -90,8 +115,132 @@ def pipeline_buffer_bytes(boundary_bytes: float, micro_batches: int, in_flight: 
     return float((recv + sent) * boundary_bytes)
 
 
+def output_chunks_bytes(output_bytes: float, micro_batches: int) -> float:
+    """Bytes of the last stage's earlier model outputs ``torch.distributed.pipelining``
+    keeps for the step's merged result at the last micro-batch's backward (module
+    docstring): ``micro_batches`` - 1 outputs of ``output_bytes`` each."""
+    if micro_batches < 1:
+        raise ValueError(f"need 1 <= micro_batches, got {micro_batches}")
+    return float((micro_batches - 1) * output_bytes)
+
+
 def freed_logits_bytes(tokens: float, vocab_per_rank: float, act_bytes: int) -> float:
     """Bytes the loss backward of an eager fp32 cross entropy leaves reserved and
     unused (module docstring): the 16-bit logits' share of the hole they and their
     fp32 copy leave, ``act_bytes`` x V/t per token (``tokens`` of one micro-batch)."""
     return float(tokens * vocab_per_rank * act_bytes)
+
+
+def on_cuda(gpu_name: str) -> bool:
+    """Whether ``gpu_name`` (a GPU preset name) is a CUDA device (CPU presets: not)."""
+    return not gpu_name.upper().startswith("CPU")
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorStack:
+    """Which reservations of the module docstring a software stack makes.
+
+    Attributes:
+        name: label.
+        fsdp2_from_zero: the lowest ZeRO stage the stack runs through FSDP2's
+            ``fully_shard`` (its all-gather stream pool); 4: none.
+        pipelining_buffers: pipeline stages run under ``torch.distributed.pipelining``
+            (its receive buffers and forward cache).
+        output_chunks: its schedules keep the last stage's outputs for the merged
+            result (releases before ``return_outputs``).
+        eager_fp32_loss: the loss is an eager cross entropy on fp32 logits (its freed
+            logits, when the loss backward is the rank's peak; a fused loss profile
+            leaves none).
+        fp8_all_gather: FSDP's float8 all-gather (8-bit gathered weights under fp8).
+        root_unit: the embedding, final norm and head form one FSDP unit (the root
+            module, as torchtitan wraps it); False: the embedding and the head are
+            units of their own, as the cost model prices them.
+    """
+
+    name: str
+    fsdp2_from_zero: int = 4
+    pipelining_buffers: bool = False
+    output_chunks: bool = False
+    eager_fp32_loss: bool = False
+    fp8_all_gather: bool = False
+    root_unit: bool = False
+
+
+#: The backend plans are dispatched to (merak_exec): ZeRO 2 and 3 through FSDP2
+#: (``merak_exec.fsdp``); its pipeline runtime posts each receive into a tensor of its
+#: own, alive only until the action consuming it (the stash counts it), so no
+#: persistent receive buffers; its loss is an eager fp32 cross entropy, whose hole
+#: sits on top of the loss backward's transient working set, which the simulator's
+#: peak (the stash) does not count either, so it is not counted here.
+BACKEND = AllocatorStack("merak-exec", fsdp2_from_zero=2)
+#: Megatron-LM and its forks: their own distributed optimizer, no FSDP2 pool.
+MEGATRON = AllocatorStack("megatron")
+#: torchtitan: FSDP2 for every sharded stage (its pipelined FSDP is mapped to ZeRO 1),
+#: ``torch.distributed.pipelining``, an eager fp32 loss unless compiled.
+TORCHTITAN_STACK = AllocatorStack("torchtitan", fsdp2_from_zero=1, pipelining_buffers=True,
+                                  eager_fp32_loss=True, root_unit=True)
+
+
+def _end_units(model: ModelSpec, tp: int, first: bool, last: bool, root: bool) -> list[float]:
+    """Parameters per GPU of the FSDP units beside the layers on one stage: the
+    embedding, final norm and head as one ``root`` unit, else the embedding and the
+    head (with the final norm) each as its own, as the cost model prices ZeRO 3."""
+    ends = stage_params(model, 0, first, last, tp) if first or last else 0.0
+    if root or not (first and last):
+        return [ends] if first or last else []
+    emb = stage_params(model, 0, True, False, tp)
+    return [emb, ends - emb]
+
+
+def _rank_stages(cfg: Any, stage_layers: Sequence[int]) -> list[list[tuple[int, bool, bool]]]:
+    """(layers, first, last) of the model stages on each pipeline rank."""
+    n = len(stage_layers)
+    ranks: list[list[tuple[int, bool, bool]]] = [[] for _ in range(cfg.pp)]
+    for g, layers in enumerate(stage_layers):
+        ranks[cfg.rank_of_stage(g)].append((int(layers), g == 0, g == n - 1))
+    return ranks
+
+
+def reserved_bytes(model: ModelSpec, gpu_name: str, cfg: Any, stage_layers: Sequence[int],
+                   stack: AllocatorStack = BACKEND, *,
+                   profile: ActivationProfile = KORTHIKANTI,
+                   in_flight: Sequence[int] | None = None,
+                   loss_peak: Sequence[bool] | None = None) -> tuple[float, ...]:
+    """Bytes the caching allocator reserves beyond the live tensors on each pipeline
+    rank of ``cfg`` (a ParallelConfig; ``stage_layers``: transformer layers per model
+    stage) under ``stack``: the cuBLAS workspace of one matmul stream, FSDP2's
+    all-gather stream pool over the rank's units (each layer, and the stack's units of
+    embedding, final norm and head) at ZeRO stages the stack shards with FSDP2,
+    pipelining's buffers (``in_flight``: most micro-batches alive per rank; the
+    boundary tensor of ``profile``; the last stage's output chunks, logits stored as
+    ``profile``'s loss keeps them) and the freed logits of an eager fp32 loss on the
+    ranks whose ``loss_peak`` says the loss backward is their peak. All 0 off a GPU."""
+    if not on_cuda(gpu_name):
+        return (0.0,) * cfg.pp
+    e = DTYPE_BYTES[cfg.dtype]
+    tok = cfg.micro_batch_size * model.seq_len / cfg.cp
+    workspace = cublas_workspace_bytes(gpu_name)
+    out = []
+    for r, stages in enumerate(_rank_stages(cfg, stage_layers)):
+        total = workspace
+        if cfg.zero >= stack.fsdp2_from_zero:
+            units = [stage_params(model, 1, False, False, cfg.tp)] * sum(n for n, _, _ in stages)
+            units += [u for _, first, last in stages for u in _end_units(model, cfg.tp, first,
+                                                                         last, stack.root_unit)]
+            total += fsdp_stream_pool_bytes(units, 1 if stack.fp8_all_gather
+                                            and cfg.dtype == "fp8" else e)
+        if stack.pipelining_buffers and cfg.pp > 1:
+            boundary = stage_input_bytes(model, cfg.micro_batch_size, cfg.tp,
+                                         cfg.sequence_parallel, profile, cfg.dtype, cfg.cp)
+            m = cfg.num_microbatches
+            k = min(in_flight[r] if in_flight is not None else 1, m)
+            total += sum(pipeline_buffer_bytes(boundary, m, k, first, last)
+                         for _, first, last in stages)
+            if stack.output_chunks and any(last for _, _, last in stages):
+                logits = tok * model.vocab / cfg.tp * (e if profile.loss == "fused" else 4)
+                total += output_chunks_bytes(logits, m)
+        if (stack.eager_fp32_loss and profile.loss != "fused" and loss_peak is not None
+                and loss_peak[r]):
+            total += freed_logits_bytes(tok, model.vocab / cfg.tp, e)
+        out.append(total)
+    return tuple(out)

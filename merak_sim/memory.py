@@ -463,23 +463,25 @@ class StageMemory:
         activation_peak_bytes: the largest sum of kept activations of alive
             micro-batches over the schedule (:mod:`merak_sim.schedule.liveness`).
         peak_in_flight: most micro-batches alive at once (from the schedule).
+        reserved_bytes: the allocator's reservations (the table's, per rank).
     """
 
     state_bytes: float
     activation_peak_bytes: float
     peak_in_flight: int
+    reserved_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
         """Peak bytes on the rank (what the simulator reports for it)."""
-        return self.state_bytes + self.activation_peak_bytes
+        return self.state_bytes + self.activation_peak_bytes + self.reserved_bytes
 
 
 def peak_memory(table: Any, config: Any, schedule: Any | None = None) -> tuple[StageMemory, ...]:
     """Peak memory per pipeline rank for a :class:`~merak_sim.costs.base.CostTable` and
     a ParallelConfig: the schedule's :func:`~merak_sim.schedule.liveness.liveness` walk
     priced per chunk at the rank's checkpointed fraction (the simulator's own memory
-    deltas, so the peaks equal the simulated ones)."""
+    deltas, so the peaks equal the simulated ones), plus the table's reservations."""
     sched = schedule if schedule is not None else config.build_schedule(table)
     fracs = config.recompute_per_stage(sched)
     pp = sched.num_stages
@@ -489,5 +491,5 @@ def peak_memory(table: Any, config: Any, schedule: Any | None = None) -> tuple[S
         live = liveness(sched, rank)
         peak = live.peak([stash_sizes(st, fracs[rank]) for st in chunks])
         state = sum(s.state_bytes for s in chunks)
-        out.append(StageMemory(state, peak, live.peak_in_flight))
+        out.append(StageMemory(state, peak, live.peak_in_flight, table.reserved(rank)))
     return tuple(out)

@@ -4,7 +4,8 @@ Compute: per-layer costs (GEMMs, memory-bound kernels, backward halves, recomput
 sub-pipelined TP) in :mod:`merak_sim.costs.layers`. Communication: alpha-beta ring /
 hierarchical collectives and Megatron rank placement, in :mod:`merak_sim.costs.comm`.
 Memory capacity: the GPU's memory less what the runtime holds outside the allocator
-(:mod:`merak_sim.runtime_memory`).
+(:mod:`merak_sim.runtime_memory`); the allocator's reservations per rank, the backend's
+(:func:`merak_sim.allocator_memory.reserved_bytes`), go with the table.
 
 Tensor parallelism adds 2 all-reduces of b*s*h activations per layer in forward and 2
 in backward (sequence parallel: an all-gather and a reduce-scatter in place of each,
@@ -37,6 +38,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from merak_sim.costs.base import CostTable, StageCost
+from merak_sim.allocator_memory import reserved_bytes
 from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, collective_time, group_ranks
 from merak_sim.costs.comm import pipeline_send_time, stage_placement
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
@@ -348,6 +350,8 @@ class AnalyticCostModel:
                   "profile": self.profile_for(cluster, config).name, "ranges": ranges,
                   "cluster": cluster.name, "model": model.name, **(extra_meta or {})},
             tied_embeddings=model.tied_embeddings and config.pp > 1,
+            reserved_bytes=reserved_bytes(model, cluster.gpu.name, config,
+                                          [st.layers for st in stages]),
         )
 
     # Stage assembly is cheap arithmetic over the cached layer costs.

@@ -143,6 +143,10 @@ class CostTable:
             and the last pipeline rank is a two-rank collective that both must reach
             (:mod:`merak_sim.schedule.ir`, rule 6). Its time is part of those
             stages' ``grad_allreduce_s``.
+        reserved_bytes: per pipeline rank, bytes the caching allocator reserves for the
+            whole step beyond the live tensors (cuBLAS workspace, FSDP2's all-gather
+            pool: :func:`merak_sim.allocator_memory.reserved_bytes`); part of every
+            peak the simulator and the planner compare with the capacity. Empty: none.
     """
 
     stages: tuple[StageCost, ...]
@@ -151,6 +155,11 @@ class CostTable:
     notes: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
     tied_embeddings: bool = False
+    reserved_bytes: tuple[float, ...] = ()
+
+    def reserved(self, rank: int) -> float:
+        """:attr:`reserved_bytes` of pipeline rank ``rank`` (0 when none are given)."""
+        return float(self.reserved_bytes[rank]) if self.reserved_bytes else 0.0
 
 
 @runtime_checkable

@@ -71,12 +71,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from merak_sim.allocator_memory import (
-    cublas_workspace_bytes,
-    freed_logits_bytes,
-    fsdp_stream_pool_bytes,
-    pipeline_buffer_bytes,
-)
+from merak_sim.allocator_memory import MEGATRON, TORCHTITAN_STACK, reserved_bytes
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.base import CostTable
 from merak_sim.hardware import Cluster, get_cluster
@@ -87,10 +82,8 @@ from merak_sim.memory import (
     TORCHTITAN_COMPILED,
     TORCHTITAN_COMPILED_LOSS,
     ActivationProfile,
-    DTYPE_BYTES,
     backward_working_bytes,
     peak_memory,
-    stage_input_bytes,
     stage_params,
 )
 from merak_sim.model import ModelSpec, get_model
@@ -217,6 +210,12 @@ MEMORY_MEASURE: dict[str, str] = {
 }
 
 
+def _year(row: dict) -> int:
+    """The year in a torchtitan benchmark's file name (``..._202412_...``; 0: none)."""
+    m = re.search(r"_(20\d\d)(\d\d)_", row.get("source_path", ""))
+    return int(m.group(1)) if m is not None else 0
+
+
 def activation_profile(row: dict) -> ActivationProfile | None:
     """How the row's framework stores activations, where it differs from the cost
     model's default (None): torchtitan's op-level selective checkpointing, eager
@@ -225,9 +224,8 @@ def activation_profile(row: dict) -> ActivationProfile | None:
     loop calls an uncompiled loss)."""
     if "torchtitan" not in row.get("framework", "").lower():
         return None
-    m = re.search(r"_(20\d\d)(\d\d)_", row.get("source_path", ""))
     compiled = "torch.compile" in row.get("other_flags", "")
-    if compiled and m is not None and int(m.group(1)) >= 2025:
+    if compiled and _year(row) >= 2025:
         return TORCHTITAN_COMPILED_LOSS
     return TORCHTITAN_COMPILED if compiled else TORCHTITAN
 
@@ -254,11 +252,12 @@ def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: Pa
     - torchtitan's fp8 (torchao's Float8Linear) casts the weights to FP8 at every use
       and saves the 16-bit ones for backward: none of the cached FP8 copy the fp8 state
       counts (1 byte per parameter, sharded like the weights);
-    - what the caching allocator reserves beyond the live tensors
-      (:mod:`merak_sim.allocator_memory`): the cuBLAS workspace (every row) and, for
-      torchtitan's PyTorch stack, FSDP2's all-gather stream pool, pipelining's receive
-      buffers and forward cache, and the freed logits of an eager fp32 loss when the
-      loss backward is the rank's peak;
+    - what the caching allocator reserves beyond the live tensors under the row's
+      stack (:func:`merak_sim.allocator_memory.reserved_bytes`, in place of the
+      backend's that the simulated peaks hold, :attr:`CostTable.reserved_bytes`): the
+      cuBLAS workspace (every row) and, for torchtitan's PyTorch stack, FSDP2's
+      all-gather stream pool, pipelining's receive buffers and forward cache, and the
+      freed logits of an eager fp32 loss when the loss backward is the rank's peak;
     - for a device-level reading (Sailor), the memory the runtime holds outside the
       allocator (:func:`merak_sim.runtime_memory.runtime_memory_bytes`).
     Fragmentation beyond those terms is not modelled (torchtitan runs with expandable
@@ -270,58 +269,32 @@ def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: Pa
     no_fp8_copy = titan and cfg.dtype == "fp8"
     shard = cfg.shard_group if cfg.zero >= 3 else 1
     outside = runtime_memory_bytes(cluster.gpu.name) if _measure(row) == "sailor" else 0.0
-    workspace = cublas_workspace_bytes(cluster.gpu.name)
     n_st = len(table.stages)
     in_flight = ([m.peak_in_flight for m in peak_memory(table, cfg)] if titan and cfg.pp > 1
                  else [1] * len(stage_peaks))
     ranks = [[] for _ in stage_peaks]
     for g in range(n_st):
         ranks[cfg.rank_of_stage(g)].append(g)
-    out = []
-    for r, peak in enumerate(stage_peaks):
+    extra, loss_peak = [], []
+    for r in range(len(stage_peaks)):
         stages = [(table.stages[g].layers, g == 0, g == n_st - 1) for g in ranks[r]]
         params = sum(stage_params(model, n, first, last, cfg.tp) for n, first, last in stages)
         last = any(lst for _, _, lst in stages)
         work = [backward_working_bytes(model, cfg.micro_batch_size, cfg.tp,
                                        cfg.sequence_parallel, cfg.recompute, prof, cfg.dtype,
                                        cfg.cp, last=lst) for lst in (False, last)]
-        extra = (work[1] + (2 * params if fp32_accum else 0.0)
-                 - (params / shard if no_fp8_copy else 0.0))
-        if titan:
-            extra += _torchtitan_allocator_bytes(row, model, cfg, prof, stages, in_flight[r],
-                                                 loss_peak=work[1] > work[0])
-        out.append(peak + extra + outside + workspace)
-    return max(out)
-
-
-def _torchtitan_allocator_bytes(row: dict, model: ModelSpec, cfg: ParallelConfig,
-                                prof: ActivationProfile,
-                                stages: list[tuple[int, bool, bool]], in_flight: int,
-                                loss_peak: bool) -> float:
-    """Reserved bytes of torchtitan's PyTorch stack beyond the live tensors on one rank
-    (:mod:`merak_sim.allocator_memory`): FSDP2's all-gather stream pool over
-    torchtitan's units (each block; the root module, embedding + final norm + head, as
-    one), pipelining's buffers (``in_flight``: the rank's most micro-batches alive) and,
-    when the loss backward is the rank's
-    peak, the freed logits of an eager fp32 loss."""
-    tok = cfg.micro_batch_size * model.seq_len / cfg.cp
-    e = DTYPE_BYTES[cfg.dtype]
-    total = 0.0
-    if cfg.zero > 0:
-        units = [stage_params(model, 1, False, False, cfg.tp)] * sum(n for n, _, _ in stages)
-        units += [stage_params(model, 0, first, last, cfg.tp) for _, first, last in stages
-                  if first or last]
-        fp8_gather = cfg.dtype == "fp8" and "float8_all_gather" in row.get("other_flags", "")
-        total += fsdp_stream_pool_bytes(units, 1 if fp8_gather else e)
-    if cfg.pp > 1:
-        boundary = stage_input_bytes(model, cfg.micro_batch_size, cfg.tp,
-                                     cfg.sequence_parallel, prof, cfg.dtype, cfg.cp)
-        total += sum(pipeline_buffer_bytes(boundary, cfg.num_microbatches,
-                                           min(in_flight, cfg.num_microbatches), first, last)
-                     for _, first, last in stages)
-    if loss_peak and prof.loss != "fused":
-        total += freed_logits_bytes(tok, model.vocab / cfg.tp, e)
-    return total
+        loss_peak.append(work[1] > work[0])
+        extra.append(work[1] + (2 * params if fp32_accum else 0.0)
+                     - (params / shard if no_fp8_copy else 0.0))
+    # The simulated peaks hold the backend's reservations (the table's); the row's stack
+    # replaces them.
+    stack = (replace(TORCHTITAN_STACK, output_chunks=_year(row) < 2025,
+                     fp8_all_gather="float8_all_gather" in row.get("other_flags", ""))
+             if titan else MEGATRON)
+    res = reserved_bytes(model, cluster.gpu.name, cfg, [st.layers for st in table.stages],
+                         stack, profile=prof, in_flight=in_flight, loss_peak=loss_peak)
+    return max(peak - table.reserved(r) + res[r] + extra[r] + outside
+               for r, peak in enumerate(stage_peaks))
 
 
 def stage_layers(row: dict) -> tuple[int, ...] | None:

@@ -53,6 +53,7 @@ def stage_arrays(table: CostTable) -> dict[str, np.ndarray]:
     out = {n: np.array([getattr(s, n) for s in st], dtype=float) for n in names}
     out["state_bytes"] = np.array([s.state_bytes for s in st], dtype=float)
     out["layers"] = np.array([s.layers for s in st], dtype=float)
+    out["reserved_bytes"] = np.array(table.reserved_bytes, dtype=float)  # per rank
     return out
 
 
@@ -214,7 +215,8 @@ class MemoryTemplate:
             peak = np.maximum((base[:, None] + slope[:, None] * cs[None, :]).max(axis=0), 0.0)
         else:
             peak = np.zeros_like(cs)
-        out = float(arrays["state_bytes"][g].sum()) + peak
+        res = arrays.get("reserved_bytes", ())
+        out = float(arrays["state_bytes"][g].sum()) + (res[rank] if len(res) else 0.0) + peak
         return float(out[0]) if scalar else out
 
 

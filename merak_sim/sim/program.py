@@ -110,7 +110,8 @@ class Compiled:
             reads only ``duration_s`` and ``transfer_s``).
         memory_values: bytes of each memory rule of the structure.
         boundary_bytes: per model stage, bytes a transfer leaving it moves per GPU.
-        state_bytes: per rank, resident model-state bytes (weights, grads, optimizer).
+        state_bytes: per rank, resident bytes: model state (weights, grads, optimizer)
+            and the allocator's reservations (:attr:`CostTable.reserved_bytes`).
         grad_bytes: per rank, gradient bytes (the data-parallel reduction's payload).
         ar_chunks: per rank, (chunk, all-reduce seconds) in the order the chunks' last
             backward finishes (for bucketed overlap).
@@ -238,7 +239,8 @@ def compile_program(
         rule_values=tuple(cols),
         memory_values=tuple(memory_value(m, sizes) for m in ps.memory_rules),
         boundary_bytes=tuple(float(s.p2p_bytes) for s in st),
-        state_bytes=tuple(float(sum(st[g].state_bytes for g in at[r])) for r in range(S)),
+        state_bytes=tuple(float(sum(st[g].state_bytes for g in at[r])) + table.reserved(r)
+                          for r in range(S)),
         grad_bytes=tuple(float(sum(st[g].grad_bytes for g in at[r])) for r in range(S)),
         ar_chunks=tuple(tuple((ch, float(st[at[r][ch]].grad_allreduce_s)) for ch in order)
                         for r, order in enumerate(ps.ar_order)),
