@@ -121,9 +121,10 @@ def _rule_pruned(c: Candidate, rows: RowBook, counts: dict, prog: Progress) -> b
 
 
 def _price(job: _Job, pricer: Pricer, c: Candidate, rows: RowBook, counts: dict,
-           prog: Progress, bound: float = np.nan):
+           prog: Progress, bound: float = np.nan, memo: IdentityMemo | None = None):
     """Exact cost table and quick memory screen of ``c``: (table, arrays) or None when
-    it is pruned here (its row appended)."""
+    it is pruned here (its row appended). ``memo`` shares the screen between
+    candidates of one table that it reads alike."""
     entry = pricer.price(c)
     if isinstance(entry, Exception):
         counts["pruned_rule"] += 1
@@ -132,7 +133,16 @@ def _price(job: _Job, pricer: Pricer, c: Candidate, rows: RowBook, counts: dict,
         return None
     tab, arr = entry
     cap = job.capacity(tab)
-    excess, r = quick_memory(c, arr, cap)
+    if memo is None:
+        excess, r = quick_memory(c, arr, cap)
+    else:
+        # What the screen reads of the candidate besides its table (kept_one).
+        spec = SCHEDULES[c.schedule]
+        full = c.recompute == "full"
+        excess, r = memo.get((arr,), ("quick", spec.placement, c.pp, c.virtual_stages,
+                                      c.recompute not in ("none", "selective"), full,
+                                      spec.never_recompute(c.pp) if full else None, cap),
+                             lambda: quick_memory(c, arr, cap))
     if excess > 0:
         counts["pruned_memory"] += 1
         rows.append(row(c, "pruned", f"memory: stage {r} needs {(excess + cap) / GiB:.1f} "
@@ -185,7 +195,8 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: RowBook
         return None
     cap = job.capacity(tab)
     fit = memo.get((arr, mt), ("fit", c.recompute, cap),
-                   lambda: fit_fractions(c, arr, mt, cap))
+                   lambda: fit_fractions(c, arr, mt, cap, memo.get(
+                       (arr, mt), ("affine",), lambda: mt.affine(arr))))
     stage_aware = c.recompute == "stage-aware"
     fracs = fit.fractions if stage_aware else None
     if fit.shortfall > 0:
@@ -318,7 +329,7 @@ def _best_first(job: _Job, rows: RowBook, counts: dict, prog: Progress
             b0 = float(level0.bounds[i])
             c = rows.block(int(level0.block_ids[i])).candidate(int(level0.positions[i]))
             i += 1
-            entry = _price(job, pricer, c, rows, counts, prog, bound=b0)
+            entry = _price(job, pricer, c, rows, counts, prog, bound=b0, memo=memo)
             if entry is None:
                 continue
             rel, arr = rp.arrays(c), entry[1]
