@@ -176,8 +176,10 @@ def eval_template(name: str, pp: int, microbatches: int, virtual_stages: int,
     fg, bg, br, be = model_stage(fi), model_stage(bi), rank[bi], explicit[bi]
     ig, ir, ie, wg = model_stage(ii), rank[ii], explicit[ii], model_stage(wi)
     ar, orr = rank[ai], rank[oi]
-    bounds = np.array([t.key[1] if t.key[0] == "A" else t.key[1] - 1 for t in prog.transfers],
-                      dtype=int)
+    # The boundary each transfer crosses, from its key (Compiled.transfers without
+    # building the Transfer records).
+    bounds = np.array([k[1] if k[0] == "A" else k[1] - 1
+                       for k, *_ends in prog.structure.transfer_ends], dtype=int)
     return EvalTemplate(sched, prog, dep, fi, fg, bi, bg, br, be, ii, ig, ir, ie, wi, wg,
                         ai, ar, oi, orr, bounds)
 
