@@ -106,21 +106,12 @@ class _Memo:
 
     rp: RelaxedPricer
     margin: float
-    arrays: dict = field(default_factory=dict)
     screens: dict = field(default_factory=dict)
     bounds: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
     blocks: dict = field(default_factory=dict)
     plans: dict = field(default_factory=dict)
     pending: dict = field(default_factory=dict)
-
-    def relaxed(self, b: Block, key: tuple, c_at) -> tuple:
-        """(array key, relaxed arrays or None) of relaxed key ``key`` in ``b``."""
-        sp, ov, sel, att = key
-        akey = ((b.tp, b.cp, b.micro_batch_size, sp, ov, sel, att), b.pp, b.virtual_stages)
-        if akey not in self.arrays:
-            self.arrays[akey] = self.rp.arrays(c_at())
-        return akey, self.arrays[akey]
 
     def queue(self, shape: tuple, screens: dict, bounds: dict) -> None:
         """Queue for :meth:`flush` the screens (screen key -> (array key, arrays,
@@ -271,9 +262,12 @@ def _plan_block(b: Block, ix: _Index, memo: _Memo, free: np.ndarray) -> None:
     if key in memo.plans:
         return
     # Only keys some unpruned variant reads: a probe is a cost table.
-    need = set(ix.relaxed_idx[free].tolist())
-    rel = [memo.relaxed(b, key, lambda j=j: b.candidate(ix.first[(j,)])) if j in need
-           else (None, None) for j, key in enumerate(ix.relaxed)]
+    need = sorted(set(ix.relaxed_idx[free].tolist()))
+    keys = [(b.tp, b.cp, b.micro_batch_size, *ix.relaxed[j]) for j in need]
+    got = dict(zip(need, zip(keys, memo.rp.arrays_of(keys, b.pp, b.virtual_stages))))
+    rel: list[tuple] = [(None, None)] * len(ix.relaxed)
+    for j, (rkey, arr) in got.items():
+        rel[j] = ((rkey, b.pp, b.virtual_stages), arr)
     n_sh = len(ix.shape)
     skeys: list[tuple | None] = [None] * n_sh
     bkeys: list[tuple | None] = [None] * n_sh
