@@ -141,6 +141,7 @@ class RelaxedPricer:
             a = n[None, None, :] * per[:, :, None]
             a[:, :, 0] += first
             a[:, :, -1] += last
+            a.setflags(write=False)  # before any view is taken: the views inherit it
             at = {f: a[:, i] for i, f in enumerate(fields)}
             zeros = np.zeros((len(ok), n_st))
             # Model state each ZeRO stage keeps whole, whatever the shard group: 1
@@ -151,7 +152,7 @@ class RelaxedPricer:
                 # One stage holds the embedding and the head: a tied word embedding is
                 # stored once there, not once per end as in the probe.
                 by_zero = np.zeros((len(ok), 4, n_st))
-            for x in (a, zeros, by_zero):
+            for x in (zeros, by_zero):
                 x.setflags(write=False)
             kept = [f for f in fields if f not in ("weight_bytes", "grad_bytes")]
             for i, (k, _p) in enumerate(ok):
