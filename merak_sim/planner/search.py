@@ -335,10 +335,16 @@ def _best_first(job: _Job, rows: RowBook, counts: dict, prog: Progress
             rel, arr = rp.arrays(c), entry[1]
             admissible_so_far &= memo.get((rel, arr), ("admissible", c.zero),
                                           lambda: admissible(rel, arr, c.zero))
-            place = SCHEDULES[c.schedule].placement
+            spec = SCHEDULES[c.schedule]
+            place = spec.placement
             parts = memo.get((arr,), ("parts", place),
                              lambda: bound_parts(arr, place, c.pp, c.virtual_stages))
-            heapq.heappush(heap, (lower_bound(c, arr, parts), order, c, *entry))
+            # What lower_bound reads of the candidate besides its parts.
+            bound = memo.get((parts,), ("bound", c.microbatches, c.recompute == "full",
+                                        c.overlap_param_gather, spec.never_recompute(c.pp),
+                                        spec.explicit_recompute),
+                             lambda: lower_bound(c, arr, parts))
+            heapq.heappush(heap, (bound, order, c, *entry))
             order += 1
             continue
         bound, _j, c, tab, arr = heapq.heappop(heap)
