@@ -72,6 +72,7 @@ class RelaxedPricer:
     _per_layer: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
     _arrays: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
     _layers: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
+    _clusters: dict[int, Any] = field(default_factory=dict, init=False, repr=False)
 
     def _probe(self, key: tuple):
         if key in self._per_layer:
@@ -89,9 +90,15 @@ class RelaxedPricer:
             # only the groups' placement in a node matters to the per-layer costs.
             gpn = self.cluster.gpus_per_node
             nodes = max(self.cluster.nodes, -(-3 * tp * cp // gpn))
+            # One cluster object per size (the cluster itself when it suffices), so the
+            # collective memos, which key on it, serve every probe.
+            cluster = self._clusters.get(nodes)
+            if cluster is None:
+                cluster = self._clusters[nodes] = (
+                    self.cluster if nodes == self.cluster.nodes
+                    else replace(self.cluster, nodes=nodes))
             try:
-                tab = self.cost_model.cost_table(self.model,
-                                                 replace(self.cluster, nodes=nodes), cfg)
+                tab = self.cost_model.cost_table(self.model, cluster, cfg)
             except ValueError:
                 tab = None
             self.probes += 1
