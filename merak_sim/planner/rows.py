@@ -140,10 +140,10 @@ class RowBook:
                           shortfall_gib=float(short[j]))
 
     def _sources(self) -> tuple:
-        """Per row (dict rows first, then the chunks' rows: not in decision order) its
-        position in the decision order, the rank of its status, its time or bound, and
-        what its columns are gathered from: the index of its dict row or chunk row,
-        its block and its variant (-1 for dict rows)."""
+        """The dict rows, the chunks, and per row (dict rows first, then the chunks'
+        rows: not in decision order) its position in the decision order, the rank of
+        its status and its time or bound; per chunk row its block, its variant (an
+        index into every variant set laid end to end) and its chunk."""
         segs = self._segments
         dict_rows = [r for seg in segs if isinstance(seg, list) for r in seg]
         chunks = [seg for seg in segs if not isinstance(seg, list)]
@@ -179,16 +179,15 @@ class RowBook:
         dict_rows, chunks, position, rank, t, bids, var, chunk_of = self._sources()
         order = np.lexsort((position, t, rank))
         nd = len(dict_rows)
-        from_dict = order < nd
-        # Lookup indices: a dict row's own, else nd + its block's, variant's or chunk's.
-        block_ix = np.where(from_dict, order, 0)
-        variant_ix = block_ix.copy()
-        chunk_ix = block_ix.copy()
-        if chunks:
-            rest = np.maximum(order - nd, 0)
-            block_ix = np.where(from_dict, order, nd + bids[rest])
-            variant_ix = np.where(from_dict, order, nd + var[rest])
-            chunk_ix = np.where(from_dict, order, nd + chunk_of[rest])
+        # Lookup indices in ranked order: a dict row's own, else nd + its block's,
+        # variant's or chunk's (or nd for the columns constant over the chunks).
+        own = np.arange(nd, dtype=np.int64)
+
+        def ranked(per_chunk_row: np.ndarray) -> np.ndarray:
+            return np.concatenate([own, nd + per_chunk_row])[order]
+
+        block_ix, variant_ix, chunk_ix = ranked(bids), ranked(var), ranked(chunk_of)
+        const_ix = ranked(np.zeros(len(bids), dtype=np.int64))
         flat = [v for _o, vs in sorted(self._variant_sets.values(), key=itemgetter(0))
                 for v in vs]
         out: dict[str, np.ndarray] = {}
@@ -205,7 +204,7 @@ class RowBook:
                                                              ("bound_s", "shortfall_gib")):
                 # Constant over the chunks' rows: one extra entry after the dict rows.
                 vals = mine + [{"engine": "", "recompute_fractions": None}.get(k, np.nan)]
-                ix = np.where(from_dict, order, nd) if chunks else order
+                ix = const_ix
             else:  # reason, bound and shortfall: one value per chunk row
                 j = {"reason": 3, "bound_s": 4, "shortfall_gib": 5}[k]
                 dt = object if k == "reason" else float
