@@ -224,9 +224,12 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: RowBook
     costs = (ZeroBubbleCosts.from_stage_costs(tab.stages, fit.fractions,
                                               tab.memory_capacity_bytes)
              if SCHEDULES[c.schedule].cost_aware else None)
-    t = eval_template(*skey, costs).evaluate(arr, fit.fractions, zero=split,
-                                      overlap_dp=c.overlap_param_gather,
-                                      tied=tab.tied_embeddings)
+    tmpl = eval_template(*skey, costs)
+    tied = tab.tied_embeddings
+    prog = memo.get((arr, tmpl), ("durations", fit.fractions, tied),
+                    lambda: tmpl.durations(arr, fit.fractions, tied))
+    t = tmpl.evaluate(arr, fit.fractions, zero=split, overlap_dp=c.overlap_param_gather,
+                      tied=tied, prog=prog)
     counts["evaluated"] += 1
     S, v, M = c.pp, c.virtual_stages, c.microbatches
     flops = M * arr["flops"].reshape(v, S).sum(axis=0).sum() / S

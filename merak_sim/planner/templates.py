@@ -114,9 +114,12 @@ class EvalTemplate:
 
     def evaluate(self, arrays: dict[str, np.ndarray], fractions: tuple[float, ...],
                  zero: int = 0, overlap_dp: bool = False, buckets: int = 4,
-                 tied: bool = False) -> float:
-        """Iteration time (s) from the exact contention-free evaluator."""
-        prog = self.durations(arrays, fractions, tied)
+                 tied: bool = False, prog: Compiled | None = None) -> float:
+        """Iteration time (s) from the exact contention-free evaluator; ``prog``:
+        ``self.durations(arrays, fractions, tied)`` when known (candidates that differ
+        only in the DP synchronisation share it)."""
+        if prog is None:
+            prog = self.durations(arrays, fractions, tied)
         return evaluate(prog, self.dep, overlap_dp=overlap_dp, buckets=buckets,
                         zero=zero).makespan
 
