@@ -64,6 +64,7 @@ EXHAUSTIVE_405B_S = 1242.0
 
 _CHILD = """
 import json, sys, time
+import pandas  # the table's library: an import, outside the timed search like the rest
 from merak_sim.planner import SearchSpace, search
 m, c, n, g, sp, ex = sys.argv[1:7]
 space = SearchSpace(**{k: tuple(v) for k, v in json.loads(sp).items()})

@@ -33,6 +33,7 @@ from functools import lru_cache, partial
 from typing import Any
 
 from merak_sim.costs.nccl import NcclTable
+from merak_sim.costs.ring import clear_ring_cache
 from merak_sim.hardware import Cluster
 from merak_sim.layout import RankLayout, node_of
 
@@ -229,8 +230,9 @@ def stage_placement(cluster: Cluster, dp: int, tp: int, pp: int, pp_rank: int,
 
 
 def clear_caches() -> None:
-    """Empty the memoised collective times and stage placements (benchmarks time a
-    cold cost model with it)."""
+    """Empty the memoised collective times, ring passes and stage placements
+    (benchmarks time a cold cost model with it)."""
+    clear_ring_cache()
     _BY_IDENTITY.clear()
     _P2P.clear()
     _group_ranks.cache_clear()

@@ -20,7 +20,7 @@ from typing import Any
 
 from merak_sim.layout import RankLayout
 
-__all__ = ["RingPass", "ring_steps", "ring_pass", "check_cp"]
+__all__ = ["RingPass", "ring_steps", "ring_pass", "check_cp", "clear_ring_cache"]
 
 Comm = Callable[[str, float, tuple[int, ...], Any], float]
 
@@ -64,6 +64,37 @@ def ring_pass(comm: Comm, cluster: Any, config: Any, pp_rank: int, kv_bytes: flo
     steps, xch = ring_steps(cp)
     if xch == 0 or kv_bytes <= 0:
         return RingPass(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    # Memoised (a planner prices the same stages for many tables): on the values of
+    # the degrees and figures, the identity of ``comm`` and ``cluster``, whose entry
+    # holds them so their ids cannot be reused while it lives (plain ints only, so a
+    # layout the degrees break still raises).
+    degrees = (config.dp, config.tp, config.pp, cp, pp_rank)
+    key = (id(comm), id(cluster), *degrees, kv_bytes, attn_fwd_s, attn_bwd_s)
+    hit = _PASSES.get(key)
+    if hit is not None and hit[0] is comm and hit[1] is cluster:
+        return hit[2]
+    out = _ring_pass(comm, cluster, config, pp_rank, kv_bytes, attn_fwd_s, attn_bwd_s)
+    if all(type(x) is int for x in degrees):
+        if len(_PASSES) >= _PASSES_SIZE:
+            _PASSES.clear()
+        _PASSES[key] = (comm, cluster, out)
+    return out
+
+
+_PASSES: dict[tuple, tuple] = {}
+_PASSES_SIZE = 65536
+
+
+def clear_ring_cache() -> None:
+    """Empty the memoised ring passes (with :func:`merak_sim.costs.comm.clear_caches`,
+    for timing a cold cost model)."""
+    _PASSES.clear()
+
+
+def _ring_pass(comm: Comm, cluster: Any, config: Any, pp_rank: int, kv_bytes: float,
+               attn_fwd_s: float, attn_bwd_s: float) -> RingPass:
+    cp = config.cp
+    steps, xch = ring_steps(cp)
     lay = RankLayout.of(config)
     ring = lay.group("cp", lay.rank(pp_rank))
     pairs = {(ring[i], ring[(i + 1) % cp]) for i in range(cp)}

@@ -64,17 +64,33 @@ def sync_groups(config: Any, pp_rank: int, tp_rank: int = 0
 @lru_cache(maxsize=4096)
 def _sync_groups_of(dp: int, tp: int, pp: int, cp: int, shard: int, pp_rank: int,
                     tp_rank: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    return _sync_groups(RankLayout(dp, tp, pp, cp), shard, pp_rank, tp_rank)
+    return _split(_sync_ranks_of(dp, tp, pp, cp, pp_rank, tp_rank), shard)
+
+
+@lru_cache(maxsize=4096)
+def _sync_ranks_of(dp: int, tp: int, pp: int, cp: int, pp_rank: int, tp_rank: int
+                   ) -> tuple[int, ...]:
+    # Memoised apart from the shard group: ZeRO 0 and the sharded stages of one
+    # layout synchronise over the same ranks.
+    return _sync_ranks(RankLayout(dp, tp, pp, cp), pp_rank, tp_rank)
+
+
+def _sync_ranks(lay: RankLayout, pp_rank: int, tp_rank: int) -> tuple[int, ...]:
+    return tuple(sorted(lay.rank(pp_rank, d, tp_rank, c)
+                        for d in range(lay.dp) for c in range(lay.cp)))
+
+
+def _split(ranks: tuple[int, ...], shard: int
+           ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    g = shard or len(ranks)
+    return ranks, ranks[:g], ranks[::g]
 
 
 @lru_cache(maxsize=4096)
 def _sync_groups(lay: RankLayout, shard: int, pp_rank: int, tp_rank: int
                  ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     # Memoised: a planner prices the same groups for many cost tables.
-    ranks = tuple(sorted(lay.rank(pp_rank, d, tp_rank, c)
-                         for d in range(lay.dp) for c in range(lay.cp)))
-    g = shard or len(ranks)
-    return ranks, ranks[:g], ranks[::g]
+    return _split(_sync_ranks(lay, pp_rank, tp_rank), shard)
 
 
 def grad_sync_seconds(comm: Comm, cluster: Any, config: Any, pp_rank: int,

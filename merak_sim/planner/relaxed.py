@@ -72,6 +72,7 @@ class RelaxedPricer:
     _per_layer: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
     _arrays: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
     _layers: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
+    _clusters: dict[int, Any] = field(default_factory=dict, init=False, repr=False)
 
     def _probe(self, key: tuple):
         if key in self._per_layer:
@@ -89,9 +90,15 @@ class RelaxedPricer:
             # only the groups' placement in a node matters to the per-layer costs.
             gpn = self.cluster.gpus_per_node
             nodes = max(self.cluster.nodes, -(-3 * tp * cp // gpn))
+            # One cluster object per size (the cluster itself when it suffices), so the
+            # collective memos, which key on it, serve every probe.
+            cluster = self._clusters.get(nodes)
+            if cluster is None:
+                cluster = self._clusters[nodes] = (
+                    self.cluster if nodes == self.cluster.nodes
+                    else replace(self.cluster, nodes=nodes))
             try:
-                tab = self.cost_model.cost_table(self.model,
-                                                 replace(self.cluster, nodes=nodes), cfg)
+                tab = self.cost_model.cost_table(self.model, cluster, cfg)
             except ValueError:
                 tab = None
             self.probes += 1
@@ -116,36 +123,51 @@ class RelaxedPricer:
 
     def arrays(self, c: Candidate) -> dict[str, np.ndarray] | None:
         """Relaxed stage arrays of ``c`` (class docstring)."""
-        key = relaxed_key(c)
-        full = (key, c.pp, c.virtual_stages)
-        if full in self._arrays:
-            return self._arrays[full]
-        probe = self._probe(key)
-        out = None
-        if probe is not None:
-            fields, per, first, last = probe
-            n_st = c.pp * c.virtual_stages
+        return self.arrays_of([relaxed_key(c)], c.pp, c.virtual_stages)[0]
+
+    def arrays_of(self, keys: list[tuple], pp: int, virtual_stages: int
+                  ) -> list[dict[str, np.ndarray] | None]:
+        """:meth:`arrays` of every :func:`relaxed_key` in ``keys`` at (pp, virtual
+        stages); those not built yet are built together, on arrays stacked one row per
+        key (elementwise, so each equals the key's arrays alone). The arrays are
+        read-only views of the stack."""
+        n_st = pp * virtual_stages
+        new = [k for k in dict.fromkeys(keys) if (k, pp, virtual_stages) not in self._arrays]
+        probes = [(k, self._probe(k)) for k in new]
+        ok = [(k, p) for k, p in probes if p is not None]
+        for k, p in probes:
+            if p is None:
+                self._arrays[k, pp, virtual_stages] = None
+        if ok:
             n = self._layers.get(n_st)
             if n is None:
                 n = self._layers[n_st] = np.array(
                     [e - s for s, e in uniform(self.model.layers, n_st).ranges], dtype=float)
-            a = n[None, :] * per[:, None]
-            a[:, 0] += first
-            a[:, -1] += last
-            out = dict(zip(fields, a))
-            zeros = np.zeros(n_st)
+            fields = ok[0][1][0]
+            per, first, last = (np.array([p[i] for _k, p in ok]) for i in (1, 2, 3))
+            a = n[None, None, :] * per[:, :, None]
+            a[:, :, 0] += first
+            a[:, :, -1] += last
+            a.setflags(write=False)  # before any view is taken: the views inherit it
+            at = {f: a[:, i] for i, f in enumerate(fields)}
+            zeros = np.zeros((len(ok), n_st))
             # Model state each ZeRO stage keeps whole, whatever the shard group: 1
             # shards the optimizer, 2 the gradients too, 3 the weights too.
-            w, g = out.pop("weight_bytes"), out.pop("grad_bytes")
-            out["state_by_zero"] = np.stack((out["state_bytes"], w + g, w, zeros))
+            w, g = at["weight_bytes"], at["grad_bytes"]
+            by_zero = np.stack((at["state_bytes"], w + g, w, zeros), axis=1)
             if n_st == 1 and getattr(self.model, "tied_embeddings", True):
                 # One stage holds the embedding and the head: a tied word embedding is
                 # stored once there, not once per end as in the probe.
-                out["state_by_zero"] = np.zeros((4, n_st))
-            out["grad_allreduce_s"] = zeros
-            out["optimizer_s"] = zeros
-        self._arrays[full] = out
-        return out
+                by_zero = np.zeros((len(ok), 4, n_st))
+            for x in (zeros, by_zero):
+                x.setflags(write=False)
+            kept = [f for f in fields if f not in ("weight_bytes", "grad_bytes")]
+            for i, (k, _p) in enumerate(ok):
+                out = {f: at[f][i] for f in kept}
+                out["state_by_zero"] = by_zero[i]
+                out["grad_allreduce_s"] = out["optimizer_s"] = zeros[i]
+                self._arrays[k, pp, virtual_stages] = out
+        return [self._arrays[k, pp, virtual_stages] for k in keys]
 
 
 def admissible(relaxed: dict[str, np.ndarray], exact: dict[str, np.ndarray],

@@ -139,72 +139,92 @@ class RowBook:
                 yield row(c, status, str(reasons[j]), bound_s=float(bounds[j]),
                           shortfall_gib=float(short[j]))
 
-    def _chunk_columns(self, chunks: list[tuple]) -> dict[str, np.ndarray]:
-        """The columns of every chunk row, chunks in order (one gather per column)."""
-        bids = np.concatenate([c[0] for c in chunks])
-        pos = np.concatenate([c[1] for c in chunks])
-        n = len(pos)
-        blocks = self._blocks
-        out: dict[str, np.ndarray] = {}
-        for k in _BLOCK_COLS:
-            table = [getattr(b, k) for b in blocks]
-            out[k] = (_objects(table) if k == "schedule"
-                      else np.array(table, dtype=np.int64))[bids]
-        offsets = np.array([self._variant_sets[id(b.variants)][0] for b in blocks],
-                           dtype=np.int64)
+    def _sources(self) -> tuple:
+        """The dict rows, the chunks, and per row (dict rows first, then the chunks'
+        rows: not in decision order) its position in the decision order, the rank of
+        its status and its time or bound; per chunk row its block, its variant (an
+        index into every variant set laid end to end) and its chunk."""
+        segs = self._segments
+        dict_rows = [r for seg in segs if isinstance(seg, list) for r in seg]
+        chunks = [seg for seg in segs if not isinstance(seg, list)]
+        lens = np.array([len(seg) if isinstance(seg, list) else len(seg[1]) for seg in segs],
+                        dtype=np.int64)
+        is_dict = np.repeat(np.array([isinstance(seg, list) for seg in segs], dtype=bool),
+                            lens) if segs else np.zeros(0, dtype=bool)
+        position = np.concatenate([np.nonzero(is_dict)[0], np.nonzero(~is_dict)[0]])
+        if chunks:
+            bids = np.concatenate([c[0] for c in chunks])
+            offsets = np.array([self._variant_sets[id(b.variants)][0] for b in self._blocks],
+                               dtype=np.int64)
+            var = offsets[bids] + np.concatenate([c[1] for c in chunks])
+            chunk_of = np.repeat(np.arange(len(chunks)), [len(c[1]) for c in chunks])
+            bounds = np.concatenate([c[4] for c in chunks])
+        else:
+            bids = var = chunk_of = np.zeros(0, dtype=np.int64)
+            bounds = np.zeros(0)
+        rank = np.concatenate(
+            [np.array([_STATUS_ORDER[r["status"]] for r in dict_rows], dtype=np.int64),
+             np.array([_STATUS_ORDER[c[2]] for c in chunks], dtype=np.int64)[chunk_of]])
+        dict_t = np.array([r["time_s"] for r in dict_rows], dtype=float)
+        dict_b = np.array([r["bound_s"] for r in dict_rows], dtype=float)
+        t = np.concatenate([np.where(np.isnan(dict_t), dict_b, dict_t), bounds])
+        t = np.where(np.isnan(t), np.inf, t)
+        return dict_rows, chunks, position, rank, t, bids, var, chunk_of
+
+    def ranked_columns(self) -> dict[str, np.ndarray]:
+        """Every column over every row, by status, then by time (or bound), then in
+        decision order (:func:`ranked_table`): the order is found first and each
+        column gathered once, from its dict rows and from the small per-block,
+        per-variant and per-chunk tables of the chunks' rows."""
+        dict_rows, chunks, position, rank, t, bids, var, chunk_of = self._sources()
+        order = np.lexsort((position, t, rank))
+        nd = len(dict_rows)
+        # Lookup indices in ranked order: a dict row's own, else nd + its block's,
+        # variant's or chunk's (or nd for the columns constant over the chunks).
+        own = np.arange(nd, dtype=np.int64)
+
+        def ranked(per_chunk_row: np.ndarray) -> np.ndarray:
+            return np.concatenate([own, nd + per_chunk_row])[order]
+
+        block_ix, variant_ix, chunk_ix = ranked(bids), ranked(var), ranked(chunk_of)
+        const_ix = ranked(np.zeros(len(bids), dtype=np.int64))
         flat = [v for _o, vs in sorted(self._variant_sets.values(), key=itemgetter(0))
                 for v in vs]
-        g = offsets[bids] + pos
-        for j, k in enumerate(_VARIANT_COLS):
-            col = [v[j] for v in flat]
-            dt = np.int64 if k in _INT_COLS else bool if k in _BOOL_COLS else object
-            out[k] = (_objects(col) if dt is object else np.array(col, dtype=dt))[g]
-        nan = np.full(n, np.nan)
-        for k in _FLOAT_COLS:
-            out[k] = nan
-        out["bound_s"] = np.concatenate([c[4] for c in chunks])
-        out["shortfall_gib"] = np.concatenate([c[5] for c in chunks])
-        out["status"] = _objects([c[2] for c in chunks]).repeat([len(c[1]) for c in chunks])
-        out["engine"] = _objects([""]).repeat(n)
-        out["recompute_fractions"] = _objects([None]).repeat(n)
-        out["reason"] = np.concatenate([c[3] for c in chunks])
+        out: dict[str, np.ndarray] = {}
+        for k in ROW_KEYS:
+            mine = list(map(itemgetter(k), dict_rows))
+            if k in _BLOCK_COLS:
+                vals, ix = mine + [getattr(b, k) for b in self._blocks], block_ix
+            elif k in _VARIANT_COLS:
+                j = _VARIANT_COLS.index(k)
+                vals, ix = mine + [v[j] for v in flat], variant_ix
+            elif k == "status":
+                vals, ix = mine + [c[2] for c in chunks], chunk_ix
+            elif k in ("engine", "recompute_fractions") or (k in _FLOAT_COLS and k not in
+                                                             ("bound_s", "shortfall_gib")):
+                # Constant over the chunks' rows: one extra entry after the dict rows.
+                vals = mine + [{"engine": "", "recompute_fractions": None}.get(k, np.nan)]
+                ix = const_ix
+            else:  # reason, bound and shortfall: one value per chunk row
+                j = {"reason": 3, "bound_s": 4, "shortfall_gib": 5}[k]
+                dt = object if k == "reason" else float
+                per = [np.asarray(mine, dtype=dt)] + [np.asarray(c[j], dtype=dt)
+                                                      for c in chunks]
+                out[k] = np.concatenate(per)[order]
+                continue
+            out[k] = _column(k, vals)[ix]
         return out
 
-    def columns(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """Every column over every row, the dict rows first and then the chunks' (not
-        in decision order), each row's position in the decision order and the rank of
-        its status (best first)."""
-        dict_rows = [r for seg in self._segments if isinstance(seg, list) for r in seg]
-        chunks = [seg for seg in self._segments if not isinstance(seg, list)]
-        is_dict = np.concatenate(
-            [np.ones(len(seg), dtype=bool) if isinstance(seg, list)
-             else np.zeros(len(seg[1]), dtype=bool) for seg in self._segments]
-            or [np.zeros(0, dtype=bool)])
-        parts = []
-        if dict_rows:
-            cols = {}
-            for k in ROW_KEYS:
-                vals = list(map(itemgetter(k), dict_rows))
-                if k in _INT_COLS:
-                    cols[k] = np.array(vals, dtype=np.int64)
-                elif k in _BOOL_COLS:
-                    cols[k] = np.array(vals, dtype=bool)
-                elif k in _FLOAT_COLS:
-                    cols[k] = np.array(vals, dtype=float)
-                else:
-                    cols[k] = _objects(vals)
-            parts.append(cols)
-        if chunks:
-            parts.append(self._chunk_columns(chunks))
-        if not parts:
-            e = np.zeros(0, dtype=np.int64)
-            return {k: np.zeros(0) for k in ROW_KEYS}, e, e
-        position = np.concatenate([np.nonzero(is_dict)[0], np.nonzero(~is_dict)[0]])
-        rank = np.concatenate(
-            [np.array([_STATUS_ORDER[r["status"]] for r in dict_rows], dtype=np.int64)]
-            + [np.full(len(c[1]), _STATUS_ORDER[c[2]], dtype=np.int64) for c in chunks])
-        return ({k: np.concatenate([p[k] for p in parts]) for k in ROW_KEYS}, position,
-                rank)
+
+def _column(k: str, vals: list) -> np.ndarray:
+    """The lookup array of column ``k`` with its table dtype."""
+    if k in _INT_COLS:
+        return np.array(vals, dtype=np.int64)
+    if k in _BOOL_COLS:
+        return np.array(vals, dtype=bool)
+    if k in _FLOAT_COLS:
+        return np.array(vals, dtype=float)
+    return _objects(vals)
 
 
 def ranked_table(rows: RowBook | list[dict]):
@@ -217,10 +237,7 @@ def ranked_table(rows: RowBook | list[dict]):
         for r in rows:
             book.append(r)
         rows = book
-    cols, position, o = rows.columns()
-    t = np.where(np.isnan(cols["time_s"]), cols["bound_s"], cols["time_s"])
-    t = np.where(np.isnan(t), np.inf, t)
-    order = np.lexsort((position, t, o))
+    if not len(rows):
+        return pd.DataFrame({k: np.zeros(0) for k in ROW_KEYS}, columns=list(ROW_KEYS))
     # The gathered columns are fresh arrays: the frame may own them (no second copy).
-    return pd.DataFrame({k: cols[k][order] for k in ROW_KEYS}, columns=list(ROW_KEYS),
-                        copy=False)
+    return pd.DataFrame(rows.ranked_columns(), columns=list(ROW_KEYS), copy=False)

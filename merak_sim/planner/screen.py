@@ -141,8 +141,11 @@ class Fit:
 
 
 def fit_fractions(c: Candidate, arr: dict[str, np.ndarray], mt: MemoryTemplate,
-                  cap: float) -> Fit:
-    """Fractions and peaks per rank for the candidate's policy (module docstring)."""
+                  cap: float, affine: tuple | None = None) -> Fit:
+    """Fractions and peaks per rank for the candidate's policy (module docstring);
+    ``affine``: ``mt.affine(arr)`` when known."""
+    if affine is None:
+        affine = mt.affine(arr)
     fracs, peaks = [], []
     worst, worst_rank = -np.inf, 0
     for r in range(c.pp):
@@ -153,7 +156,7 @@ def fit_fractions(c: Candidate, arr: dict[str, np.ndarray], mt: MemoryTemplate,
         else:
             n = max(int(arr["layers"][r]), 1)
             opts = np.arange(n + 1) / n
-        pk = mt.peak_bytes(arr, r, opts)
+        pk = mt.peak_at(affine[r], opts)
         ok = np.nonzero(pk <= cap)[0]
         j = int(ok[0]) if len(ok) else len(opts) - 1
         x = float(opts[j])

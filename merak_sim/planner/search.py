@@ -121,9 +121,10 @@ def _rule_pruned(c: Candidate, rows: RowBook, counts: dict, prog: Progress) -> b
 
 
 def _price(job: _Job, pricer: Pricer, c: Candidate, rows: RowBook, counts: dict,
-           prog: Progress, bound: float = np.nan):
+           prog: Progress, bound: float = np.nan, memo: IdentityMemo | None = None):
     """Exact cost table and quick memory screen of ``c``: (table, arrays) or None when
-    it is pruned here (its row appended)."""
+    it is pruned here (its row appended). ``memo`` shares the screen between
+    candidates of one table that it reads alike."""
     entry = pricer.price(c)
     if isinstance(entry, Exception):
         counts["pruned_rule"] += 1
@@ -132,7 +133,16 @@ def _price(job: _Job, pricer: Pricer, c: Candidate, rows: RowBook, counts: dict,
         return None
     tab, arr = entry
     cap = job.capacity(tab)
-    excess, r = quick_memory(c, arr, cap)
+    if memo is None:
+        excess, r = quick_memory(c, arr, cap)
+    else:
+        # What the screen reads of the candidate besides its table (kept_one).
+        spec = SCHEDULES[c.schedule]
+        full = c.recompute == "full"
+        excess, r = memo.get((arr,), ("quick", spec.placement, c.pp, c.virtual_stages,
+                                      c.recompute not in ("none", "selective"), full,
+                                      spec.never_recompute(c.pp) if full else None, cap),
+                             lambda: quick_memory(c, arr, cap))
     if excess > 0:
         counts["pruned_memory"] += 1
         rows.append(row(c, "pruned", f"memory: stage {r} needs {(excess + cap) / GiB:.1f} "
@@ -185,7 +195,8 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: RowBook
         return None
     cap = job.capacity(tab)
     fit = memo.get((arr, mt), ("fit", c.recompute, cap),
-                   lambda: fit_fractions(c, arr, mt, cap))
+                   lambda: fit_fractions(c, arr, mt, cap, memo.get(
+                       (arr, mt), ("affine",), lambda: mt.affine(arr))))
     stage_aware = c.recompute == "stage-aware"
     fracs = fit.fractions if stage_aware else None
     if fit.shortfall > 0:
@@ -213,9 +224,12 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: RowBook
     costs = (ZeroBubbleCosts.from_stage_costs(tab.stages, fit.fractions,
                                               tab.memory_capacity_bytes)
              if SCHEDULES[c.schedule].cost_aware else None)
-    t = eval_template(*skey, costs).evaluate(arr, fit.fractions, zero=split,
-                                      overlap_dp=c.overlap_param_gather,
-                                      tied=tab.tied_embeddings)
+    tmpl = eval_template(*skey, costs)
+    tied = tab.tied_embeddings
+    prog = memo.get((arr, tmpl), ("durations", fit.fractions, tied),
+                    lambda: tmpl.durations(arr, fit.fractions, tied))
+    t = tmpl.evaluate(arr, fit.fractions, zero=split, overlap_dp=c.overlap_param_gather,
+                      tied=tied, prog=prog)
     counts["evaluated"] += 1
     S, v, M = c.pp, c.virtual_stages, c.microbatches
     flops = M * arr["flops"].reshape(v, S).sum(axis=0).sum() / S
@@ -318,16 +332,22 @@ def _best_first(job: _Job, rows: RowBook, counts: dict, prog: Progress
             b0 = float(level0.bounds[i])
             c = rows.block(int(level0.block_ids[i])).candidate(int(level0.positions[i]))
             i += 1
-            entry = _price(job, pricer, c, rows, counts, prog, bound=b0)
+            entry = _price(job, pricer, c, rows, counts, prog, bound=b0, memo=memo)
             if entry is None:
                 continue
             rel, arr = rp.arrays(c), entry[1]
             admissible_so_far &= memo.get((rel, arr), ("admissible", c.zero),
                                           lambda: admissible(rel, arr, c.zero))
-            place = SCHEDULES[c.schedule].placement
+            spec = SCHEDULES[c.schedule]
+            place = spec.placement
             parts = memo.get((arr,), ("parts", place),
                              lambda: bound_parts(arr, place, c.pp, c.virtual_stages))
-            heapq.heappush(heap, (lower_bound(c, arr, parts), order, c, *entry))
+            # What lower_bound reads of the candidate besides its parts.
+            bound = memo.get((parts,), ("bound", c.microbatches, c.recompute == "full",
+                                        c.overlap_param_gather, spec.never_recompute(c.pp),
+                                        spec.explicit_recompute),
+                             lambda: lower_bound(c, arr, parts))
+            heapq.heappush(heap, (bound, order, c, *entry))
             order += 1
             continue
         bound, _j, c, tab, arr = heapq.heappop(heap)

@@ -100,40 +100,51 @@ def _index(variants: tuple) -> _Index:
 
 @dataclass
 class _Memo:
-    """What the sweep has priced, shared by every block of one search."""
+    """What the sweep has priced, shared by every block of one search. Blocks first
+    queue the screens and bounds they need (:meth:`queue`), grouped by what the
+    functions read of the schedule, and :meth:`flush` prices each group in one call."""
 
     rp: RelaxedPricer
     margin: float
-    arrays: dict = field(default_factory=dict)
     screens: dict = field(default_factory=dict)
     bounds: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
     blocks: dict = field(default_factory=dict)
+    plans: dict = field(default_factory=dict)
+    pending: dict = field(default_factory=dict)
 
-    def relaxed(self, b: Block, key: tuple, c_at) -> tuple:
-        """(array key, relaxed arrays or None) of relaxed key ``key`` in ``b``."""
-        sp, ov, sel, att = key
-        akey = ((b.tp, b.cp, b.micro_batch_size, sp, ov, sel, att), b.pp, b.virtual_stages)
-        if akey not in self.arrays:
-            self.arrays[akey] = self.rp.arrays(c_at())
-        return akey, self.arrays[akey]
+    def queue(self, shape: tuple, screens: dict, bounds: dict) -> None:
+        """Queue for :meth:`flush` the screens (screen key -> (array key, arrays,
+        recompute policy)) and bounds (bound key -> (array key, arrays, full
+        recompute, DP overlap, micro-batches)) of one schedule shape (placement,
+        pp, virtual stages, never-recompute ranks, explicit re-forwards) not priced
+        or queued yet."""
+        todo_s, todo_b = self.pending.setdefault(shape, ({}, {}))
+        for k, item in screens.items():
+            todo_s.setdefault(k, item)
+        for k, item in bounds.items():
+            todo_b.setdefault(k, item)
 
-    def fill(self, b: Block, sched: tuple, screens: dict, bounds: dict) -> None:
-        """Price for block ``b`` (schedule traits ``sched``), all at once, the
-        one-micro-batch screens ``screens`` (screen key -> (array key, arrays, recompute
-        policy)) and the relaxed bounds ``bounds`` (bound key -> (array key, arrays,
-        full recompute, DP overlap)) not cached yet, with the functions
-        :func:`~merak_sim.planner.screen.quick_memory` and
+    def flush(self) -> None:
+        """Price every queued screen and bound, one call per shape (:meth:`fill`)."""
+        for shape, (screens, bounds) in self.pending.items():
+            self.fill(shape, screens, bounds)
+        self.pending.clear()
+
+    def fill(self, shape: tuple, screens: dict, bounds: dict) -> None:
+        """Price for schedule shape ``shape`` (:meth:`queue`), all at once, the
+        one-micro-batch screens ``screens`` and the relaxed bounds ``bounds``, with the
+        functions :func:`~merak_sim.planner.screen.quick_memory` and
         :func:`~merak_sim.planner.bounds.lower_bound` use, on arrays stacked one row per
         key (each row's values equal those of that key alone). A screen is (excess,
         rank) per ZeRO stage: the kept activations do not depend on it."""
-        placement, never, explicit = sched
-        S, v = b.pp, b.virtual_stages
+        placement, S, v, never, explicit = shape
         if screens:
             items = list(screens.values())
             st = state_per_rank(placement, S, v,
-                                np.stack([arr["state_by_zero"] for _a, arr, _rc in items]))
-            ck, act = (np.stack([arr[f] for _a, arr, _rc in items]) for f in MEMORY_FIELDS[::-1])
+                                np.array([arr["state_by_zero"] for _a, arr, _rc in items]))
+            ck, act = (np.array([arr[f] for _a, arr, _rc in items])
+                       for f in MEMORY_FIELDS[::-1])
             rcs = [rc for *_, rc in items]
             kept = kept_rows(rank_grid(placement, S, v), ck, act,
                              np.array([rc not in ("none", "selective") for rc in rcs]),
@@ -143,10 +154,11 @@ class _Memo:
                 self.screens[k] = (ex[j], r[j])
         if bounds:
             items = list(bounds.values())
-            parts = bound_parts({f: np.stack([arr[f] for _a, arr, *_ in items])
+            parts = bound_parts({f: np.array([it[1][f] for it in items])
                                  for f in _BOUND_FIELDS}, placement, S, v)
-            vals = bound_values(parts, b.microbatches, np.array([f for *_, f, _o in items]),
-                                np.array([o for *_, o in items]), never, explicit)
+            vals = bound_values(parts, np.array([it[4] for it in items])[:, None],
+                                np.array([it[2] for it in items]),
+                                np.array([it[3] for it in items]), never, explicit)
             self.bounds.update(zip(bounds, vals.tolist()))
 
     def capacity(self) -> float:
@@ -176,25 +188,29 @@ def relaxed_sweep(items: Iterable[Candidate | Block], rp: RelaxedPricer, margin:
     ``margin`` the fraction of GPU memory kept free."""
     indices: dict[int, _Index] = {}
     memo = _Memo(rp, margin)
+    items = list(items)
+    # First what every block needs priced, then each shape's screens and bounds in
+    # one call, then the rows in enumeration order.
+    ruled_of = {}
+    for item in items:
+        if isinstance(item, Block):
+            ix = indices.get(id(item.variants))
+            if ix is None:
+                ix = indices[id(item.variants)] = _index(item.variants)
+            ruled_of[id(item)] = got = _ruled(item, ix)
+            if not got[0].all():
+                _plan_block(item, ix, memo, ~got[0])
+    memo.flush()
     live_b, live_p, live_v = [], [], []
     for item in items:
         if not isinstance(item, Block):
             one(item)
             continue
         b = item
-        ix = indices.get(id(b.variants))
-        if ix is None:
-            ix = indices[id(b.variants)] = _index(b.variants)
+        ix = indices[id(b.variants)]
         n = len(b.variants)
         counts["considered"] += n
-        rules = dict(b.rules)
-        passes = b.pp * b.virtual_stages * b.microbatches
-        limit = (f"{passes:,} micro-batch passes (pp x v x micro-batches) exceed the work "
-                 f"limit of {WORK_LIMIT:,}") if passes > WORK_LIMIT else ""
-        rule_of = [rules[k] or limit for k in ix.rule]
-        ruled = np.array([bool(r) for r in rule_of])[ix.rule_idx]
-        reason = np.array([f"pruned: {r}" for r in rule_of] + [None],
-                          dtype=object)[:-1][ix.rule_idx]
+        ruled, reason = ruled_of[id(b)]
         kind = ruled.astype(np.int8)  # 0: live, 1: pruned, 2: handed to ``one``
         short = np.full(n, np.nan)
         bound = _relax_block(b, ix, memo, kind, reason, short) if not ruled.all() else short
@@ -213,20 +229,82 @@ def relaxed_sweep(items: Iterable[Candidate | Block], rp: RelaxedPricer, margin:
     return Level0(bids[order], pos[order], bvals[order])
 
 
-def _relax_block(b: Block, ix: _Index, memo: _Memo, kind: np.ndarray,
-                 reason: np.ndarray, short: np.ndarray) -> np.ndarray:
-    """Relaxed bound per variant of ``b``; marks in ``kind`` / ``reason`` / ``short``
-    (GiB) the variants memory prunes (1) and those without relaxed arrays (2)."""
-    free = kind == 0
-    spec = SCHEDULES[b.schedule]
+def _ruled(b: Block, ix: _Index) -> tuple[np.ndarray, np.ndarray]:
+    """(whether a rule prunes it, its reason or None) per variant of ``b``."""
+    rules = dict(b.rules)
+    passes = b.pp * b.virtual_stages * b.microbatches
+    limit = (f"{passes:,} micro-batch passes (pp x v x micro-batches) exceed the work "
+             f"limit of {WORK_LIMIT:,}") if passes > WORK_LIMIT else ""
+    rule_of = [rules[k] or limit for k in ix.rule]
+    ruled = np.array([bool(r) for r in rule_of])[ix.rule_idx]
+    reason = np.array([f"pruned: {r}" for r in rule_of] + [None],
+                      dtype=object)[:-1][ix.rule_idx]
+    return ruled, reason
+
+
+def _traits(b: Block) -> tuple:
     # What the bound and the screen read of the schedule: blocks of schedules alike in
     # it (and in everything else) get the same values.
-    sched = (spec.placement, spec.never_recompute(b.pp), spec.explicit_recompute)
-    key = (b.tp, b.cp, b.pp, b.virtual_stages, b.micro_batch_size, sched, id(b.variants),
-           free.tobytes())
+    spec = SCHEDULES[b.schedule]
+    return (spec.placement, spec.never_recompute(b.pp), spec.explicit_recompute)
+
+
+def _block_key(b: Block, free: np.ndarray, sched: tuple) -> tuple:
+    return (b.tp, b.cp, b.pp, b.virtual_stages, b.micro_batch_size, sched, id(b.variants),
+            free.tobytes())
+
+
+def _plan_block(b: Block, ix: _Index, memo: _Memo, free: np.ndarray) -> None:
+    """Price the relaxed arrays the variants ``free`` of ``b`` read and queue their
+    screens and bounds (:meth:`_Memo.queue`); the keys go to ``memo.plans``."""
+    sched = _traits(b)
+    key = _block_key(b, free, sched)
+    if key in memo.plans:
+        return
+    # Only keys some unpruned variant reads: a probe is a cost table.
+    need = sorted(set(ix.relaxed_idx[free].tolist()))
+    keys = [(b.tp, b.cp, b.micro_batch_size, *ix.relaxed[j]) for j in need]
+    got = dict(zip(need, zip(keys, memo.rp.arrays_of(keys, b.pp, b.virtual_stages))))
+    rel: list[tuple] = [(None, None)] * len(ix.relaxed)
+    for j, (rkey, arr) in got.items():
+        rel[j] = ((rkey, b.pp, b.virtual_stages), arr)
+    n_sh = len(ix.shape)
+    skeys: list[tuple | None] = [None] * n_sh
+    bkeys: list[tuple | None] = [None] * n_sh
+    todo_s, todo_b = {}, {}
+    for s_i in sorted(set(ix.shape_idx[free].tolist())):
+        j, rc = ix.shape[s_i]
+        akey, arr = rel[j]
+        if arr is None:
+            continue
+        full = rc == "full"
+        # Full recompute reads the schedule's never-recompute ranks and explicit
+        # re-forwards; the other policies only its placement.
+        where = sched if full else sched[0]
+        skey = skeys[s_i] = (akey, rc, where)
+        bkey = bkeys[s_i] = (akey, full, where)
+        if skey not in memo.screens:
+            todo_s[skey] = (akey, arr, rc)
+        if bkey not in memo.bounds and bkey not in todo_b:
+            # The DP overlap of the shape's first variant (the relaxed tail is zero).
+            todo_b[bkey] = (akey, arr, full, b.variants[ix.first[(j, rc)]][6],
+                            b.microbatches)
+    memo.queue((sched[0], b.pp, b.virtual_stages, sched[1], sched[2]), todo_s, todo_b)
+    none = np.array([a is None for _k, a in rel])[ix.relaxed_idx]
+    memo.plans[key] = (none, skeys, bkeys)
+
+
+def _relax_block(b: Block, ix: _Index, memo: _Memo, kind: np.ndarray,
+                 reason: np.ndarray, short: np.ndarray) -> np.ndarray:
+    """Relaxed bound per variant of ``b`` (planned by :func:`_plan_block`, priced by
+    :meth:`_Memo.flush`); marks in ``kind`` / ``reason`` / ``short`` (GiB) the
+    variants memory prunes (1) and those without relaxed arrays (2)."""
+    free = kind == 0
+    sched = _traits(b)
+    key = _block_key(b, free, sched)
     got = memo.blocks.get(key)
     if got is None:
-        none, ex, bound, skeys = _block_values(b, ix, memo, free, sched)
+        none, ex, bound, skeys = _block_values(ix, memo, memo.plans[key])
         handed = none & free
         over = free & ~handed & (ex > 0)
         text = np.empty(len(ex), dtype=object)
@@ -247,42 +325,17 @@ def _relax_block(b: Block, ix: _Index, memo: _Memo, kind: np.ndarray,
     return bound
 
 
-def _block_values(b: Block, ix: _Index, memo: _Memo, free: np.ndarray, sched: tuple
-                  ) -> tuple:
-    """(no relaxed arrays, one-micro-batch excess, relaxed bound) per variant of ``b``,
-    and the screen key of each shape, for the variants ``free`` (others NaN)."""
-    # Only keys some unpruned variant reads: a probe is a cost table.
-    need = set(ix.relaxed_idx[free].tolist())
-    rel = [memo.relaxed(b, key, lambda j=j: b.candidate(ix.first[(j,)])) if j in need
-           else (None, None) for j, key in enumerate(ix.relaxed)]
+def _block_values(ix: _Index, memo: _Memo, plan: tuple) -> tuple:
+    """(no relaxed arrays, one-micro-batch excess, relaxed bound) per variant of a
+    block, and the screen key of each shape, from its plan (others NaN)."""
+    none, skeys, bkeys = plan
     n_sh = len(ix.shape)
-    skeys: list[tuple | None] = [None] * n_sh
-    bkeys: list[tuple | None] = [None] * n_sh
-    todo_s, todo_b = {}, {}
-    for s_i in sorted(set(ix.shape_idx[free].tolist())):
-        j, rc = ix.shape[s_i]
-        akey, arr = rel[j]
-        if arr is None:
-            continue
-        full = rc == "full"
-        # Full recompute reads the schedule's never-recompute ranks and explicit
-        # re-forwards; the other policies only its placement.
-        where = sched if full else sched[0]
-        skey = skeys[s_i] = (akey, rc, where)
-        bkey = bkeys[s_i] = (akey, full, where)
-        if skey not in memo.screens:
-            todo_s[skey] = (akey, arr, rc)
-        if bkey not in memo.bounds and bkey not in todo_b:
-            # The DP overlap of the shape's first variant (the relaxed tail is zero).
-            todo_b[bkey] = (akey, arr, full, b.variants[ix.first[(j, rc)]][6])
-    memo.fill(b, sched, todo_s, todo_b)
     excess = np.full((n_sh, 4), np.nan)
     bound = np.full(n_sh, np.nan)
     for s_i, (skey, bkey) in enumerate(zip(skeys, bkeys)):
         if skey is not None:
             excess[s_i] = memo.screens[skey][0]
             bound[s_i] = memo.bounds[bkey]
-    none = np.array([a is None for _k, a in rel])[ix.relaxed_idx]
     return none, excess[ix.shape_idx, ix.zero], bound[ix.shape_idx], skeys
 
 

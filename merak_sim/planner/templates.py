@@ -42,6 +42,10 @@ __all__ = ["EvalTemplate", "MemoryTemplate", "built_schedule", "eval_template",
            "memory_template", "stage_arrays"]
 
 _ZERO_STAGE = StageCost(*([0.0] * 16), layers=1)
+_F, _FN, _RC, _B, _BI, _BW, _AR, _OPT = range(8)
+_KIND_CODE = {Kind.FORWARD: _F, Kind.FORWARD_NOGRAD: _FN, Kind.RECOMPUTE: _RC,
+              Kind.BACKWARD: _B, Kind.BACKWARD_INPUT: _BI, Kind.BACKWARD_WEIGHT: _BW,
+              Kind.ALL_REDUCE: _AR, Kind.OPTIMIZER: _OPT}
 
 
 def stage_arrays(table: CostTable) -> dict[str, np.ndarray]:
@@ -111,9 +115,12 @@ class EvalTemplate:
 
     def evaluate(self, arrays: dict[str, np.ndarray], fractions: tuple[float, ...],
                  zero: int = 0, overlap_dp: bool = False, buckets: int = 4,
-                 tied: bool = False) -> float:
-        """Iteration time (s) from the exact contention-free evaluator."""
-        prog = self.durations(arrays, fractions, tied)
+                 tied: bool = False, prog: Compiled | None = None) -> float:
+        """Iteration time (s) from the exact contention-free evaluator; ``prog``:
+        ``self.durations(arrays, fractions, tied)`` when known (candidates that differ
+        only in the DP synchronisation share it)."""
+        if prog is None:
+            prog = self.durations(arrays, fractions, tied)
         return evaluate(prog, self.dep, overlap_dp=overlap_dp, buckets=buckets,
                         zero=zero).makespan
 
@@ -139,39 +146,44 @@ def eval_template(name: str, pp: int, microbatches: int, virtual_stages: int,
                      memory_capacity_bytes=1.0, peak_flops=1.0)
     prog = compile_program(sched, zero, None)
     dep = plan(prog)
-    explicit = {(a.stage, a.chunk, a.microbatch) for p in sched.programs
-                for a in iter_actions(p) if a.kind is Kind.RECOMPUTE}
-    groups: dict[str, list] = {k: [] for k in ("f", "b", "i", "w", "ar", "opt")}
-    for aid, a in enumerate(prog.actions):
-        r = prog.rank_of_action[aid]
-        k = a.kind
-        if k in (Kind.FORWARD, Kind.FORWARD_NOGRAD, Kind.RECOMPUTE):
-            groups["f"].append((aid, sched.model_stage(a)))
-        elif k in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
-            groups["b" if k is Kind.BACKWARD else "i"].append(
-                (aid, sched.model_stage(a), r, (r, a.chunk, a.microbatch) in explicit))
-        elif k is Kind.BACKWARD_WEIGHT:
-            groups["w"].append((aid, sched.model_stage(a)))
-        elif k is Kind.ALL_REDUCE:
-            groups["ar"].append((aid, r))
-        elif k is Kind.OPTIMIZER:
-            groups["opt"].append((aid, r))
+    # The actions' fields as arrays, each group's ids in action order (one pass over
+    # the actions instead of one dispatch per action).
+    acts = prog.actions
+    kind = np.array([_KIND_CODE.get(a.kind, -1) for a in acts], dtype=np.int64)
+    stage = np.array([a.stage for a in acts], dtype=np.int64)
+    chunk = np.array([a.chunk for a in acts], dtype=np.int64)
+    micro = np.array([a.microbatch for a in acts], dtype=np.int64)
+    rank = np.array(prog.rank_of_action, dtype=np.int64)
+    grid = rank_grid(sched.placement, sched.num_stages, sched.virtual_stages)
+    # An explicit re-forward (rank, chunk, micro-batch): its B / I adds no recompute.
+    width = max(sched.virtual_stages, int(chunk.max(initial=0)) + 1)
+    span = int(micro.max(initial=0)) + 2
 
-    def cols(key: str, n: int) -> list[np.ndarray]:
-        rows = groups[key]
-        if not rows:
-            return [np.zeros(0, dtype=int if j < 3 else bool) for j in range(n)]
-        arr = list(zip(*rows, strict=True))
-        return [np.array(arr[j], dtype=bool if j == 3 else int) for j in range(n)]
+    def code(r, ch, mb):
+        return (np.asarray(r) * width + np.asarray(ch)) * span + np.asarray(mb) + 1
 
-    fi, fg = cols("f", 2)
-    bi, bg, br, be = cols("b", 4)
-    ii, ig, ir, ie = cols("i", 4)
-    wi, wg = cols("w", 2)
-    ai, ar = cols("ar", 2)
-    oi, orr = cols("opt", 2)
-    bounds = np.array([t.key[1] if t.key[0] == "A" else t.key[1] - 1 for t in prog.transfers],
-                      dtype=int)
+    rc = [(a.stage, a.chunk, a.microbatch) for p in sched.programs for a in iter_actions(p)
+          if a.kind is Kind.RECOMPUTE]
+    explicit = np.isin(code(rank, chunk, micro),
+                       code(*zip(*rc, strict=True)) if rc else np.zeros(0, dtype=np.int64))
+
+    def ids(*kinds: int) -> np.ndarray:
+        return np.nonzero(np.isin(kind, kinds))[0]
+
+    fi = ids(_F, _FN, _RC)
+    bi, ii, wi, ai, oi = (ids(k) for k in (_B, _BI, _BW, _AR, _OPT))
+
+    def model_stage(i: np.ndarray) -> np.ndarray:
+        # Schedule.model_stage of each action: its chunk's stage on its rank.
+        return grid[chunk[i], stage[i]]
+
+    fg, bg, br, be = model_stage(fi), model_stage(bi), rank[bi], explicit[bi]
+    ig, ir, ie, wg = model_stage(ii), rank[ii], explicit[ii], model_stage(wi)
+    ar, orr = rank[ai], rank[oi]
+    # The boundary each transfer crosses, from its key (Compiled.transfers without
+    # building the Transfer records).
+    bounds = np.array([k[1] if k[0] == "A" else k[1] - 1
+                       for k, *_ends in prog.structure.transfer_ends], dtype=int)
     return EvalTemplate(sched, prog, dep, fi, fg, bi, bg, br, be, ii, ig, ir, ie, wi, wg,
                         ai, ar, oi, orr, bounds)
 
@@ -195,29 +207,53 @@ class MemoryTemplate:
     no_recompute: frozenset[int]
     placement: str = "loop"
 
+    def affine(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, ...]:
+        """Per rank, what :meth:`peak_bytes` reads of ``arrays``: (model-state plus
+        allocator-reserved bytes, live bytes per state at checkpointed fraction 0,
+        their slope in the fraction), the last two None for a rank without states. A
+        planner computes it once per (arrays, template) and prices several policies
+        with it."""
+        S, v = self.pp, self.virtual_stages
+        grid = rank_grid(self.placement, S, v)
+        act, ck, inp = (arrays[f][grid] for f in ("activation_bytes", "checkpoint_bytes",
+                                                   "input_bytes"))
+        # kept(c) = act + c (ck - act): the live bytes are affine in c per state;
+        # an R'd micro-batch never holds less than the input it grew from.
+        w0 = np.stack([act, inp, np.maximum(act, inp)], axis=-1)
+        w1 = np.stack([ck - act, 0 * inp, 0 * act], axis=-1)
+        state = arrays["state_bytes"][grid]
+        res = arrays.get("reserved_bytes", ())  # the allocator's, per rank
+        out = []
+        for r in range(S):
+            st = self.states[r]
+            total = float(np.ascontiguousarray(state[:, r]).sum()) + (
+                float(res[r]) if len(res) else 0.0)
+            if len(st):
+                out.append((total, st @ np.ascontiguousarray(w0[:, r]).reshape(-1),
+                            st @ np.ascontiguousarray(w1[:, r]).reshape(-1)))
+            else:
+                out.append((total, None, None))
+        return tuple(out)
+
+    @staticmethod
+    def peak_at(affine: tuple, fractions: np.ndarray | float) -> np.ndarray | float:
+        """:meth:`peak_bytes` from one rank's entry of :meth:`affine`."""
+        scalar = np.ndim(fractions) == 0
+        cs = np.atleast_1d(np.asarray(fractions, dtype=float))
+        total, base, slope = affine
+        if base is not None:
+            peak = np.maximum((base[:, None] + slope[:, None] * cs[None, :]).max(axis=0), 0.0)
+        else:
+            peak = np.zeros_like(cs)
+        out = total + peak
+        return float(out[0]) if scalar else out
+
     def peak_bytes(self, arrays: dict[str, np.ndarray], rank: int,
                    fractions: np.ndarray | float) -> np.ndarray | float:
         """Peak bytes of ``rank`` for each checkpointed fraction in ``fractions``: model
         state plus the largest live activation total (the terms of
         :func:`merak_sim.memory.peak_memory`)."""
-        S, v = self.pp, self.virtual_stages
-        scalar = np.ndim(fractions) == 0
-        cs = np.atleast_1d(np.asarray(fractions, dtype=float))
-        g = rank_grid(self.placement, S, v)[:, rank]
-        act, ck = arrays["activation_bytes"][g], arrays["checkpoint_bytes"][g]
-        inp = arrays["input_bytes"][g]
-        st = self.states[rank]
-        if len(st):
-            # kept(c) = act + c (ck - act): the live bytes are affine in c per state;
-            # an R'd micro-batch never holds less than the input it grew from.
-            base = st @ np.stack([act, inp, np.maximum(act, inp)], axis=1).reshape(-1)
-            slope = st @ np.stack([ck - act, 0 * inp, 0 * act], axis=1).reshape(-1)
-            peak = np.maximum((base[:, None] + slope[:, None] * cs[None, :]).max(axis=0), 0.0)
-        else:
-            peak = np.zeros_like(cs)
-        res = arrays.get("reserved_bytes", ())
-        out = float(arrays["state_bytes"][g].sum()) + (res[rank] if len(res) else 0.0) + peak
-        return float(out[0]) if scalar else out
+        return self.peak_at(self.affine(arrays)[rank], fractions)
 
 
 @lru_cache(maxsize=4096)

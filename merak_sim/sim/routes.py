@@ -27,10 +27,9 @@ def weighted_route(topo: Topology, pairs: Iterable[tuple[int, int]]) -> Links:
     """Links of the first (representative) pair with the number of pairs crossing each."""
     pairs = list(pairs)
     rep = topo.route(*pairs[0])
-    cnt: Counter = Counter()
-    for src, dst in pairs:
-        for link in topo.route(src, dst):
-            cnt[link] += 1
+    route = topo.route
+    # Counted in one pass (Counter counts an iterable in C).
+    cnt = Counter(link for src, dst in pairs for link in route(src, dst))
     return tuple((link, float(cnt[link])) for link in rep)
 
 
@@ -99,10 +98,7 @@ class LinkRoutes:
 
             own = edges(dp_idx)
             every = own if self.full else [e for d in range(pl.dp) for e in edges(d)]
-            cnt: Counter = Counter()
-            for a, b in every:
-                for ln in topo.route(a, b):
-                    cnt[ln] += 1
+            cnt = Counter(ln for a, b in every for ln in topo.route(a, b))
             names = dict.fromkeys(ln for a, b in own for ln in topo.route(a, b))
             links = tuple((ln, float(cnt[ln])) for ln in names)
             cap = min((topo.inter_Bps if ln.startswith("node") else topo.intra_Bps) / w
