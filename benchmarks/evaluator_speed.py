@@ -10,7 +10,8 @@ median of ``--repeat`` runs:
   structure forgotten first (:func:`merak_sim.sim.api.forget_schedules`): the first
   sight of a schedule shape.
   A generator that declares a steady-state period (1F1B) is evaluated on one small
-  base and extended exactly (:mod:`merak_sim.sim.periodic`).
+  base and extended exactly (:mod:`merak_sim.sim.periodic`); simulate pauses
+  Python's cyclic garbage collector while it evaluates (its structures are acyclic).
 - ``cold, full evaluation``: the same figures by evaluating the row's own schedule
   in full, also from nothing: cost table, ``generate+lower``
   (:func:`~merak_sim.sim.api.shape_schedule`), ``structure`` (the first

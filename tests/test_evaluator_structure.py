@@ -1,13 +1,19 @@
 """The evaluator's building blocks on the cold path: the program structure's walk
 (merak_sim.sim.structure), the one-loop memory replay (HBM.replay), forgetting
-kept structures."""
+kept structures, the collector paused while evaluating (merak_sim.sim.api)."""
 
+import gc
 import random
 
 import pytest
 
+from merak_sim.layout import RankLayout
 from merak_sim.schedule import SCHEDULES, ScheduleError, generate
-from merak_sim.sim.api import forget_schedules, shape_schedule
+from merak_sim.sim.api import (SimulationError, evaluator_trace, forget_schedules,
+                               shape_schedule, simulate)
+from merak_sim.sim.program import compile_program
+from merak_sim.sim.result import build_result
+from tests.test_evaluator_cold import table
 from merak_sim.sim.entities import HBM
 from merak_sim.sim.structure import OP_COMPUTE, OP_POST, program_structure
 
@@ -70,3 +76,51 @@ def test_forget_schedules_forgets_structures():
     forget_schedules()
     assert program_structure(sched) is not ps
     assert shape_schedule("1f1b", 3, 5) is not sched
+
+
+def _collections_during(fn) -> int:
+    """Automatic collections while ``fn`` runs (an explicit one is never started)."""
+    seen = []
+
+    def count(phase, info):
+        if phase == "start":
+            seen.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        fn()
+    finally:
+        gc.callbacks.remove(count)
+    return len(seen)
+
+
+def test_the_collector_is_paused_while_evaluating_and_restored():
+    """A cold evaluation of a large 1F1B shape allocates tens of thousands of
+    objects without starting the cyclic collector (at most one collection, as it
+    resumes); the collector is on again afterwards, also after a failure, and one
+    the caller turned off stays off."""
+    cfg = dict(dp=1, tp=1, pp=16, micro_batch_size=1, global_batch_size=64,
+               schedule="1f1b", recompute="full")
+    tab = table(16, "ends", 3)
+    assert gc.isenabled()
+    forget_schedules()
+    base = _collections_during(lambda: build_result(
+        evaluator_trace(compile_program(generate("1f1b", 16, 22), tab), RankLayout(1, 1, 16),
+                        1e9, record_memory=False), capacity=1e9, peak_flops=1.0,
+        engine="evaluator", global_batch=1, seq_len=None, keep_trace=False))
+    assert base >= 5  # the same work with the collector running
+    forget_schedules()
+    assert _collections_during(lambda: simulate(config=cfg, cost_table=tab,
+                                                engine="evaluator", keep_trace=False)) <= 1
+    assert gc.isenabled()
+    with pytest.raises(SimulationError):
+        simulate(config=cfg, cost_table=tab, engine="evaluator",
+                 custom_schedule=generate("1f1b", 16, 8))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        simulate(config=cfg, cost_table=tab, engine="evaluator", keep_trace=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    forget_schedules()

@@ -119,3 +119,33 @@ def test_structure_keeps_transfers_apart_for_any_micro_batch_numbers(name, v):
     assert ps.ops == qs.ops and ps.memory_rules == qs.memory_rules
     assert ps.rules == qs.rules and ps.chunks == qs.chunks
     forget_structures()
+
+
+def test_make_action_and_the_twin_built_values_behave_as_actions():
+    """make_action, Action() and Fused() (built on a twin of their slots) give frozen
+    values of their own class that check, compare, hash, pickle, copy and replace
+    as dataclasses do, with no twin left behind."""
+    import copy
+    import pickle
+
+    from merak_sim.schedule.ir import make_action
+
+    a = make_action(Kind.SEND_ACT, 1, 2, 1)
+    assert type(a) is Action and a == Action(Kind.SEND_ACT, 1, 2, 1)
+    assert hash(a) == hash(Action(Kind.SEND_ACT, 1, 2, 1)) and str(a) == "1sA2"
+    with pytest.raises(ScheduleError, match="negative stage"):
+        make_action(Kind.FORWARD, -1, 0)
+    with pytest.raises(ScheduleError, match="AR takes no micro-batch"):
+        make_action(Kind.ALL_REDUCE, 0, 3)
+    f = Fused((a, Action(Kind.RECV_GRAD, 1, 0)))
+    for x in (a, f):
+        for proto in range(pickle.HIGHEST_PROTOCOL + 1):
+            y = pickle.loads(pickle.dumps(x, proto))
+            assert y == x and type(y) is type(x)
+        assert copy.copy(x) == x and copy.deepcopy(x) == x
+        with pytest.raises(FrozenInstanceError):
+            setattr(x, "parts" if x is f else "stage", 0)
+    assert replace(a, chunk=0) == Action(Kind.SEND_ACT, 1, 2, 0)
+    assert type(replace(f, parts=f.parts[::-1])) is Fused
+    sched = generate("1f1b", 3, 5)
+    assert {type(s) for p in sched.programs for s in p} == {Action, Fused}

@@ -18,7 +18,7 @@ ZB-V and DualPipeV in :mod:`merak_sim.schedule.v_shape`.
 
 from __future__ import annotations
 
-from .ir import Action, Kind, Schedule, ScheduleError, Step
+from .ir import Action, Kind, Schedule, ScheduleError, Step, make_action
 from .lowering import lower
 from .replay import stage_aware_fractions
 from .spec import Period, ScheduleSpec
@@ -44,7 +44,7 @@ def gpipe(S: int, M: int) -> list[list[Step]]:
     Holds all M micro-batches' activations at once.
     """
     return [
-        [Action(F, s, m) for m in range(M)] + [Action(B, s, m) for m in range(M)]
+        [make_action(F, s, m) for m in range(M)] + [make_action(B, s, m) for m in range(M)]
         for s in range(S)
     ]
 
@@ -81,7 +81,7 @@ def one_f_one_b(S: int, M: int) -> list[list[Step]]:
 
     M < S works but leaves a larger bubble.
     """
-    return [[Action(k, s, m) for k, m in _1f1b_order(S, M, s)] for s in range(S)]
+    return [[make_action(k, s, m) for k, m in _1f1b_order(S, M, s)] for s in range(S)]
 
 
 def interleaved_1f1b_period(S: int, v: int) -> Period:
@@ -118,15 +118,15 @@ def interleaved_1f1b(S: int, M: int, v: int) -> list[list[Step]]:
         prog = []
         for k in range(warm):
             c, m = fwd(k)
-            prog.append(Action(F, s, m, c))
+            prog.append(make_action(F, s, m, c))
         for k in range(total - warm):
             c, m = fwd(warm + k)
-            prog.append(Action(F, s, m, c))
+            prog.append(make_action(F, s, m, c))
             c, m = bwd(k)
-            prog.append(Action(B, s, m, c))
+            prog.append(make_action(B, s, m, c))
         for k in range(total - warm, total):
             c, m = bwd(k)
-            prog.append(Action(B, s, m, c))
+            prog.append(make_action(B, s, m, c))
         progs.append(prog)
     return progs
 
@@ -145,7 +145,7 @@ def one_f_one_b_split(S: int, M: int) -> list[list[Step]]:
     for s in range(S):
         prog: list[Action] = []
         for k, m in _1f1b_order(S, M, s):
-            prog += [Action(F, s, m)] if k is F else [Action(I, s, m), Action(W, s, m)]
+            prog += [make_action(F, s, m)] if k is F else [make_action(I, s, m), make_action(W, s, m)]
         progs.append(prog)
     return progs
 
@@ -162,7 +162,7 @@ def _pre_recompute_programs(
     for s in range(S):
         order = _1f1b_order(S, M, s)
         if s > last:
-            progs.append([Action(k, s, m) for k, m in order])
+            progs.append([make_action(k, s, m) for k, m in order])
             continue
         waits = set(range(M - min(S - 1 - s, M), M))
         if first_wait:
@@ -170,11 +170,11 @@ def _pre_recompute_programs(
         prog: list[Step] = []
         for k, m in order:
             if m in waits and k is F:
-                prog.append(Action(FN, s, m))
+                prog.append(make_action(FN, s, m))
             elif m in waits and k is B:
-                prog += [Action(R, s, m), Action(B, s, m)]
+                prog += [make_action(R, s, m), make_action(B, s, m)]
             else:
-                prog.append(Action(k, s, m))
+                prog.append(make_action(k, s, m))
         progs.append(prog)
     return progs
 
@@ -213,28 +213,28 @@ def shifted_critical_path(S: int, M: int) -> list[list[Step]]:
     if S >= 3:  # stage S-3: F*0, and R0 right before B0
         s = S - 3
         prog = progs[s]
-        prog[prog.index(Action(F, s, 0))] = Action(FN, s, 0)
-        prog.insert(prog.index(Action(B, s, 0)), Action(R, s, 0))
+        prog[prog.index(make_action(F, s, 0))] = make_action(FN, s, 0)
+        prog.insert(prog.index(make_action(B, s, 0)), make_action(R, s, 0))
     if S >= 2:  # stage S-2: three forwards, then B0 and B1 with their re-forwards
         s = S - 2
-        head: list[Step] = [Action(FN, s, 0), Action(FN, s, 1), Action(F, s, 2)]
+        head: list[Step] = [make_action(FN, s, 0), make_action(FN, s, 1), make_action(F, s, 2)]
         for m in (0, 1):
             head += [
-                Action(R, s, m),
-                Action(Kind.RECV_GRAD, s, m),
-                Action(Kind.SEND_ACT, s, m + 1),
-                Action(B, s, m),
+                make_action(R, s, m),
+                make_action(Kind.RECV_GRAD, s, m),
+                make_action(Kind.SEND_ACT, s, m + 1),
+                make_action(B, s, m),
             ]
         # Steady state from F3 on follows 1F1B (which at this point runs F3 B2 F4 B3 ...).
         rest = _1f1b_order(S, M, s)[5:]
-        progs[s] = head + [Action(k, s, m) for k, m in rest]
+        progs[s] = head + [make_action(k, s, m) for k, m in rest]
     if S >= 2:  # last stage: first two gradient sends not fused with the next receive
         s = S - 1
         prog = []
         for k, m in _1f1b_order(S, M, s):
-            prog.append(Action(k, s, m))
+            prog.append(make_action(k, s, m))
             if k is B and m < 2:
-                prog.append(Action(Kind.SEND_GRAD, s, m))
+                prog.append(make_action(Kind.SEND_GRAD, s, m))
         progs[s] = prog
     return progs
 

@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "Kind",
     "Action",
+    "make_action",
     "Fused",
     "Step",
     "Schedule",
@@ -134,7 +135,7 @@ _TOKEN_RE = re.compile(r"^(\d*)(F\*|OPT|AR|sA|rA|sG|rG|F|R|B|I|W)(\d*)$")
 _BY_CODE = {k.value: k for k in Kind}
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@dataclass(frozen=True, slots=True, order=True, init=False)
 class Action:
     """One instruction of a rank's program.
 
@@ -152,18 +153,14 @@ class Action:
     microbatch: int = -1
     chunk: int = 0
 
-    # Generators and the lowering build thousands of actions per schedule: the
-    # fields are set through their slot descriptors (what the generated frozen
-    # __init__ does through object.__setattr__, at twice the cost) and every check
-    # of a valid action is one comparison chain.
-    def __init__(self, kind: Kind, stage: int, microbatch: int = -1, chunk: int = 0) -> None:
-        _SET_KIND(self, kind)
-        _SET_STAGE(self, stage)
-        _SET_MICROBATCH(self, microbatch)
-        _SET_CHUNK(self, chunk)
-        if stage < 0 or chunk < 0 or (microbatch < 0 if kind.per_microbatch
-                                      else microbatch != -1):
-            self._invalid()
+    # Built as make_action builds it (which hot loops call directly, one call less).
+    def __new__(cls, kind: Kind, stage: int, microbatch: int = -1, chunk: int = 0
+                ) -> Action:
+        return make_action(kind, stage, microbatch, chunk)
+
+    def __getnewargs__(self) -> tuple[Kind, int, int, int]:
+        """What pickling and copying rebuild the action from (:meth:`__new__`)."""
+        return (self.kind, self.stage, self.microbatch, self.chunk)
 
     def _invalid(self) -> None:
         if self.stage < 0 or self.chunk < 0:
@@ -200,30 +197,58 @@ class Action:
         return Action(kind, stage, int(mb_s) if mb_s else -1, int(chunk_s) if chunk_s else 0)
 
 
-_SET_KIND, _SET_STAGE, _SET_MICROBATCH, _SET_CHUNK = (
-    Action.kind.__set__, Action.stage.__set__, Action.microbatch.__set__,  # type: ignore[attr-defined]
-    Action.chunk.__set__)  # type: ignore[attr-defined]
+_NEW = object.__new__
 
 
-@dataclass(frozen=True, slots=True)
+class _ActionSlots:  # Action's slots without its frozen __setattr__ (make_action)
+    __slots__ = Action.__slots__
+
+
+def make_action(kind: Kind, stage: int, microbatch: int = -1, chunk: int = 0) -> Action:
+    """``Action(kind, stage, microbatch, chunk)``, checked as it is, at the cost of
+    one plain function call (for the generators' and the lowering's loops)."""
+    # Frozen Action refuses assignment: the fields go to a twin with the same slots
+    # (plain stores, the cheapest there are), which then becomes an Action; half the
+    # cost of setting slot descriptors. A valid action passes one comparison chain.
+    self = _NEW(_ActionSlots)
+    self.kind = kind
+    self.stage = stage
+    self.microbatch = microbatch
+    self.chunk = chunk
+    self.__class__ = Action
+    if stage < 0 or chunk < 0 or (microbatch < 0 if kind.per_microbatch
+                                  else microbatch != -1):
+        self._invalid()
+    return self
+
+
+class _FusedSlots:  # Fused's slots without its frozen __setattr__ (Fused.__new__)
+    __slots__ = ("parts",)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Fused:
     """Communication actions posted together as one batched posting (e.g. ``sA3/rG0``)."""
 
     parts: tuple[Action, ...]
 
-    def __init__(self, parts: tuple[Action, ...]) -> None:  # as Action's, for speed
-        _SET_PARTS(self, parts)
+    def __new__(cls, parts: tuple[Action, ...]) -> Fused:  # as Action's, for speed
+        self = _NEW(_FusedSlots)
+        self.parts = parts
+        self.__class__ = Fused
         if len(parts) < 2:
             raise ScheduleError("a fused group needs at least two actions")
         for a in parts:
             if not a.kind.is_comm:
                 raise ScheduleError(f"only sends and receives can be fused, not {a}")
+        return self
+
+    def __getnewargs__(self) -> tuple[tuple[Action, ...]]:
+        """What pickling and copying rebuild the group from (:meth:`__new__`)."""
+        return (self.parts,)
 
     def __str__(self) -> str:
         return "/".join(str(a) for a in self.parts)
-
-
-_SET_PARTS = Fused.parts.__set__  # type: ignore[attr-defined]
 
 Step = Action | Fused
 

@@ -220,8 +220,11 @@ def transitions(sched: Schedule, rank: int, counted: bool = False
     order: (action, enters, leaves, counts), counts (as :attr:`LiveStep.counts`) only
     if ``counted``, else None; for consumers that walk thousands of actions and need
     only the transitions."""
-    state: dict[tuple[int, int], Held] = {}
-    counts = [0] * (3 * sched.virtual_stages)
+    # Items keyed by micro-batch * v + chunk (chunks below v and micro-batches of
+    # per-micro-batch actions >= 0, as Schedule and Action check): no tuple to hash.
+    v = sched.virtual_stages
+    state: dict[int, Held] = {}
+    counts = [0] * (3 * v)
     out: list[tuple[Action, Held | None, Held | None, tuple[int, ...] | None]] = []
     add = out.append
     entering = _ENTERS_BY_ID.get
@@ -232,7 +235,7 @@ def transitions(sched: Schedule, rank: int, counted: bool = False
         k = a.kind
         if k.is_comm:
             continue
-        key = (a.chunk, a.microbatch)
+        key = a.microbatch * v + a.chunk
         enters = entering(id(k))
         leaves = None
         if enters is not None:

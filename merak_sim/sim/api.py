@@ -8,7 +8,10 @@ SimPy engine or the exact fast evaluator.
 
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -322,11 +325,38 @@ def _compiled(cfg: ParallelConfig, table: CostTable,
     return compile_program(sched, table, cfg.recompute_per_stage(sched))
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block (if it runs): building
+    and evaluating a schedule allocates tens of thousands of acyclic tuples, actions
+    and lists that reference counting frees, and a collection started part way
+    only walks them in vain (about a tenth of the evaluator's cold path, more with
+    a large heap). Cycles made meanwhile are collected after the block."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _evaluated(cfg: ParallelConfig, table: CostTable, placement: RankLayout,
                custom_schedule: Schedule | str | Path | None, keep_trace: bool,
                overlap_dp: bool, buckets: int, common: dict) -> SimResult:
     """:func:`simulate`'s result with the fast evaluator: extended from a small base
-    where the schedule is periodic and no trace is kept, else in full."""
+    where the schedule is periodic and no trace is kept, else in full (with the
+    cyclic collector paused, :func:`_collector_paused`)."""
+    with _collector_paused():
+        return _evaluated_now(cfg, table, placement, custom_schedule, keep_trace,
+                              overlap_dp, buckets, common)
+
+
+def _evaluated_now(cfg: ParallelConfig, table: CostTable, placement: RankLayout,
+                   custom_schedule: Schedule | str | Path | None, keep_trace: bool,
+                   overlap_dp: bool, buckets: int, common: dict) -> SimResult:
+    """:func:`_evaluated`'s work."""
     if custom_schedule is None and not keep_trace:
         ext = _periodic(cfg, table, placement, overlap_dp, buckets, common)
         if ext is not None:

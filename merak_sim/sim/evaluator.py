@@ -102,18 +102,20 @@ def _order(prog: Compiled) -> DependencyGraph:
     ready = list(range(S))[::-1]
     actions = prog.actions
     optimizer = Kind.OPTIMIZER
+    post, all_reduce = OP_POST, OP_AR
+    all_ops = prog.ops
 
     add = nodes.append
     while ready:
         r = ready.pop()
-        ops = prog.ops[r]
+        ops = all_ops[r]
         n_ops = len(ops)
         pc = pcs[r]
         lr = last[r]
         tail = tails[r]
         while pc < n_ops:
             code, x, y = ops[pc]
-            if code == OP_POST:
+            if code == post:
                 if y:
                     send_prev[x] = lr
                     woken = waiting.pop(x, None)
@@ -121,7 +123,7 @@ def _order(prog: Compiled) -> DependencyGraph:
                         ready.extend(woken)
                 else:
                     recv_prev[x] = lr
-            elif code == OP_AR:
+            elif code == all_reduce:
                 tail[0] = x
                 tail[2] = lr
                 lr = x

@@ -36,7 +36,7 @@ up to BASES_TRIED bases.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from merak_sim.schedule.spec import Period
 
@@ -100,26 +100,36 @@ def _layout(prog: Compiled, period: Period) -> list[int] | None:
     return out
 
 
-def _block_map(prog: Compiled, period: Period, last: int) -> tuple[list, list[bool]]:
-    """Per action id, (rank, block, offset) for blocks 0 .. ``last`` (None for the
-    prefix and the ending), and whether it belongs to the ending."""
+def _block_map(prog: Compiled, period: Period, last: int, window: int
+               ) -> tuple[list, list[bool], list[bool]]:
+    """Per action id, with one more slot for -1 ("none": None, False, False):
+    (rank, block, offset) for blocks 0 .. ``last`` (None for the prefix and the
+    ending); whether it belongs to the ending; and whether it comes before block
+    ``last - window`` (the prefix or an earlier block: what the ending may not
+    read)."""
     n = len(prog.actions)
     where: list = [None] * (n + 1)
     ending = [False] * (n + 1)
+    early = [False] * (n + 1)
+    lo = last - window
     for r, ids in enumerate(prog.structure.compute_ids):
         pre, blk = period.prefix[r], period.block[r]
         for j in range(last + 1):
             base = pre + j * blk
             for o in range(blk):
                 where[ids[base + o]] = (r, j, o)
+        for x in ids[:pre + lo * blk]:
+            early[x] = True
         for x in ids[pre + (last + 1) * blk:]:
             ending[x] = True
-    return where, ending
+    return where, ending, early
 
 
-def _pattern_ok(prog: Compiled, pl: DependencyGraph, where: list, ending: list[bool],
+def _pattern_ok(prog: Compiled, pl: DependencyGraph, maps: tuple[list, list[bool], list[bool]],
                 last: int, window: int) -> bool:
-    """Checks 1 and 3 of the module docstring on the base's dependency graph."""
+    """Checks 1 and 3 of the module docstring on the base's dependency graph
+    (``maps`` from :func:`_block_map`; an id of -1 reads the "none" slot)."""
+    where, ending, early = maps
     lo = last - window
     sig: dict[tuple[int, int], tuple] = {}
     rules = prog.structure.rule_of_action
@@ -127,13 +137,12 @@ def _pattern_ok(prog: Compiled, pl: DependencyGraph, where: list, ending: list[b
     xs = prog.transfer_s
     for i, prev, dep, sp, rp in pl.nodes:
         if ending[i]:
-            for x in (prev, sp, rp):
-                if x >= 0 and not ending[x] and (where[x] is None or where[x][1] < lo):
-                    return False
+            if early[prev] or early[sp] or early[rp]:
+                return False
             continue
-        w = where[i]
-        if any(x >= 0 and ending[x] for x in (prev, sp, rp)):
+        if ending[prev] or ending[sp] or ending[rp]:
             return False
+        w = where[i]
         if w is None or w[1] <= lo:
             continue
         r, j, o = w
@@ -151,15 +160,9 @@ def _pattern_ok(prog: Compiled, pl: DependencyGraph, where: list, ending: list[b
         if sig.setdefault(key, tuple(s)) != tuple(s):
             return False
     # AR, OPT and the gradient buckets read the rank's last actions and backwards.
-    for ar, opt, before in pl.tails:
-        if before >= 0 and not ending[before] and (where[before] is None
-                                                   or where[before][1] < lo):
-            return False
-    for ids in prog.last_backward:
-        for x in ids:
-            if not ending[x] and (where[x] is None or where[x][1] < lo):
-                return False
-    return True
+    if any(early[before] for _ar, _opt, before in pl.tails):
+        return False
+    return not any(early[x] for ids in prog.last_backward for x in ids)
 
 
 def _progression(ev: Evaluated, period: Period, last: int, window: int
@@ -213,8 +216,8 @@ def _checked(ev: Evaluated, period: Period) -> tuple[int, float] | None:
     last = min(blocks) - 1
     if last - WINDOW < 0:
         return None
-    where, ending = _block_map(ev.prog, period, last)
-    if not _pattern_ok(ev.prog, plan(ev.prog), where, ending, last, WINDOW):
+    maps = _block_map(ev.prog, period, last, WINDOW)
+    if not _pattern_ok(ev.prog, plan(ev.prog), maps, last, WINDOW):
         return None
     shift = _progression(ev, period, last, WINDOW)
     if shift is None or shift < 0 or not _balanced(ev.prog, period, last):
@@ -236,11 +239,8 @@ def _block_breakdown(tr: EventLog, period: Period, last: int
     for e, s in enumerate(tr.stage_of):
         first = period.prefix[s] + last * period.block[s]
         rows = tr.acts[e][first - 1: first + period.block[s]]
-        with_block = replace(tr, acts=[rows if i == e else [] for i in range(len(tr.acts))])
-        alone = replace(with_block, acts=[rows[:1] if i == e else []
-                                          for i in range(len(tr.acts))])
-        out.append(tuple(x - y for x, y in zip(rank_breakdown(with_block, e),
-                                              rank_breakdown(alone, e), strict=True)))
+        out.append(tuple(x - y for x, y in zip(rank_breakdown(tr, e, rows),
+                                              rank_breakdown(tr, e, rows[:1]), strict=True)))
     return out
 
 

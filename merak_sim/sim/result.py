@@ -299,8 +299,10 @@ class SimResult:
         return ax.figure
 
 
-def rank_breakdown(tr: EventLog, e: int) -> tuple[float, float, float]:
-    """(compute, recompute, exposed comm) seconds of entity ``e`` (module docstring)."""
+def rank_breakdown(tr: EventLog, e: int, rows: list[tuple[int, float, float]] | None = None
+                   ) -> tuple[float, float, float]:
+    """(compute, recompute, exposed comm) seconds of entity ``e`` (module docstring);
+    of ``rows``, a run of its ``tr.acts[e]`` rows, alone where given."""
     prog = tr.prog
     s = tr.stage_of[e]
     ci = tr.copy_of[e]
@@ -313,24 +315,35 @@ def rank_breakdown(tr: EventLog, e: int) -> tuple[float, float, float]:
     sim_tp = tr.tp_comm[e] if tr.tp_comm else {}
     consumed = prog.structure.consumed[s]
     all_reduce, optimizer = Kind.ALL_REDUCE, Kind.OPTIMIZER
+    overlapped = bool(tr.buckets[e])
     comp = recomp = comm = 0.0
     prev_end = 0.0
-    for aid, st, en in tr.acts[e]:
-        a = acts[aid]
-        wait = st - prev_end
-        if a.kind is all_reduce:
-            if tr.buckets[e]:
-                pass  # overlapped: its exposed part is the optimizer's wait below
-            else:
+    # min and max are written out as comparisons (the loop runs once per action):
+    # ``b if b < a else a`` is min(a, b) and ``b if b > a else a`` is max(a, b),
+    # ties and signed zeros included.
+    for aid, st, en in tr.acts[e] if rows is None else rows:
+        k = acts[aid].kind
+        if k is all_reduce:
+            if not overlapped:  # overlapped: its exposed part is the optimizer's wait
                 comm += en - st
-            prev_end = max(prev_end, en) if not tr.buckets[e] else prev_end
+                if en > prev_end:
+                    prev_end = en
             continue
+        wait = st - prev_end
         if wait > 0:
             y = consumed.get(aid)
             if y is not None:
-                lo = max(prev_end, xs[y])
-                comm += min(wait, max(0.0, min(xe[y], st) - lo))
-            elif a.kind is optimizer and tr.buckets[e]:
+                lo = xs[y]
+                if not lo > prev_end:
+                    lo = prev_end
+                hi = xe[y]
+                if st < hi:
+                    hi = st
+                g = hi - lo
+                if not g > 0.0:
+                    g = 0.0
+                comm += g if g < wait else wait
+            elif k is optimizer and overlapped:
                 comm += wait
         d = en - st
         x_tp = tpx[aid] if tpx else 0.0
@@ -338,7 +351,9 @@ def rank_breakdown(tr: EventLog, e: int) -> tuple[float, float, float]:
             # Exposed TP collectives (plus any contention delay) are communication;
             # the rest splits into compute and recompute as the contention-free parts.
             w = sim_tp.get(aid)
-            c = min(d, x_tp + (w[2] if w is not None else 0.0))
+            c = x_tp + (w[2] if w is not None else 0.0)
+            if not c < d:
+                c = d
             comm += c
             d -= c
             base = dur[aid] - x_tp

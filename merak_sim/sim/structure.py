@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from operator import itemgetter
 
 from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
 from merak_sim.schedule.liveness import Held, transitions
@@ -51,7 +52,8 @@ class ProgramStructure:
         schedule: the lowered schedule.
         ops, actions, rank_of_action, num_actions: as in
             :class:`~merak_sim.sim.program.Compiled`.
-        transfer_ends: per transfer id, (comm key, src rank, dst rank, send, recv).
+        transfer_sends, transfer_recvs: per transfer id, its send and its receive
+            (:attr:`transfer_ends` pairs them with the tag).
         transfer_boundary: per transfer id, the model-stage boundary g it crosses
             (between g and g+1; its time is ``stages[g].send_activation_s``).
         rules: the distinct cost rules: ``(kind, model stage, explicit R ran for the
@@ -81,7 +83,8 @@ class ProgramStructure:
     actions: tuple[Action, ...]
     rank_of_action: tuple[int, ...]
     num_actions: int
-    transfer_ends: tuple[tuple[tuple[str, int, int], int, int, Action, Action], ...]
+    transfer_sends: tuple[Action, ...]
+    transfer_recvs: tuple[Action, ...]
     transfer_boundary: tuple[int, ...]
     rules: tuple[tuple, ...]
     rule_of_action: tuple[int, ...]
@@ -108,6 +111,15 @@ class ProgramStructure:
             out[f"flops {r}"] = gatherer(f)
             out[f"recompute {r}"] = gatherer(rc)
         return out
+
+    @cached_property
+    def transfer_ends(self) -> tuple[tuple[tuple[str, int, int], int, int, Action, Action],
+                                     ...]:
+        """Per transfer id, (comm key, src rank, dst rank, send, recv), built on first
+        use (the evaluator reads none of it)."""
+        sched = self.schedule
+        return tuple((comm_key(sched, s), s.stage, r.stage, s, r)
+                     for s, r in zip(self.transfer_sends, self.transfer_recvs, strict=True))
 
     @cached_property
     def tied_candidates(self) -> tuple[int, ...]:
@@ -159,14 +171,16 @@ def _tag_width(sched: Schedule) -> int:
 
 def _step_facts(sched: Schedule, a: Action) -> list:
     """Facts of ``a``'s (kind, rank, chunk), whatever its micro-batch: a send or
-    receive's [is send, tensor, source model stage, tag base]; a compute action's
-    [per micro-batch, model stage, reads the explicit-R flag, FLOPs class 1 model / 2
-    recompute / 0, is B or W, is AR, consumed (tensor, source stage) or None, its tag
-    base, rule id without and with an explicit R (-1 until first used)]."""
+    receive's [is send (1 or 0), tag base, model-stage boundary its transfer
+    crosses]; a compute action's [per micro-batch, model stage, reads the
+    explicit-R flag, FLOPs class 1 model / 2 recompute / 0, is B or W, is AR,
+    consumed (tensor, source stage) or None, its tag base, rule id without and with
+    an explicit R (-1 until first used)]."""
     k = a.kind
     if k.is_comm:
         tensor, src = comm_key(sched, a)[:2]
-        return [k.is_send, tensor, src, _tag_base(tensor, src)]
+        return [1 if k.is_send else 0, _tag_base(tensor, src),
+                src if tensor == "A" else src - 1]
     ck = consumed_key(sched, a) if k.per_microbatch else None
     return [k.per_microbatch, sched.model_stage(a) if k.per_microbatch else -1,
             k in (Kind.BACKWARD, Kind.BACKWARD_INPUT),
@@ -174,6 +188,16 @@ def _step_facts(sched: Schedule, a: Action) -> list:
             k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT), k is Kind.ALL_REDUCE,
             None if ck is None else ck[:2], -1 if ck is None else _tag_base(*ck[:2]),
             -1, -1]
+
+
+def _history(code: int) -> tuple[Held, ...]:
+    """The states an item entered, from the walk's integer code (base 4, the first
+    state the most significant digit, each digit the state + 1)."""
+    out: list[Held] = []
+    while code:
+        code, d = divmod(code, 4)
+        out.append(Held(d - 1))
+    return tuple(reversed(out))
 
 
 def _build_structure(sched: Schedule) -> ProgramStructure:
@@ -186,9 +210,10 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     v = sched.virtual_stages
     width = _tag_width(sched)
     tid: dict[int, int] = {}  # transfer number -> id
-    keys: list[tuple[str, int, int]] = []  # per transfer id, its tag
-    sends: list[Action | None] = []
+    sends: list[Action | None] = []  # per transfer id
     recvs: list[Action | None] = []
+    bounds: list[int] = []
+    paired = 0  # transfers with both a send and a receive
     rules: list[tuple] = []
     mem_rules: list = [None]
     actions: list[Action] = []
@@ -199,8 +224,10 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     ops_all, flops_r, rec_r, ar_order, last_bwd, chunks_all = [], [], [], [], [], []
     ids_all, consumed_all = [], []
     add_action, add_alloc, add_free = actions.append, alloc_of.append, free_of.append
-    add_rule = rule_of.append
+    add_rule, add_send, add_recv, add_bound = (rule_of.append, sends.append, recvs.append,
+                                               bounds.append)
     rebuilt = Held.REBUILT
+    entered = itemgetter(1)
     for rank, prog in enumerate(sched.programs):
         ops: list[tuple[int, int, int]] = []
         add_op = ops.append
@@ -208,11 +235,11 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         walk = transitions(sched, rank)
         live = iter(walk).__next__
         # (chunk, micro-batch) of every explicit R (its item rebuilt) on the rank
-        explicit_r = {(a.chunk, a.microbatch) for a, enters, _l, _c in walk
-                      if enters is rebuilt}
-        # (chunk, micro-batch) -> (history code, states entered); the code numbers
-        # the history uniquely (base 4, states + 1), so rules are keyed by integers.
-        history: dict[int, tuple[int, tuple[Held, ...]]] = {}  # key m * v + chunk
+        explicit_r = ({(a.chunk, a.microbatch) for a, enters, _l, _c in walk
+                       if enters is rebuilt} if rebuilt in map(entered, walk) else None)
+        # (chunk, micro-batch) -> history code of the states it entered (base 4,
+        # states + 1: unique per history), so rules are keyed by integers.
+        history: dict[int, int] = {}  # key m * v + chunk
         mem_ids: dict[int, int] = {}  # key (code * v + chunk) * 2 + frees
         last_b: dict[int, int] = {}
         fl: list[int] = []
@@ -226,25 +253,31 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                     f = facts.get(fk)
                     if f is None:
                         f = facts[fk] = _step_facts(sched, p)
-                    is_send, tensor, src, base = f
-                    mb = p.microbatch
-                    key = mb * width + base
+                    is_send, base, bound = f
+                    key = p.microbatch * width + base
                     t = tid.get(key)
                     if t is None:
-                        t = tid[key] = len(tid)
-                        keys.append((tensor, src, mb))
-                        sends.append(None)
-                        recvs.append(None)
-                    if is_send:
+                        t = tid[key] = len(bounds)
+                        add_bound(bound)
+                        if is_send:
+                            add_send(p)
+                            add_recv(None)
+                        else:
+                            add_recv(p)
+                            add_send(None)
+                    elif is_send:
+                        if sends[t] is None:
+                            paired += 1
                         sends[t] = p
                     else:
+                        if recvs[t] is None:
+                            paired += 1
                         recvs[t] = p
-                    add_op((OP_POST, t, 1 if is_send else 0))
+                    add_op((OP_POST, t, is_send))
                 continue
             a = step
-            k = a.kind
             ch = a.chunk
-            fk = id(k) * v + ch
+            fk = id(a.kind) * v + ch
             f = facts.get(fk)
             if f is None:
                 f = facts[fk] = _step_facts(sched, a)
@@ -255,32 +288,29 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             al = fr = 0
             if enters is not None:
                 item = mb * v + ch
-                code, h = history.get(item, (0, ()))
-                code = code * 4 + int(enters) + 1
-                h = h + (enters,)
-                history[item] = (code, h)
+                code = history[item] = history.get(item, 0) * 4 + enters + 1
                 mk = (code * v + ch) * 2
                 al = mem_ids.get(mk, -1)
                 if al < 0:
                     al = mem_ids[mk] = len(mem_rules)
-                    mem_rules.append((rank, ch, h, False))
+                    mem_rules.append((rank, ch, _history(code), False))
             elif leaves is not None:
-                code, h = history.pop(mb * v + ch, (0, ()))
+                code = history.pop(mb * v + ch, 0)
                 mk = (code * v + ch) * 2 + 1
                 fr = mem_ids.get(mk, -1)
                 if fr < 0:
                     fr = mem_ids[mk] = len(mem_rules)
-                    mem_rules.append((rank, ch, h, True))
+                    mem_rules.append((rank, ch, _history(code), True))
             add_alloc(al)
             add_free(fr)
-            if reads and explicit_r and (ch, mb) in explicit_r:
+            if reads and explicit_r is not None and (ch, mb) in explicit_r:
                 if rid_r < 0:
                     rid_r = f[9] = len(rules)
-                    rules.append((k, g, True, rank))
+                    rules.append((a.kind, g, True, rank))
                 rid = rid_r
             elif rid < 0:
                 rid = f[8] = len(rules)
-                rules.append((k, g, False, rank) if per_mb else (k, rank))
+                rules.append((a.kind, g, False, rank) if per_mb else (a.kind, rank))
             add_rule(rid)
             if flops_class == 1:
                 fl.append(rid)
@@ -304,7 +334,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         rank_of += [rank] * (len(actions) - first)
         # chunks with per-micro-batch actions (sends and receives all are)
         chunks_all.append(tuple(sorted({fk % v for fk, f in facts.items()
-                                        if len(f) == 4 or f[0]})))
+                                        if len(f) == 3 or f[0]})))
         ops_all.append(tuple(ops))
         ids_all.append(tuple(range(first, aid)))
         consumed_all.append(consumed)
@@ -313,19 +343,18 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         last_bwd.append(tuple(last_b[ch] for ch in order))
         flops_r.append(tuple(fl))
         rec_r.append(tuple(rf))
-    ends, bounds = [], []
-    for key, s, r in zip(keys, sends, recvs, strict=True):
-        if s is None or r is None:
-            a = s or r
-            raise ScheduleError(f"{a} on rank {a.stage} has no matching "
-                                f"{'receive' if a.kind.is_send else 'send'}")
-        ends.append((key, s.stage, r.stage, s, r))
-        bounds.append(key[1] if key[0] == "A" else key[1] - 1)
+    if paired != len(bounds):
+        for s, r in zip(sends, recvs, strict=True):
+            if s is None or r is None:
+                a = s or r
+                raise ScheduleError(f"{a} on rank {a.stage} has no matching "
+                                    f"{'receive' if a.kind.is_send else 'send'}")
     return ProgramStructure(
         schedule=sched, ops=tuple(ops_all), actions=tuple(actions),
         rank_of_action=tuple(rank_of),
         num_actions=sum(map(len, ops_all)),
-        transfer_ends=tuple(ends), transfer_boundary=tuple(bounds), rules=tuple(rules),
+        transfer_sends=tuple(sends), transfer_recvs=tuple(recvs),
+        transfer_boundary=tuple(bounds), rules=tuple(rules),
         rule_of_action=tuple(rule_of), memory_rules=tuple(mem_rules),
         alloc_rule=tuple(alloc_of), free_rule=tuple(free_of), flops_rules=tuple(flops_r),
         recompute_rules=tuple(rec_r), chunks=tuple(chunks_all),
