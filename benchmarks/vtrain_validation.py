@@ -14,8 +14,8 @@ analytic cost model are fitted to ground_truth_single.csv only, within physical 
 (experiments.vtrain.BOUNDS: GEMM ceiling 0.80, host seconds per kernel 10-100 us);
 links inside a node come from vTrain's measured NCCL tables, the network between
 nodes from NCCL's measured bus bandwidth on that node design, and pipeline
-communication and the optimizer step are DeepSpeed's (the runs were
-Megatron-DeepSpeed's: experiments.vtrain_engine, experiments.vtrain_step); every row of
+communication is DeepSpeed's PipelineEngine's (the runs were Megatron-DeepSpeed's:
+experiments.vtrain_engine); every row of
 ground_truth_multi.csv is then predicted without refitting, by the exact fast
 evaluator (contention-free) and by the SimPy engine with link contention. Writes
 benchmarks/results/vtrain_validation.md (per-row table, MAPE per GPU count and where
@@ -217,10 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "tables (data/vtrain/nccl-a100); pipeline communication as DeepSpeed's "
         "PipelineEngine does it (synchronous, TP-partitioned, all-gathers on the compute "
         "stream: merak_sim.experiments.vtrain_engine), so the SimPy column has no "
-        "pipeline transfers to put on links; the optimizer step as DeepSpeed's "
-        "FP16_Optimizer runs it around the fused Adam (overflow check, fp32 gradients, "
-        "norm, unscale, fp16 copy) and the gradient reduction's flatten / post-division "
-        "/ copy-back (merak_sim.experiments.vtrain_step).",
+        "pipeline transfers to put on links.",
         f"Time: {time.perf_counter() - t0:.0f} s on this machine (fit {fit_s:.0f} s).",
         "",
         "## Calibration (ground_truth_single.csv only, 1,440 rows)",
