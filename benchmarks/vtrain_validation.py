@@ -1,9 +1,13 @@
 """Calibrate on vTrain single-node runs, then validate on the 64/256/512-GPU runs.
 
-One command reproduces the table (a few minutes on 2 cores; the fit prices every
-single-node row about 150 times, each row's schedule built once):
+One command reproduces the table and the committed constants exactly (the fit starts
+from declared values, experiments.vtrain.START, and stops by a stated rule,
+experiments.vtrain.SEARCH; 10-30 minutes on 2 cores, each row's schedule built once):
 
     .venv/bin/python benchmarks/vtrain_validation.py
+
+``--check`` skips the fit and reports the committed constants
+(merak_sim.costs.calibrated.CALIBRATED) instead (about 10 s with ``--no-simpy``).
 
 Protocol (merak_sim/experiments/vtrain.py): the A100 efficiency parameters of the
 analytic cost model are fitted to ground_truth_single.csv only, within physical bounds
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -34,10 +39,13 @@ from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.vtrain import (
     BOUNDS,
     FIT_PARAMS,
+    SEARCH,
+    START,
     PreparedRow,
     fit,
     load_vtrain,
     predict_row,
+    start_efficiency,
 )
 from merak_sim.experiments.vtrain_breakdown import RowBreakdown, comm_scale_needed, row_breakdown
 from merak_sim.io import atomic_write_text
@@ -94,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", type=Path, default=_default_data(),
                     help="folder with ground_truth_single.csv and ground_truth_multi.csv")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    ap.add_argument("--rounds", type=int, default=8, help="coordinate-search rounds")
-    ap.add_argument("--step", type=float, default=1.3, help="first multiplicative step")
+    ap.add_argument("--rounds", type=int, default=int(SEARCH["rounds"]),
+                    help="cap on coordinate-search rounds (the stopping rule usually "
+                    "ends the search earlier)")
+    ap.add_argument("--check", action="store_true",
+                    help="no fit: report the committed constants (costs.calibrated)")
     ap.add_argument("--no-simpy", action="store_true",
                     help="skip the SimPy-with-contention column (faster)")
     args = ap.parse_args(argv)
@@ -112,12 +123,26 @@ def main(argv: list[str] | None = None) -> int:
     default = Efficiency()
     single_default = [predict_row(r, default) * 1e3 / r.time_ms - 1 for r in single]
     print(f"single-node, published default efficiency: MAPE {_mape(single_default):.2f} %")
-    # The search starts from the committed calibration clipped into the bounds (itself
-    # fitted to the single-node rows only), so a rerun refines it in a few rounds.
-    start = Efficiency(**{**default.to_dict(), **CALIBRATED["A100"]})
-    eff, loss = fit(single, start, rounds=args.rounds, step=args.step, log=print)
+    # The search starts from declared values, never from an earlier fit, so a rerun
+    # lands on the same constants (experiments.vtrain module docstring).
+    rounds_log: list[str] = []
+
+    def log(msg: str) -> None:
+        rounds_log.append(msg)
+        print(msg, flush=True)
+
+    if args.check:
+        eff = Efficiency(**{**default.to_dict(), **CALIBRATED["A100"]})
+    else:
+        eff, _ = fit(single, start_efficiency(), rounds=args.rounds, log=log)
     fitted = {k: getattr(eff, k) for k in FIT_PARAMS}
     single_fit = [predict_row(r, eff) * 1e3 / r.time_ms - 1 for r in single]
+    loss = sum(abs(math.log(1 + e)) for e in single_fit) / len(single_fit)
+    search = ("the committed constants (--check: no fit)" if args.check else
+              f"{len(rounds_log)} rounds from experiments.vtrain.START "
+              f"(`{json.dumps(START)}`), stopping rule experiments.vtrain.SEARCH "
+              f"(`{json.dumps(SEARCH)}`)"
+              + ("" if "stop:" in (rounds_log or [""])[-1] else "; ended at the round cap"))
     fit_s = time.perf_counter() - t0
     print(f"single-node, fitted: MAPE {_mape(single_fit):.2f} % (fit {fit_s:.0f} s)")
     single_tp: dict[str, list[float]] = {}
@@ -181,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = [
         "# vTrain validation: calibrate on single-node, predict multi-node",
         "",
-        f"Command: `.venv/bin/python benchmarks/vtrain_validation.py` "
+        f"Command: `.venv/bin/python benchmarks/vtrain_validation.py"
+        f"{' --check' if args.check else ''}` "
         f"(data: data/vtrain; {time.strftime('%Y-%m-%d')}).",
         "Assumptions (the runs were Megatron-DeepSpeed's): GPT-2 vocabulary padded to a "
         "multiple of 128 x tp, fp16, 1F1B, full recompute, no DP overlap, cluster "
@@ -199,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- published-default efficiency: MAPE {_mape(single_default):.2f} %",
         f"- fitted: MAPE {_mape(single_fit):.2f} % (mean |log error| {loss:.4f}); "
         "vTrain's own single-node MAPE: 8.37 %",
+        f"- search: {search}",
         f"- fitted efficiency parameters: `{json.dumps(fitted)}`",
         f"- bounds (physics, merak_sim.experiments.vtrain.BOUNDS): `{json.dumps(BOUNDS)}`",
         "- links are not fitted: NVLink collectives are vTrain's measured NCCL tables, the "
@@ -236,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(args.out / "vtrain_validation.csv", "\n".join(csv_rows) + "\n")
     atomic_write_text(args.out / "vtrain_calibration.json", json.dumps(
         {"gpu": "A100", "fitted_on": "ground_truth_single.csv", "parameters": fitted,
-         "bounds": BOUNDS, "single_mape_pct": _mape(single_fit),
+         "bounds": BOUNDS, "start": START, "search": SEARCH,
+         "rounds_run": None if args.check else len(rounds_log),
+         "single_loss": loss, "single_mape_pct": _mape(single_fit),
          "multi_signed_pct_evaluator": _bias(all_ev),
          "multi_mape_pct_evaluator": _mape(all_ev),
          "multi_mape_pct_simpy_contention": _mape(all_sp) if all_sp else None}, indent=1))

@@ -37,13 +37,13 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATED", "CalibratedCostModel", "calibrated_cost_model"]
 
 #: Fitted efficiency parameters per GPU family, from ``benchmarks/vtrain_validation.py``
-#: (8 + 8 + 16 rounds from the previous fit, 2026-12-01, with the vTrain rows priced as
-#: Megatron-DeepSpeed ran them: padded GPT-2 vocabulary, DeepSpeed's pipeline exchange;
-#: single-node MAPE 6.93 %, multi-node 7.33 % without refitting, mean signed error
-#: -6.04 %; the network between nodes at NCCL's measured bus bandwidth,
-#: :data:`merak_sim.costs.nccl.HDR4_A100_NODES`). The loss is flat along
-#: gemm_dim_half / gemm_flops_half (the last 16 rounds moved them 12 % for 0.0001 of mean
-#: |log error|). The single-node runs are
+#: (a fixed point: 17 rounds from the declared start
+#: :data:`merak_sim.experiments.vtrain.START` under the stopping rule
+#: :data:`merak_sim.experiments.vtrain.SEARCH`, so a rerun gives these digits; 2026-12-02, with the vTrain rows priced as Megatron-DeepSpeed ran them:
+#: padded GPT-2 vocabulary, DeepSpeed's pipeline exchange; single-node MAPE 6.99 %,
+#: multi-node 7.12 % without refitting, mean signed error -5.39 %; the network between
+#: nodes at NCCL's measured bus bandwidth, :data:`merak_sim.costs.nccl.HDR4_A100_NODES`).
+#: The loss is flat along gemm_dim_half / gemm_flops_half. The single-node runs are
 #: host bound at small micro-batches (about 70 us of host time per modelled kernel,
 #: :meth:`merak_sim.costs.efficiency.Efficiency.host_bound`); gemm_max, attn_factor and
 #: mem_bw_eff sit at their physical bounds (:data:`merak_sim.experiments.vtrain.BOUNDS`:
@@ -51,12 +51,12 @@ __all__ = ["CALIBRATED", "CalibratedCostModel", "calibrated_cost_model"]
 CALIBRATED: dict[str, dict[str, float]] = {
     "A100": {
         "gemm_max": 0.8,
-        "gemm_dim_half": 36.32468917500957,
-        "gemm_flops_half": 9996859582.033665,
+        "gemm_dim_half": 50.43138704345237,
+        "gemm_flops_half": 7496670536.4412,
         "attn_factor": 1.0,
         "mem_bw_eff": 0.92,
-        "kernel_overhead_s": 6.306543316720291e-06,
-        "host_op_s": 6.886151614929921e-05,
+        "kernel_overhead_s": 9.370838170551501e-06,
+        "host_op_s": 6.896976482496432e-05,
     },
 }
 

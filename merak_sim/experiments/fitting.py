@@ -10,15 +10,27 @@ __all__ = ["coordinate_search"]
 
 def coordinate_search(loss: Callable[[dict[str, float]], float], start: dict[str, float],
                       bounds: dict[str, tuple[float, float]], *, rounds: int = 10,
-                      step: float = 1.5, log: Callable[[str], None] | None = None
+                      step: float = 1.5, tol: float = 0.0, min_step: float = 1.0,
+                      pattern: bool = False, log: Callable[[str], None] | None = None
                       ) -> tuple[dict[str, float], float]:
-    """Minimise ``loss`` over the parameters of ``start`` inside ``bounds``: each round
-    multiplies every parameter by ``step`` and ``1 / step`` and keeps improvements; the
-    step shrinks (square root) after a round without one."""
+    """Minimise ``loss`` over the parameters of ``start`` inside ``bounds``.
+
+    Each round visits the parameters in ``start``'s order and multiplies each by
+    ``step``, else by ``1 / step``, keeping the first change that lowers the loss. With
+    ``pattern`` (Hooke and Jeeves' pattern move), a round that moved the point then
+    tries repeating the whole round's move (in log space) and keeps it if it lowers
+    the loss, so a narrow valley oblique to the axes is followed in strides, not in
+    alternating single steps.
+    Stopping rule: a round that lowers the loss by ``tol`` or less shrinks the step to
+    its square root, unless the step is already at or below ``min_step``, in which case
+    the search stops; it also stops after ``rounds`` rounds. With the defaults
+    (``tol`` 0, ``min_step`` 1, no pattern move) the step shrinks only after a round
+    without any improvement and the search runs all ``rounds``. The search is
+    deterministic: the same start, bounds and loss give the same result."""
     x = {k: min(max(v, bounds[k][0]), bounds[k][1]) for k, v in start.items()}
     best = loss(x)
     for rnd in range(rounds):
-        improved = False
+        before, x0 = best, x
         for name in x:
             for mult in (step, 1.0 / step):
                 v = min(max(x[name] * mult, bounds[name][0]), bounds[name][1])
@@ -27,10 +39,21 @@ def coordinate_search(loss: Callable[[dict[str, float]], float], start: dict[str
                 cand = {**x, name: v}
                 c = loss(cand)
                 if c < best:
-                    x, best, improved = cand, c, True
+                    x, best = cand, c
                     break
+        if pattern and x is not x0:
+            cand = {k: min(max(v * v / x0[k], bounds[k][0]), bounds[k][1])
+                    for k, v in x.items()}
+            if cand != x:
+                c = loss(cand)
+                if c < best:
+                    x, best = cand, c
+        stop = before - best <= tol and step <= min_step
         if log:
-            log(f"round {rnd}: step x{step:.3f} loss {best:.4f} {x}")
-        if not improved:
+            log(f"round {rnd}: step x{step:.4f} loss {best:.6f} (gain {before - best:.2e})"
+                f"{' stop: gain <= tol at the smallest step' if stop else ''} {x}")
+        if stop:
+            break
+        if before - best <= tol:
             step = math.sqrt(step)
     return x, best
