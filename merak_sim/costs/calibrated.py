@@ -39,8 +39,9 @@ __all__ = ["CALIBRATED", "CalibratedCostModel", "calibrated_cost_model"]
 #: Fitted efficiency parameters per GPU family, from ``benchmarks/vtrain_validation.py``
 #: (a fixed point: 17 rounds from the declared start
 #: :data:`merak_sim.experiments.vtrain.START` under the stopping rule
-#: :data:`merak_sim.experiments.vtrain.SEARCH`, so a rerun gives these digits; 2026-12-02, with the vTrain rows priced as Megatron-DeepSpeed ran them:
-#: padded GPT-2 vocabulary, DeepSpeed's pipeline exchange; single-node MAPE 6.99 %,
+#: :data:`merak_sim.experiments.vtrain.SEARCH`, so a rerun gives these digits;
+#: 2026-12-02, with the vTrain rows priced as Megatron-DeepSpeed ran them: padded GPT-2
+#: vocabulary, DeepSpeed's pipeline exchange; single-node MAPE 6.99 %,
 #: multi-node 7.12 % without refitting, mean signed error -5.39 %; the network between
 #: nodes at NCCL's measured bus bandwidth, :data:`merak_sim.costs.nccl.HDR4_A100_NODES`).
 #: The loss is flat along gemm_dim_half / gemm_flops_half. The single-node runs are
