@@ -199,7 +199,8 @@ class ParallelConfig:
         costs = None
         if table is not None and SCHEDULES[self.schedule].cost_aware:
             costs = ZeroBubbleCosts.from_stage_costs(
-                table.stages, self.recompute_per_stage(), table.memory_capacity_bytes)
+                table.stages, self.recompute_per_stage(), table.memory_capacity_bytes,
+                table.reserved_bytes)
         return generate(self.schedule, self.pp, self.num_microbatches, self.virtual_stages,
                         costs)
 

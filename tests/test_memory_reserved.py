@@ -127,3 +127,26 @@ def test_cpu_runs_reserve_nothing():
     ref = simulate(model, cpu, cfg, cost_table=replace(table, reserved_bytes=()),
                    engine="evaluator")
     assert got.peak_memory_bytes == ref.peak_memory_bytes
+
+
+def test_zero_bubble_memory_limit_leaves_room_for_the_reservation():
+    # zb-auto's per-rank limit counts the micro-batches that fit beside the state and
+    # the allocator's reservation, as the simulated peak does.
+    from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
+
+    cfg = replace(CFG, dp=2, pp=2, zero=3, global_batch_size=8)
+    table = CM.cost_table(MODEL, H100, cfg)
+    fractions = (0.0, 0.0)
+    per = [st.kept_bytes(0.0) for st in table.stages]
+    # A capacity where the reservation costs rank 0 one micro-batch's room.
+    res0 = table.reserved(0)
+    assert 0 < res0 < 3 * per[0]
+    cap = table.stages[0].state_bytes + 3 * per[0] + min(res0, per[0]) / 2
+    bare = ZeroBubbleCosts.from_stage_costs(table.stages, fractions, cap)
+    held = ZeroBubbleCosts.from_stage_costs(table.stages, fractions, cap,
+                                            table.reserved_bytes)
+    for r, st in enumerate(table.stages):
+        free = cap - st.state_bytes
+        assert bare.memory_limit[r] == int(free // per[r])
+        assert held.memory_limit[r] == int((free - table.reserved(r)) // per[r])
+    assert held.memory_limit[0] == bare.memory_limit[0] - 1 == 2

@@ -109,18 +109,22 @@ class ZeroBubbleCosts:
 
     @staticmethod
     def from_stage_costs(stages: Sequence[StageCost], fractions: Sequence[float],
-                         capacity_bytes: float) -> ZeroBubbleCosts:
+                         capacity_bytes: float, reserved_bytes: Sequence[float] = ()
+                         ) -> ZeroBubbleCosts:
         """Costs of a one-chunk pipeline from a cost table's stages (one per rank):
         the simulator's F, I (with the checkpointed fraction's recompute) and W
         times, and as memory limit the micro-batches of ``kept_bytes`` that fit
-        beside each rank's weights, gradients and optimizer state."""
+        beside each rank's weights, gradients and optimizer state and the bytes the
+        allocator reserves on that rank (``reserved_bytes``, the cost table's; none
+        when empty), as the simulator's peak counts them."""
         times, limit = [], []
-        for sc, c in zip(stages, fractions, strict=True):
+        for r, (sc, c) in enumerate(zip(stages, fractions, strict=True)):
             times.append(StageTimes(sc.forward_s, sc.backward_input_s + c * sc.recompute_s,
                                     sc.backward_weight_s, sc.forward_s,
                                     sc.send_activation_s))
             per = sc.kept_bytes(c)
-            free = capacity_bytes - sc.state_bytes
+            free = capacity_bytes - sc.state_bytes - (reserved_bytes[r] if reserved_bytes
+                                                      else 0.0)
             limit.append(int(free // per) if per > 0 and free > 0 else 1)
         return ZeroBubbleCosts(tuple(times), tuple(limit))
 
