@@ -118,17 +118,19 @@ class Kind(enum.Enum):
     is_send: bool  #: sA or sG
     is_recv: bool  #: rA or rG
     per_microbatch: bool  #: False only for the once-per-iteration AR and OPT
+    code: int  #: the member's position (0 ..): indexes per-kind lists in hot loops
 
 
 _COMM_KINDS = frozenset({Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD})
 _FORWARD_KINDS = frozenset({Kind.FORWARD, Kind.FORWARD_NOGRAD})
-for _k in Kind:
+for _i, _k in enumerate(Kind):
+    _k.code = _i
     _k.is_comm = _k in _COMM_KINDS
     _k.is_compute = not _k.is_comm
     _k.is_send = _k in (Kind.SEND_ACT, Kind.SEND_GRAD)
     _k.is_recv = _k in (Kind.RECV_ACT, Kind.RECV_GRAD)
     _k.per_microbatch = _k not in (Kind.ALL_REDUCE, Kind.OPTIMIZER)
-del _k
+del _i, _k
 
 # chunk prefix, kind code, micro-batch. Longest codes first so "F*" wins over "F".
 _TOKEN_RE = re.compile(r"^(\d*)(F\*|OPT|AR|sA|rA|sG|rG|F|R|B|I|W)(\d*)$")

@@ -106,10 +106,10 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
     # Most generators place no communication: then nothing needs hashing.
     explicit = {a for s in prog if type(s) is not Action or s.kind.is_comm
                 for a in s.parts} or None  # a fused group holds only sends and receives
-    # Keyed by the kind's identity (enum hashing is slow) times v plus the chunk
+    # Indexed by the kind's code (enum hashing is slow) times v plus the chunk
     # (below v, as the Schedule checked): the rank is the program's.
     v = sched.virtual_stages
-    needs: dict[int, tuple[Kind | None, int, Kind | None, int]] = {}
+    needs: list[tuple[Kind | None, int, Kind | None, int] | None] = [None] * (len(Kind) * v)
     out: list[Step] = []
     add = out.append
     pending: Action | None = None
@@ -122,8 +122,8 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             add(step)
             continue
         ch = step.chunk
-        key = id(step.kind) * v + ch
-        n = needs.get(key)
+        key = step.kind.code * v + ch
+        n = needs[key]
         if n is None:
             n = needs[key] = _needs(sched, step)
         recv_kind, recv_peer, send_kind, send_peer = n

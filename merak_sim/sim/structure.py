@@ -208,6 +208,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     # fields that identify them (chunks are below v, micro-batches >= 0: Schedule and
     # Action check both), so the walk builds and hashes no tuples for its lookups.
     v = sched.virtual_stages
+    n_facts = len(Kind) * v
     width = _tag_width(sched)
     tid: dict[int, int] = {}  # transfer number -> id
     sends: list[Action | None] = []  # per transfer id
@@ -244,13 +245,13 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         last_b: dict[int, int] = {}
         fl: list[int] = []
         rf: list[int] = []
-        facts: dict[int, list] = {}  # key id(kind) * v + chunk
+        facts: list[list | None] = [None] * n_facts  # index kind code * v + chunk
         first = aid = len(actions)
         for step in prog:
             if type(step) is not Action or step.kind.is_comm:
                 for p in (step,) if type(step) is Action else step.parts:
-                    fk = id(p.kind) * v + p.chunk
-                    f = facts.get(fk)
+                    fk = p.kind.code * v + p.chunk
+                    f = facts[fk]
                     if f is None:
                         f = facts[fk] = _step_facts(sched, p)
                     is_send, base, bound = f
@@ -277,8 +278,8 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 continue
             a = step
             ch = a.chunk
-            fk = id(a.kind) * v + ch
-            f = facts.get(fk)
+            fk = a.kind.code * v + ch
+            f = facts[fk]
             if f is None:
                 f = facts[fk] = _step_facts(sched, a)
             per_mb, g, reads, flops_class, is_last, is_ar, head, head_base, rid, rid_r = f
@@ -333,8 +334,8 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             aid += 1
         rank_of += [rank] * (len(actions) - first)
         # chunks with per-micro-batch actions (sends and receives all are)
-        chunks_all.append(tuple(sorted({fk % v for fk, f in facts.items()
-                                        if len(f) == 3 or f[0]})))
+        chunks_all.append(tuple(sorted({fk % v for fk, f in enumerate(facts)
+                                        if f is not None and (len(f) == 3 or f[0])})))
         ops_all.append(tuple(ops))
         ids_all.append(tuple(range(first, aid)))
         consumed_all.append(consumed)
