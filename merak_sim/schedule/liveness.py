@@ -226,7 +226,6 @@ def transitions(sched: Schedule, rank: int, counted: bool = False
     state: dict[int, Held] = {}
     counts = [0] * (3 * v)
     out: list[tuple[Action, Held | None, Held | None, tuple[int, ...] | None]] = []
-    add = out.append
     entering = _ENTERS_BY_CODE
     for a in sched.programs[rank]:
         # A fused group holds sends and receives only: nothing to flatten.
@@ -249,5 +248,5 @@ def transitions(sched: Schedule, rank: int, counted: bool = False
             leaves = state.pop(key, None)
             if counted and leaves is not None:
                 counts[a.chunk * 3 + leaves] -= 1
-        add((a, enters, leaves, tuple(counts) if counted else None))
+        out.append((a, enters, leaves, tuple(counts) if counted else None))
     return out

@@ -111,15 +111,14 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
     v = sched.virtual_stages
     needs: list[tuple[Kind | None, int, Kind | None, int] | None] = [None] * (len(Kind) * v)
     out: list[Step] = []
-    add = out.append
     pending: Action | None = None
     pending_peer = -1
     for step in prog:
         if type(step) is not Action or not step.kind.is_compute:
             if pending is not None:
-                add(pending)
+                out.append(pending)
                 pending = None
-            add(step)
+            out.append(step)
             continue
         ch = step.chunk
         key = step.kind.code * v + ch
@@ -131,20 +130,20 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             recv = make_action(recv_kind, step.stage, step.microbatch, ch)
             if explicit is None or recv not in explicit:
                 if pending is not None and pending_peer == recv_peer:
-                    add(Fused((pending, recv)))
+                    out.append(Fused((pending, recv)))
                 else:
                     if pending is not None:
-                        add(pending)
-                    add(recv)
+                        out.append(pending)
+                    out.append(recv)
                 pending = None
         if pending is not None:
-            add(pending)
+            out.append(pending)
             pending = None
-        add(step)
+        out.append(step)
         if send_kind is not None:
             send = make_action(send_kind, step.stage, step.microbatch, ch)
             if explicit is None or send not in explicit:
                 pending, pending_peer = send, send_peer
     if pending is not None:
-        add(pending)
+        out.append(pending)
     return tuple(out)
