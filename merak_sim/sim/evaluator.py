@@ -121,9 +121,8 @@ def _order(prog: Compiled) -> DependencyGraph:
             if code == post:
                 if y:
                     send_prev[x] = lr
-                    woken = waiting.pop(x, None)
-                    if woken:
-                        ready.extend(woken)
+                    if x in waiting:
+                        ready.extend(waiting.pop(x))
                 else:
                     recv_prev[x] = lr
             elif code == all_reduce:

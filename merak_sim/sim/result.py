@@ -350,7 +350,7 @@ def rank_breakdown(tr: EventLog, e: int, rows: list[tuple[int, float, float]] | 
         if x_tp > 0 or (sim_tp and aid in sim_tp):
             # Exposed TP collectives (plus any contention delay) are communication;
             # the rest splits into compute and recompute as the contention-free parts.
-            w = sim_tp.get(aid)
+            w = sim_tp.get(aid) if sim_tp else None
             c = x_tp + (w[2] if w is not None else 0.0)
             if not c < d:
                 c = d
