@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .ir import Action, Fused, Kind, Schedule, Step, make_action
+from .ir import Action, Kind, Schedule, Step, make_action, make_fused
 
 __all__ = ["lower", "peer_of", "comm_key", "consumed_key"]
 
@@ -130,7 +130,7 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             recv = make_action(recv_kind, step.stage, step.microbatch, ch)
             if explicit is None or recv not in explicit:
                 if pending is not None and pending_peer == recv_peer:
-                    out.append(Fused((pending, recv)))
+                    out.append(make_fused((pending, recv)))
                 else:
                     if pending is not None:
                         out.append(pending)
