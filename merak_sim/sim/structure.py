@@ -244,8 +244,14 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         facts: list[list | None] = [None] * n_facts  # index kind code * v + chunk
         first = aid = len(actions)
         for step in prog:
-            if type(step) is not Action or step.kind.is_comm:
-                for p in (step,) if type(step) is Action else step.parts:
+            if type(step) is not Action:
+                parts = step.parts
+            elif step.kind.is_comm:
+                parts = (step,)
+            else:
+                parts = None
+            if parts is not None:
+                for p in parts:
                     fk = p.kind.code * v + p.chunk
                     f = facts[fk]
                     if f is None:
