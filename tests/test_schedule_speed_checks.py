@@ -149,3 +149,26 @@ def test_make_action_and_the_twin_built_values_behave_as_actions():
     assert type(replace(f, parts=f.parts[::-1])) is Fused
     sched = generate("1f1b", 3, 5)
     assert {type(s) for p in sched.programs for s in p} == {Action, Fused}
+
+
+def test_make_fused_is_fused_and_checks_as_it_does():
+    """make_fused (the lowering's constructor) gives the frozen Fused value that
+    Fused() gives and refuses what Fused() refuses."""
+    from merak_sim.schedule.ir import make_fused
+
+    s, r = Action(Kind.SEND_ACT, 1, 2), Action(Kind.RECV_GRAD, 1, 0)
+    f = make_fused((s, r))
+    assert type(f) is Fused and f == Fused((s, r)) and hash(f) == hash(Fused((s, r)))
+    with pytest.raises(FrozenInstanceError):
+        setattr(f, "parts", ())
+    for make in (make_fused, Fused):
+        with pytest.raises(ScheduleError, match="at least two"):
+            make((s,))
+        with pytest.raises(ScheduleError, match="only sends and receives"):
+            make((s, Action(Kind.FORWARD, 1, 0)))
+
+
+def test_kind_codes_index_the_members():
+    """Kind.code is each member's position, so per-kind lists indexed by it hold one
+    slot per member."""
+    assert [k.code for k in Kind] == list(range(len(Kind)))

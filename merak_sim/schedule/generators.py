@@ -55,7 +55,8 @@ def _1f1b_order(S: int, M: int, s: int) -> list[tuple[Kind, int]]:
     warm = min(S - 1 - s, M)
     order = [(F, m) for m in range(warm)]
     for i in range(M - warm):
-        order += [(F, warm + i), (B, i)]
+        order.append((F, warm + i))
+        order.append((B, i))
     order += [(B, m) for m in range(M - warm, M)]
     return order
 

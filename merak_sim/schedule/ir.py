@@ -68,23 +68,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-__all__ = [
-    "Kind",
-    "Action",
-    "make_action",
-    "Fused",
-    "Step",
-    "Schedule",
-    "ScheduleError",
-    "parse_step",
-    "parse_program",
-    "format_program",
-    "iter_actions",
-    "PLACEMENTS",
-    "placed_stage",
-    "placed_rank",
-    "stage_grid",
-]
+__all__ = ["Kind", "Action", "make_action", "Fused", "make_fused", "Step", "Schedule",
+           "ScheduleError", "parse_step", "parse_program", "format_program", "iter_actions",
+           "PLACEMENTS", "placed_stage", "placed_rank", "stage_grid"]
 
 #: Placements of model stages on (rank, chunk): see :meth:`Schedule.rank_of`.
 PLACEMENTS = ("loop", "v")
@@ -118,17 +104,19 @@ class Kind(enum.Enum):
     is_send: bool  #: sA or sG
     is_recv: bool  #: rA or rG
     per_microbatch: bool  #: False only for the once-per-iteration AR and OPT
+    code: int  #: the member's position (0 ..): indexes per-kind lists in hot loops
 
 
 _COMM_KINDS = frozenset({Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD})
 _FORWARD_KINDS = frozenset({Kind.FORWARD, Kind.FORWARD_NOGRAD})
-for _k in Kind:
+for _i, _k in enumerate(Kind):
+    _k.code = _i
     _k.is_comm = _k in _COMM_KINDS
     _k.is_compute = not _k.is_comm
     _k.is_send = _k in (Kind.SEND_ACT, Kind.SEND_GRAD)
     _k.is_recv = _k in (Kind.RECV_ACT, Kind.RECV_GRAD)
     _k.per_microbatch = _k not in (Kind.ALL_REDUCE, Kind.OPTIMIZER)
-del _k
+del _i, _k
 
 # chunk prefix, kind code, micro-batch. Longest codes first so "F*" wins over "F".
 _TOKEN_RE = re.compile(r"^(\d*)(F\*|OPT|AR|sA|rA|sG|rG|F|R|B|I|W)(\d*)$")
@@ -232,16 +220,10 @@ class Fused:
 
     parts: tuple[Action, ...]
 
-    def __new__(cls, parts: tuple[Action, ...]) -> Fused:  # as Action's, for speed
-        self = _NEW(_FusedSlots)
-        self.parts = parts
-        self.__class__ = Fused
-        if len(parts) < 2:
-            raise ScheduleError("a fused group needs at least two actions")
-        for a in parts:
-            if not a.kind.is_comm:
-                raise ScheduleError(f"only sends and receives can be fused, not {a}")
-        return self
+    # Built as make_fused builds it (which the lowering calls directly: a plain call
+    # costs far less than a class call through a Python __new__).
+    def __new__(cls, parts: tuple[Action, ...]) -> Fused:
+        return make_fused(parts)
 
     def __getnewargs__(self) -> tuple[tuple[Action, ...]]:
         """What pickling and copying rebuild the group from (:meth:`__new__`)."""
@@ -251,6 +233,19 @@ class Fused:
         return "/".join(str(a) for a in self.parts)
 
 Step = Action | Fused
+
+
+def make_fused(parts: tuple[Action, ...]) -> Fused:
+    """``Fused(parts)``, checked as it is, at the cost of one plain function call."""
+    self = _NEW(_FusedSlots)  # a twin, as make_action's
+    self.parts = parts
+    self.__class__ = Fused
+    if len(parts) < 2:
+        raise ScheduleError("a fused group needs at least two actions")
+    for a in parts:
+        if not a.kind.is_comm:
+            raise ScheduleError(f"only sends and receives can be fused, not {a}")
+    return self
 
 
 def parse_step(token: str, stage: int) -> Step:

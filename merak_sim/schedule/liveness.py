@@ -79,10 +79,10 @@ class Held(enum.IntEnum):
     REBUILT = 2
 
 
-# The state each allocating kind enters, keyed by the kind's identity (hashing an
-# enum member runs Python code); B and W free their item.
-_ENTERS_BY_ID = {id(Kind.FORWARD): Held.STASH, id(Kind.FORWARD_NOGRAD): Held.INPUT,
-                 id(Kind.RECOMPUTE): Held.REBUILT}
+# The state each allocating kind enters, indexed by the kind's code (hashing an
+# enum member runs Python code), None for the others; B and W free their item.
+_ENTERS_BY_CODE = [{Kind.FORWARD: Held.STASH, Kind.FORWARD_NOGRAD: Held.INPUT,
+                    Kind.RECOMPUTE: Held.REBUILT}.get(k) for k in Kind]
 _B, _W = Kind.BACKWARD, Kind.BACKWARD_WEIGHT
 
 
@@ -226,8 +226,7 @@ def transitions(sched: Schedule, rank: int, counted: bool = False
     state: dict[int, Held] = {}
     counts = [0] * (3 * v)
     out: list[tuple[Action, Held | None, Held | None, tuple[int, ...] | None]] = []
-    add = out.append
-    entering = _ENTERS_BY_ID.get
+    entering = _ENTERS_BY_CODE
     for a in sched.programs[rank]:
         # A fused group holds sends and receives only: nothing to flatten.
         if type(a) is not Action:
@@ -236,7 +235,7 @@ def transitions(sched: Schedule, rank: int, counted: bool = False
         if k.is_comm:
             continue
         key = a.microbatch * v + a.chunk
-        enters = entering(id(k))
+        enters = entering[k.code]
         leaves = None
         if enters is not None:
             leaves = state.get(key)
@@ -249,5 +248,5 @@ def transitions(sched: Schedule, rank: int, counted: bool = False
             leaves = state.pop(key, None)
             if counted and leaves is not None:
                 counts[a.chunk * 3 + leaves] -= 1
-        add((a, enters, leaves, tuple(counts) if counted else None))
+        out.append((a, enters, leaves, tuple(counts) if counted else None))
     return out

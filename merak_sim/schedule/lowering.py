@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .ir import Action, Fused, Kind, Schedule, Step, make_action
+from .ir import Action, Kind, Schedule, Step, make_action, make_fused
 
 __all__ = ["lower", "peer_of", "comm_key", "consumed_key"]
 
@@ -106,24 +106,23 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
     # Most generators place no communication: then nothing needs hashing.
     explicit = {a for s in prog if type(s) is not Action or s.kind.is_comm
                 for a in s.parts} or None  # a fused group holds only sends and receives
-    # Keyed by the kind's identity (enum hashing is slow) times v plus the chunk
+    # Indexed by the kind's code (enum hashing is slow) times v plus the chunk
     # (below v, as the Schedule checked): the rank is the program's.
     v = sched.virtual_stages
-    needs: dict[int, tuple[Kind | None, int, Kind | None, int]] = {}
+    needs: list[tuple[Kind | None, int, Kind | None, int] | None] = [None] * (len(Kind) * v)
     out: list[Step] = []
-    add = out.append
     pending: Action | None = None
     pending_peer = -1
     for step in prog:
         if type(step) is not Action or not step.kind.is_compute:
             if pending is not None:
-                add(pending)
+                out.append(pending)
                 pending = None
-            add(step)
+            out.append(step)
             continue
         ch = step.chunk
-        key = id(step.kind) * v + ch
-        n = needs.get(key)
+        key = step.kind.code * v + ch
+        n = needs[key]
         if n is None:
             n = needs[key] = _needs(sched, step)
         recv_kind, recv_peer, send_kind, send_peer = n
@@ -131,20 +130,20 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             recv = make_action(recv_kind, step.stage, step.microbatch, ch)
             if explicit is None or recv not in explicit:
                 if pending is not None and pending_peer == recv_peer:
-                    add(Fused((pending, recv)))
+                    out.append(make_fused((pending, recv)))
                 else:
                     if pending is not None:
-                        add(pending)
-                    add(recv)
+                        out.append(pending)
+                    out.append(recv)
                 pending = None
         if pending is not None:
-            add(pending)
+            out.append(pending)
             pending = None
-        add(step)
+        out.append(step)
         if send_kind is not None:
             send = make_action(send_kind, step.stage, step.microbatch, ch)
             if explicit is None or send not in explicit:
                 pending, pending_peer = send, send_peer
     if pending is not None:
-        add(pending)
+        out.append(pending)
     return tuple(out)

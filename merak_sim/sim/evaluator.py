@@ -42,13 +42,16 @@ class DependencyGraph:
             in an order where every referenced action comes first.
         tails: per rank, (AR action id or -1, OPT action id or -1, action id before
             AR or -1).
-        post_prev: per transfer, (action id before the send's posting, action id
-            before the receive's posting), -1 for none.
+        send_prev, recv_prev: per transfer, the action id before its send's and
+            before its receive's posting, -1 for none (two flat tuples: a graph is
+            kept per schedule, and a pair per transfer would be that many more
+            objects for the cyclic collector to walk).
     """
 
     nodes: tuple[tuple[int, int, int, int, int], ...]
     tails: tuple[tuple[int, int, int], ...]
-    post_prev: tuple[tuple[int, int], ...]
+    send_prev: tuple[int, ...]
+    recv_prev: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -118,9 +121,8 @@ def _order(prog: Compiled) -> DependencyGraph:
             if code == post:
                 if y:
                     send_prev[x] = lr
-                    woken = waiting.pop(x, None)
-                    if woken:
-                        ready.extend(woken)
+                    if x in waiting:
+                        ready.extend(waiting.pop(x))
                 else:
                     recv_prev[x] = lr
             elif code == all_reduce:
@@ -151,8 +153,8 @@ def _order(prog: Compiled) -> DependencyGraph:
     for t, sp in enumerate(send_prev):
         if sp is None:
             raise ScheduleError(f"transfer {prog.transfers[t].key} is never sent")
-    return DependencyGraph(tuple(nodes), tuple(tuple(t) for t in tails),
-                tuple(zip(send_prev, recv_prev, strict=False)))
+    return DependencyGraph(tuple(nodes), tuple(tuple(t) for t in tails), tuple(send_prev),
+                           tuple(recv_prev))
 
 
 def ar_buckets(

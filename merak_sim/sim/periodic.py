@@ -226,7 +226,8 @@ def _checked(ev: Evaluated, period: Period) -> tuple[int, float] | None:
     top = max((e for rows in tr.buckets for _c, _s, e in rows), default=0.0)
     for r, rows in enumerate(tr.acts):
         for _aid, _s, e in rows[period.prefix[r] + (last + 1) * period.block[r]:]:
-            top = max(top, e)
+            if e > top:  # max(top, e), written as the comparison it makes
+                top = e
     return (last, shift) if top == tr.makespan else None
 
 

@@ -318,7 +318,8 @@ def rank_breakdown(tr: EventLog, e: int, rows: list[tuple[int, float, float]] | 
     overlapped = bool(tr.buckets[e])
     comp = recomp = comm = 0.0
     prev_end = 0.0
-    # min and max are written out as comparisons (the loop runs once per action):
+    # min and max are written out as comparisons (the loop runs once per action), and
+    # floats are compared with float literals (the interpreter's fast float compare):
     # ``b if b < a else a`` is min(a, b) and ``b if b > a else a`` is max(a, b),
     # ties and signed zeros included.
     for aid, st, en in tr.acts[e] if rows is None else rows:
@@ -330,7 +331,7 @@ def rank_breakdown(tr: EventLog, e: int, rows: list[tuple[int, float, float]] | 
                     prev_end = en
             continue
         wait = st - prev_end
-        if wait > 0:
+        if wait > 0.0:
             y = consumed.get(aid)
             if y is not None:
                 lo = xs[y]
@@ -347,20 +348,20 @@ def rank_breakdown(tr: EventLog, e: int, rows: list[tuple[int, float, float]] | 
                 comm += wait
         d = en - st
         x_tp = tpx[aid] if tpx else 0.0
-        if x_tp > 0 or (sim_tp and aid in sim_tp):
+        if x_tp > 0.0 or (sim_tp and aid in sim_tp):
             # Exposed TP collectives (plus any contention delay) are communication;
             # the rest splits into compute and recompute as the contention-free parts.
-            w = sim_tp.get(aid)
+            w = sim_tp.get(aid) if sim_tp else None
             c = x_tp + (w[2] if w is not None else 0.0)
             if not c < d:
                 c = d
             comm += c
             d -= c
             base = dur[aid] - x_tp
-            r = d * (rec[aid] - tprx[aid]) / base if base > 0 and rec[aid] > 0 else 0.0
+            r = d * (rec[aid] - tprx[aid]) / base if base > 0.0 and rec[aid] > 0.0 else 0.0
             recomp += r
             comp += d - r
-        elif dur[aid] > 0 and rec[aid] > 0:
+        elif dur[aid] > 0.0 and rec[aid] > 0.0:
             r = d * rec[aid] / dur[aid]
             recomp += r
             comp += d - r

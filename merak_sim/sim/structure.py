@@ -208,6 +208,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     # fields that identify them (chunks are below v, micro-batches >= 0: Schedule and
     # Action check both), so the walk builds and hashes no tuples for its lookups.
     v = sched.virtual_stages
+    n_facts = len(Kind) * v
     width = _tag_width(sched)
     tid: dict[int, int] = {}  # transfer number -> id
     sends: list[Action | None] = []  # per transfer id
@@ -223,14 +224,10 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     free_of: list[int] = []
     ops_all, flops_r, rec_r, ar_order, last_bwd, chunks_all = [], [], [], [], [], []
     ids_all, consumed_all = [], []
-    add_action, add_alloc, add_free = actions.append, alloc_of.append, free_of.append
-    add_rule, add_send, add_recv, add_bound = (rule_of.append, sends.append, recvs.append,
-                                               bounds.append)
     rebuilt = Held.REBUILT
     entered = itemgetter(1)
     for rank, prog in enumerate(sched.programs):
         ops: list[tuple[int, int, int]] = []
-        add_op = ops.append
         consumed: dict[int, int] = {}
         walk = transitions(sched, rank)
         live = iter(walk).__next__
@@ -244,13 +241,19 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         last_b: dict[int, int] = {}
         fl: list[int] = []
         rf: list[int] = []
-        facts: dict[int, list] = {}  # key id(kind) * v + chunk
+        facts: list[list | None] = [None] * n_facts  # index kind code * v + chunk
         first = aid = len(actions)
         for step in prog:
-            if type(step) is not Action or step.kind.is_comm:
-                for p in (step,) if type(step) is Action else step.parts:
-                    fk = id(p.kind) * v + p.chunk
-                    f = facts.get(fk)
+            if type(step) is not Action:
+                parts = step.parts
+            elif step.kind.is_comm:
+                parts = (step,)
+            else:
+                parts = None
+            if parts is not None:
+                for p in parts:
+                    fk = p.kind.code * v + p.chunk
+                    f = facts[fk]
                     if f is None:
                         f = facts[fk] = _step_facts(sched, p)
                     is_send, base, bound = f
@@ -258,13 +261,13 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                     t = tid.get(key)
                     if t is None:
                         t = tid[key] = len(bounds)
-                        add_bound(bound)
+                        bounds.append(bound)
                         if is_send:
-                            add_send(p)
-                            add_recv(None)
+                            sends.append(p)
+                            recvs.append(None)
                         else:
-                            add_recv(p)
-                            add_send(None)
+                            recvs.append(p)
+                            sends.append(None)
                     elif is_send:
                         if sends[t] is None:
                             paired += 1
@@ -273,17 +276,17 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                         if recvs[t] is None:
                             paired += 1
                         recvs[t] = p
-                    add_op((OP_POST, t, is_send))
+                    ops.append((OP_POST, t, is_send))
                 continue
             a = step
             ch = a.chunk
-            fk = id(a.kind) * v + ch
-            f = facts.get(fk)
+            fk = a.kind.code * v + ch
+            f = facts[fk]
             if f is None:
                 f = facts[fk] = _step_facts(sched, a)
             per_mb, g, reads, flops_class, is_last, is_ar, head, head_base, rid, rid_r = f
             mb = a.microbatch
-            add_action(a)
+            actions.append(a)
             _a, enters, leaves, _c = live()
             al = fr = 0
             if enters is not None:
@@ -301,8 +304,8 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 if fr < 0:
                     fr = mem_ids[mk] = len(mem_rules)
                     mem_rules.append((rank, ch, _history(code), True))
-            add_alloc(al)
-            add_free(fr)
+            alloc_of.append(al)
+            free_of.append(fr)
             if reads and explicit_r is not None and (ch, mb) in explicit_r:
                 if rid_r < 0:
                     rid_r = f[9] = len(rules)
@@ -311,7 +314,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             elif rid < 0:
                 rid = f[8] = len(rules)
                 rules.append((a.kind, g, False, rank) if per_mb else (a.kind, rank))
-            add_rule(rid)
+            rule_of.append(rid)
             if flops_class == 1:
                 fl.append(rid)
             elif flops_class == 2:
@@ -319,9 +322,9 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             if is_last:
                 last_b[ch] = aid
             if is_ar:
-                add_op((OP_AR, aid, -1))
+                ops.append((OP_AR, aid, -1))
             elif head is None:
-                add_op((OP_COMPUTE, aid, -1))
+                ops.append((OP_COMPUTE, aid, -1))
             else:
                 t = tid.get(mb * width + head_base)
                 if t is None:
@@ -329,12 +332,12 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                                         f"{(*head, mb)} before its receive; "
                                         "lower the schedule")
                 consumed[aid] = t
-                add_op((OP_COMPUTE, aid, t))
+                ops.append((OP_COMPUTE, aid, t))
             aid += 1
         rank_of += [rank] * (len(actions) - first)
         # chunks with per-micro-batch actions (sends and receives all are)
-        chunks_all.append(tuple(sorted({fk % v for fk, f in facts.items()
-                                        if len(f) == 3 or f[0]})))
+        chunks_all.append(tuple(sorted({fk % v for fk, f in enumerate(facts)
+                                        if f is not None and (len(f) == 3 or f[0])})))
         ops_all.append(tuple(ops))
         ids_all.append(tuple(range(first, aid)))
         consumed_all.append(consumed)
