@@ -183,7 +183,9 @@ def _previous_quality(path: Path) -> list[str]:
     if head not in text:
         return []
     sec = text[text.index(head):].rstrip("\n").splitlines()
-    return ["", sec[0] + " (from the previous full run)"] + sec[1:]
+    mark = " (from the previous full run)"
+    # The title is marked once, however many skipping runs keep the section.
+    return ["", sec[0].replace(mark, "") + mark] + sec[1:]
 
 
 def main() -> None:
