@@ -73,7 +73,7 @@ from merak_sim.model import ModelSpec
 __all__ = ["CUBLAS_WORKSPACE_BYTES", "cublas_workspace_bytes", "fsdp_stream_pool_bytes",
            "pipeline_buffer_bytes", "output_chunks_bytes", "freed_logits_bytes",
            "AllocatorStack", "BACKEND", "MEGATRON", "TORCHTITAN_STACK", "on_cuda",
-           "reserved_bytes"]
+           "rank_stages", "reserved_bytes"]
 
 KiB = 1024
 #: PyTorch's default cuBLAS workspace per handle and stream: Hopper (sm90), others.
@@ -192,8 +192,9 @@ def _end_units(model: ModelSpec, tp: int, first: bool, last: bool, root: bool) -
     return [emb, ends - emb]
 
 
-def _rank_stages(cfg: Any, stage_layers: Sequence[int]) -> list[list[tuple[int, bool, bool]]]:
-    """(layers, first, last) of the model stages on each pipeline rank."""
+def rank_stages(cfg: Any, stage_layers: Sequence[int]) -> list[list[tuple[int, bool, bool]]]:
+    """(layers, first, last) of the model stages on each pipeline rank of ``cfg`` (a
+    ParallelConfig; ``stage_layers``: transformer layers per model stage)."""
     n = len(stage_layers)
     ranks: list[list[tuple[int, bool, bool]]] = [[] for _ in range(cfg.pp)]
     for g, layers in enumerate(stage_layers):
@@ -221,7 +222,7 @@ def reserved_bytes(model: ModelSpec, gpu_name: str, cfg: Any, stage_layers: Sequ
     tok = cfg.micro_batch_size * model.seq_len / cfg.cp
     workspace = cublas_workspace_bytes(gpu_name)
     out = []
-    for r, stages in enumerate(_rank_stages(cfg, stage_layers)):
+    for r, stages in enumerate(rank_stages(cfg, stage_layers)):
         total = workspace
         if cfg.zero >= stack.fsdp2_from_zero:
             units = [stage_params(model, 1, False, False, cfg.tp)] * sum(n for n, _, _ in stages)

@@ -71,7 +71,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from merak_sim.allocator_memory import MEGATRON, TORCHTITAN_STACK, reserved_bytes
+from merak_sim.allocator_memory import MEGATRON, TORCHTITAN_STACK, rank_stages, reserved_bytes
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.base import CostTable
 from merak_sim.hardware import Cluster, get_cluster
@@ -269,15 +269,11 @@ def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: Pa
     no_fp8_copy = titan and cfg.dtype == "fp8"
     shard = cfg.shard_group if cfg.zero >= 3 else 1
     outside = runtime_memory_bytes(cluster.gpu.name) if _measure(row) == "sailor" else 0.0
-    n_st = len(table.stages)
+    layers = [st.layers for st in table.stages]
     in_flight = ([m.peak_in_flight for m in peak_memory(table, cfg)] if titan and cfg.pp > 1
                  else [1] * len(stage_peaks))
-    ranks = [[] for _ in stage_peaks]
-    for g in range(n_st):
-        ranks[cfg.rank_of_stage(g)].append(g)
     extra, loss_peak = [], []
-    for r in range(len(stage_peaks)):
-        stages = [(table.stages[g].layers, g == 0, g == n_st - 1) for g in ranks[r]]
+    for stages in rank_stages(cfg, layers):
         params = sum(stage_params(model, n, first, last, cfg.tp) for n, first, last in stages)
         last = any(lst for _, _, lst in stages)
         work = [backward_working_bytes(model, cfg.micro_batch_size, cfg.tp,
@@ -291,8 +287,8 @@ def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: Pa
     stack = (replace(TORCHTITAN_STACK, output_chunks=_year(row) < 2025,
                      fp8_all_gather="float8_all_gather" in row.get("other_flags", ""))
              if titan else MEGATRON)
-    res = reserved_bytes(model, cluster.gpu.name, cfg, [st.layers for st in table.stages],
-                         stack, profile=prof, in_flight=in_flight, loss_peak=loss_peak)
+    res = reserved_bytes(model, cluster.gpu.name, cfg, layers, stack, profile=prof,
+                         in_flight=in_flight, loss_peak=loss_peak)
     return max(peak - table.reserved(r) + res[r] + extra[r] + outside
                for r, peak in enumerate(stage_peaks))
 

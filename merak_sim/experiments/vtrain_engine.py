@@ -71,15 +71,6 @@ class StageExchange:
     backward_s: float
 
 
-def _full_seconds(nbytes: float, tp_ranks: tuple[int, ...], cluster: Cluster,
-                  comm: Callable[..., float], efficiency: Efficiency) -> float:
-    """One ``PartitionedTensor.full()`` of ``nbytes``: the all-gather and its copies."""
-    if len(tp_ranks) == 1:
-        return 0.0
-    return (comm("all-gather", nbytes, tp_ranks, cluster)
-            + efficiency.mem_time(FULL_COPY_BYTES * nbytes, cluster.gpu.mem_bandwidth_Bps, 2))
-
-
 def exchange_seconds(table: CostTable, cluster: Cluster, config: ParallelConfig,
                      comm: Callable[..., float], efficiency: Efficiency
                      ) -> tuple[StageExchange, ...]:
@@ -97,8 +88,13 @@ def exchange_seconds(table: CostTable, cluster: Cluster, config: ParallelConfig,
             return 0.0
         return 2.0 * comm("p2p", st[g].p2p_bytes / tp, (a, b), cluster)
 
-    def full(nbytes: float, g: int) -> float:
-        return _full_seconds(nbytes, tp_ranks[g], cluster, comm, efficiency)
+    def full(nbytes: float, g: int) -> float:  # one PartitionedTensor.full() on stage g
+        ranks = tp_ranks[g]
+        if len(ranks) == 1:
+            return 0.0
+        return (comm("all-gather", nbytes, ranks, cluster)
+                + efficiency.mem_time(FULL_COPY_BYTES * nbytes, cluster.gpu.mem_bandwidth_Bps,
+                                      2))
 
     out = []
     for g in range(n):

@@ -108,7 +108,6 @@ class Kind(enum.Enum):
 
 
 _COMM_KINDS = frozenset({Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD})
-_FORWARD_KINDS = frozenset({Kind.FORWARD, Kind.FORWARD_NOGRAD})
 for _i, _k in enumerate(Kind):
     _k.code = _i
     _k.is_comm = _k in _COMM_KINDS

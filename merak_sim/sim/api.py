@@ -349,24 +349,16 @@ def _evaluated(cfg: ParallelConfig, table: CostTable, placement: RankLayout,
     where the schedule is periodic and no trace is kept, else in full (with the
     cyclic collector paused, :func:`_collector_paused`)."""
     with _collector_paused():
-        return _evaluated_now(cfg, table, placement, custom_schedule, keep_trace,
-                              overlap_dp, buckets, common)
-
-
-def _evaluated_now(cfg: ParallelConfig, table: CostTable, placement: RankLayout,
-                   custom_schedule: Schedule | str | Path | None, keep_trace: bool,
-                   overlap_dp: bool, buckets: int, common: dict) -> SimResult:
-    """:func:`_evaluated`'s work."""
-    if custom_schedule is None and not keep_trace:
-        ext = _periodic(cfg, table, placement, overlap_dp, buckets, common)
-        if ext is not None:
-            return result_of(ext.makespan, ext.figures, None, ext.flops,
-                             ext.recompute_flops, placement=placement, stages=cfg.pp,
-                             mode="representative", engine="evaluator", **common)
-    prog = _compiled(cfg, table, custom_schedule)
-    tr = evaluator_trace(prog, placement, common["capacity"], overlap_dp=overlap_dp,
-                         buckets=buckets, zero=cfg.engine_zero, record_memory=keep_trace)
-    return build_result(tr, engine="evaluator", keep_trace=keep_trace, **common)
+        if custom_schedule is None and not keep_trace:
+            ext = _periodic(cfg, table, placement, overlap_dp, buckets, common)
+            if ext is not None:
+                return result_of(ext.makespan, ext.figures, None, ext.flops,
+                                 ext.recompute_flops, placement=placement, stages=cfg.pp,
+                                 mode="representative", engine="evaluator", **common)
+        prog = _compiled(cfg, table, custom_schedule)
+        tr = evaluator_trace(prog, placement, common["capacity"], overlap_dp=overlap_dp,
+                             buckets=buckets, zero=cfg.engine_zero, record_memory=keep_trace)
+        return build_result(tr, engine="evaluator", keep_trace=keep_trace, **common)
 
 
 def _periodic(cfg: ParallelConfig, table: CostTable, placement: RankLayout,

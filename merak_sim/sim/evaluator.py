@@ -42,16 +42,10 @@ class DependencyGraph:
             in an order where every referenced action comes first.
         tails: per rank, (AR action id or -1, OPT action id or -1, action id before
             AR or -1).
-        send_prev, recv_prev: per transfer, the action id before its send's and
-            before its receive's posting, -1 for none (two flat tuples: a graph is
-            kept per schedule, and a pair per transfer would be that many more
-            objects for the cyclic collector to walk).
     """
 
     nodes: tuple[tuple[int, int, int, int, int], ...]
     tails: tuple[tuple[int, int, int], ...]
-    send_prev: tuple[int, ...]
-    recv_prev: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -153,8 +147,7 @@ def _order(prog: Compiled) -> DependencyGraph:
     for t, sp in enumerate(send_prev):
         if sp is None:
             raise ScheduleError(f"transfer {prog.transfers[t].key} is never sent")
-    return DependencyGraph(tuple(nodes), tuple(tuple(t) for t in tails), tuple(send_prev),
-                           tuple(recv_prev))
+    return DependencyGraph(tuple(nodes), tuple(tuple(t) for t in tails))
 
 
 def ar_buckets(

@@ -199,14 +199,15 @@ def _check_actions(prog, dur: list[float], extra: dict[int, float]) -> None:
     it backwards in time."""
     seen = set()
     for x, (a, d) in enumerate(zip(prog.actions, dur, strict=True)):
-        if (a.stage, str(a)) in seen:
+        key = (a.stage, str(a))
+        if key in seen:
             raise ValidationError(f"stage {a.stage} action {a} occurs twice in the "
                                   "program; validation needs one action per token")
-        seen.add((a.stage, str(a)))
-        if d - extra.get(x, 0.0) < 0:
-            raise ValidationError(f"stage {a.stage} action {a} priced at "
-                                  f"{d - extra.get(x, 0.0):.3g} s; fix the profile's "
-                                  f"figures for {a.kind.name}")
+        seen.add(key)
+        own = d - extra.get(x, 0.0)
+        if own < 0:
+            raise ValidationError(f"stage {a.stage} action {a} priced at {own:.3g} s; "
+                                  f"fix the profile's figures for {a.kind.name}")
 
 
 def _accumulating(prog) -> list[int]:
