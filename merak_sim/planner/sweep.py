@@ -35,7 +35,7 @@ from merak_sim.schedule import SCHEDULES
 
 from .bounds import bound_parts, bound_values
 from .grid import rank_grid
-from .relaxed import MEMORY_FIELDS, RelaxedPricer
+from .relaxed import MEMORY_FIELDS, TIME_FIELDS, RelaxedPricer
 from .rows import RowBook
 from .screen import kept_rows, state_per_rank, worst_excess
 from .space import Block, Candidate
@@ -43,9 +43,9 @@ from .space import Block, Candidate
 __all__ = ["Level0", "relaxed_sweep", "bounded_reasons"]
 
 _GiB = float(2**30)
-#: The stage-array fields :func:`~merak_sim.planner.bounds.bound_parts` reads.
-_BOUND_FIELDS = ("forward_s", "backward_s", "backward_input_s", "recompute_s", "optimizer_s",
-                 "grad_allreduce_s")
+#: The stage-array fields :func:`~merak_sim.planner.bounds.bound_parts` reads: the time
+#: bound's and the tail's (zero in relaxed arrays).
+_BOUND_FIELDS = TIME_FIELDS + ("optimizer_s", "grad_allreduce_s")
 
 
 @dataclass(frozen=True)
