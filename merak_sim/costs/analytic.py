@@ -37,8 +37,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.allocator_memory import reserved_bytes
+from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, collective_time, group_ranks
 from merak_sim.costs.comm import pipeline_send_time, stage_placement
 from merak_sim.costs.efficiency import Efficiency, default_efficiency

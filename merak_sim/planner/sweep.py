@@ -35,7 +35,7 @@ from merak_sim.schedule import SCHEDULES
 
 from .bounds import bound_parts, bound_values
 from .grid import rank_grid
-from .relaxed import MEMORY_FIELDS, RelaxedPricer
+from .relaxed import MEMORY_FIELDS, TIME_FIELDS, RelaxedPricer
 from .rows import RowBook
 from .screen import kept_rows, state_per_rank, worst_excess
 from .space import Block, Candidate
@@ -43,9 +43,9 @@ from .space import Block, Candidate
 __all__ = ["Level0", "relaxed_sweep", "bounded_reasons"]
 
 _GiB = float(2**30)
-#: The stage-array fields :func:`~merak_sim.planner.bounds.bound_parts` reads.
-_BOUND_FIELDS = ("forward_s", "backward_s", "backward_input_s", "recompute_s", "optimizer_s",
-                 "grad_allreduce_s")
+#: The stage-array fields :func:`~merak_sim.planner.bounds.bound_parts` reads: the time
+#: bound's and the tail's (zero in relaxed arrays).
+_BOUND_FIELDS = TIME_FIELDS + ("optimizer_s", "grad_allreduce_s")
 
 
 @dataclass(frozen=True)
@@ -197,9 +197,9 @@ def relaxed_sweep(items: Iterable[Candidate | Block], rp: RelaxedPricer, margin:
             ix = indices.get(id(item.variants))
             if ix is None:
                 ix = indices[id(item.variants)] = _index(item.variants)
-            ruled_of[id(item)] = got = _ruled(item, ix)
-            if not got[0].all():
-                _plan_block(item, ix, memo, ~got[0])
+            ruled, reason = _ruled(item, ix)
+            key = None if ruled.all() else _plan_block(item, ix, memo, ~ruled)
+            ruled_of[id(item)] = ruled, reason, key
     memo.flush()
     live_b, live_p, live_v = [], [], []
     for item in items:
@@ -210,10 +210,10 @@ def relaxed_sweep(items: Iterable[Candidate | Block], rp: RelaxedPricer, margin:
         ix = indices[id(b.variants)]
         n = len(b.variants)
         counts["considered"] += n
-        ruled, reason = ruled_of[id(b)]
+        ruled, reason, key = ruled_of[id(b)]
         kind = ruled.astype(np.int8)  # 0: live, 1: pruned, 2: handed to ``one``
         short = np.full(n, np.nan)
-        bound = _relax_block(b, ix, memo, kind, reason, short) if not ruled.all() else short
+        bound = short if key is None else _relax_block(key, ix, memo, kind, reason, short)
         _emit(b, rows, kind, reason, short, counts, prog, one)
         live = np.nonzero(kind == 0)[0]
         if len(live):
@@ -242,25 +242,18 @@ def _ruled(b: Block, ix: _Index) -> tuple[np.ndarray, np.ndarray]:
     return ruled, reason
 
 
-def _traits(b: Block) -> tuple:
+def _plan_block(b: Block, ix: _Index, memo: _Memo, free: np.ndarray) -> tuple:
+    """Price the relaxed arrays the variants ``free`` of ``b`` read and queue their
+    screens and bounds (:meth:`_Memo.queue`); the keys go to ``memo.plans`` under
+    the block's plan key, which it returns (for :func:`_relax_block`)."""
+    spec = SCHEDULES[b.schedule]
     # What the bound and the screen read of the schedule: blocks of schedules alike in
     # it (and in everything else) get the same values.
-    spec = SCHEDULES[b.schedule]
-    return (spec.placement, spec.never_recompute(b.pp), spec.explicit_recompute)
-
-
-def _block_key(b: Block, free: np.ndarray, sched: tuple) -> tuple:
-    return (b.tp, b.cp, b.pp, b.virtual_stages, b.micro_batch_size, sched, id(b.variants),
-            free.tobytes())
-
-
-def _plan_block(b: Block, ix: _Index, memo: _Memo, free: np.ndarray) -> None:
-    """Price the relaxed arrays the variants ``free`` of ``b`` read and queue their
-    screens and bounds (:meth:`_Memo.queue`); the keys go to ``memo.plans``."""
-    sched = _traits(b)
-    key = _block_key(b, free, sched)
+    sched = (spec.placement, spec.never_recompute(b.pp), spec.explicit_recompute)
+    key = (b.tp, b.cp, b.pp, b.virtual_stages, b.micro_batch_size, sched, id(b.variants),
+           free.tobytes())
     if key in memo.plans:
-        return
+        return key
     # Only keys some unpruned variant reads: a probe is a cost table.
     need = sorted(set(ix.relaxed_idx[free].tolist()))
     keys = [(b.tp, b.cp, b.micro_batch_size, *ix.relaxed[j]) for j in need]
@@ -292,16 +285,16 @@ def _plan_block(b: Block, ix: _Index, memo: _Memo, free: np.ndarray) -> None:
     memo.queue((sched[0], b.pp, b.virtual_stages, sched[1], sched[2]), todo_s, todo_b)
     none = np.array([a is None for _k, a in rel])[ix.relaxed_idx]
     memo.plans[key] = (none, skeys, bkeys)
+    return key
 
 
-def _relax_block(b: Block, ix: _Index, memo: _Memo, kind: np.ndarray,
+def _relax_block(key: tuple, ix: _Index, memo: _Memo, kind: np.ndarray,
                  reason: np.ndarray, short: np.ndarray) -> np.ndarray:
-    """Relaxed bound per variant of ``b`` (planned by :func:`_plan_block`, priced by
-    :meth:`_Memo.flush`); marks in ``kind`` / ``reason`` / ``short`` (GiB) the
-    variants memory prunes (1) and those without relaxed arrays (2)."""
+    """Relaxed bound per variant of the block planned under ``key`` (by
+    :func:`_plan_block`, priced by :meth:`_Memo.flush`); marks in ``kind`` /
+    ``reason`` / ``short`` (GiB) the variants memory prunes (1) and those without
+    relaxed arrays (2)."""
     free = kind == 0
-    sched = _traits(b)
-    key = _block_key(b, free, sched)
     got = memo.blocks.get(key)
     if got is None:
         none, ex, bound, skeys = _block_values(ix, memo, memo.plans[key])

@@ -180,10 +180,8 @@ def eval_template(name: str, pp: int, microbatches: int, virtual_stages: int,
     fg, bg, br, be = model_stage(fi), model_stage(bi), rank[bi], explicit[bi]
     ig, ir, ie, wg = model_stage(ii), rank[ii], explicit[ii], model_stage(wi)
     ar, orr = rank[ai], rank[oi]
-    # The boundary each transfer crosses, from its key (Compiled.transfers without
-    # building the Transfer records).
-    bounds = np.array([k[1] if k[0] == "A" else k[1] - 1
-                       for k, *_ends in prog.structure.transfer_ends], dtype=int)
+    # The boundary each transfer crosses, as the structure walk recorded it.
+    bounds = np.array(prog.structure.transfer_boundary, dtype=int)
     return EvalTemplate(sched, prog, dep, fi, fg, bi, bg, br, be, ii, ig, ir, ie, wi, wg,
                         ai, ar, oi, orr, bounds)
 

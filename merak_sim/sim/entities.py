@@ -159,13 +159,13 @@ class HBM:
         if self._record:
             self.timeline.append((t, self.used))
         if self.used > self.peak:
-            self._new_peak(t, action)
+            self._new_peak(self.used, t, action)
 
-    def _new_peak(self, t: float, action: int) -> None:
+    def _new_peak(self, used: float, t: float, action: int) -> None:
         """Record ``used`` as the peak, reached at ``t`` by ``action``, and any excess
         over the capacity."""
-        self.peak = self.used
-        over = self.used - self.capacity
+        self.peak = used
+        over = used - self.capacity
         if over > 0:
             if self.oom_time is None:
                 self.oom_time, self.oom_action = t, action
@@ -193,8 +193,8 @@ class HBM:
                 if rec is not None:
                     rec((start[x], used))
                 if used > peak:
-                    self.used = peak = used
-                    self._new_peak(start[x], x)
+                    peak = used
+                    self._new_peak(used, start[x], x)
             f = free[x]
             if f:
                 used -= f
