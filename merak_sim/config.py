@@ -198,9 +198,7 @@ class ParallelConfig:
         the others ignore it."""
         costs = None
         if table is not None and SCHEDULES[self.schedule].cost_aware:
-            costs = ZeroBubbleCosts.from_stage_costs(
-                table.stages, self.recompute_per_stage(), table.memory_capacity_bytes,
-                table.reserved_bytes)
+            costs = ZeroBubbleCosts.from_table(table, self.recompute_per_stage())
         return generate(self.schedule, self.pp, self.num_microbatches, self.virtual_stages,
                         costs)
 

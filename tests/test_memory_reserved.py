@@ -21,6 +21,7 @@ from merak_sim.hardware import get_cluster
 from merak_sim.memory import peak_memory, stage_params
 from merak_sim.model import get_model
 from merak_sim.planner import NoFeasiblePlanError, SearchSpace, search
+from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 from merak_sim.sim import simulate
 
 MiB = 1 << 20
@@ -132,8 +133,6 @@ def test_cpu_runs_reserve_nothing():
 def test_zero_bubble_memory_limit_leaves_room_for_the_reservation():
     # zb-auto's per-rank limit counts the micro-batches that fit beside the state and
     # the allocator's reservation, as the simulated peak does.
-    from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
-
     cfg = replace(CFG, dp=2, pp=2, zero=3, global_batch_size=8)
     table = CM.cost_table(MODEL, H100, cfg)
     fractions = (0.0, 0.0)
@@ -142,9 +141,9 @@ def test_zero_bubble_memory_limit_leaves_room_for_the_reservation():
     res0 = table.reserved(0)
     assert 0 < res0 < 3 * per[0]
     cap = table.stages[0].state_bytes + 3 * per[0] + min(res0, per[0]) / 2
-    bare = ZeroBubbleCosts.from_stage_costs(table.stages, fractions, cap)
-    held = ZeroBubbleCosts.from_stage_costs(table.stages, fractions, cap,
-                                            table.reserved_bytes)
+    held = ZeroBubbleCosts.from_table(replace(table, memory_capacity_bytes=cap), fractions)
+    bare = ZeroBubbleCosts.from_table(
+        replace(table, memory_capacity_bytes=cap, reserved_bytes=()), fractions)
     for r, st in enumerate(table.stages):
         free = cap - st.state_bytes
         assert bare.memory_limit[r] == int(free // per[r])

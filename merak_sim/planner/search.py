@@ -221,8 +221,7 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: RowBook
     # As ParallelConfig.engine_zero: whether the all-gather follows the optimizer.
     split = 1 if c.zero in (1, 2) and not c.overlap_param_gather else 0
     # A cost-aware order follows this table's times (as ParallelConfig.build_schedule).
-    costs = (ZeroBubbleCosts.from_stage_costs(tab.stages, fit.fractions,
-                                              tab.memory_capacity_bytes, tab.reserved_bytes)
+    costs = (ZeroBubbleCosts.from_table(tab, fit.fractions)
              if SCHEDULES[c.schedule].cost_aware else None)
     tmpl = eval_template(*skey, costs)
     tied = tab.tied_embeddings

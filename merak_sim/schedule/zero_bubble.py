@@ -43,7 +43,7 @@ from .ir import Action, Kind, Schedule, ScheduleError, Step
 from .lowering import lower
 
 if TYPE_CHECKING:
-    from merak_sim.costs.base import StageCost
+    from merak_sim.costs.base import CostTable
 
 __all__ = ["StageTimes", "ZeroBubbleCosts", "list_schedule", "zb_h1", "zb_h2",
            "zb_auto", "zb_scp", "order_makespan", "uniform_fractions"]
@@ -108,23 +108,20 @@ class ZeroBubbleCosts:
     memory_limit: int | tuple[int, ...] | None = None
 
     @staticmethod
-    def from_stage_costs(stages: Sequence[StageCost], fractions: Sequence[float],
-                         capacity_bytes: float, reserved_bytes: Sequence[float] = ()
-                         ) -> ZeroBubbleCosts:
-        """Costs of a one-chunk pipeline from a cost table's stages (one per rank):
-        the simulator's F, I (with the checkpointed fraction's recompute) and W
-        times, and as memory limit the micro-batches of ``kept_bytes`` that fit
-        beside each rank's weights, gradients and optimizer state and the bytes the
-        allocator reserves on that rank (``reserved_bytes``, the cost table's; none
-        when empty), as the simulator's peak counts them."""
+    def from_table(table: CostTable, fractions: Sequence[float]) -> ZeroBubbleCosts:
+        """Costs of a one-chunk pipeline from a cost table (one stage per rank): the
+        simulator's F, I (with the checkpointed fraction's recompute) and W times, and
+        as memory limit the micro-batches of ``kept_bytes`` that fit beside each rank's
+        weights, gradients and optimizer state and the bytes the allocator reserves on
+        that rank (:meth:`~merak_sim.costs.base.CostTable.reserved`), as the
+        simulator's peak counts them."""
         times, limit = [], []
-        for r, (sc, c) in enumerate(zip(stages, fractions, strict=True)):
+        for r, (sc, c) in enumerate(zip(table.stages, fractions, strict=True)):
             times.append(StageTimes(sc.forward_s, sc.backward_input_s + c * sc.recompute_s,
                                     sc.backward_weight_s, sc.forward_s,
                                     sc.send_activation_s))
             per = sc.kept_bytes(c)
-            free = capacity_bytes - sc.state_bytes - (reserved_bytes[r] if reserved_bytes
-                                                      else 0.0)
+            free = table.memory_capacity_bytes - sc.state_bytes - table.reserved(r)
             limit.append(int(free // per) if per > 0 and free > 0 else 1)
         return ZeroBubbleCosts(tuple(times), tuple(limit))
 
