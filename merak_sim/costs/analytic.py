@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from merak_sim.allocator_memory import reserved_bytes
+from merak_sim.allocator_memory import on_cuda, reserved_bytes
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, collective_time, group_ranks
 from merak_sim.costs.comm import pipeline_send_time, stage_placement
@@ -142,7 +142,7 @@ class AnalyticCostModel:
         if self.profile is not None:
             prof = self.profile
         else:
-            prof = CPU_EAGER if cluster.gpu.name.startswith("CPU") else KORTHIKANTI
+            prof = KORTHIKANTI if on_cuda(cluster.gpu.name) else CPU_EAGER
         att = getattr(config, "attention", "auto")
         if att != "auto" and prof.attention != att:
             prof = replace(prof, name=f"{prof.name}+{att}", attention=att)
