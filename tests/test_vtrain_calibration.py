@@ -103,7 +103,6 @@ def test_calibrated_constants_match_the_recorded_fit():
     from pathlib import Path
 
     from merak_sim.costs.calibrated import CALIBRATED
-
     from merak_sim.experiments.vtrain import SEARCH, START
 
     rec = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results"
