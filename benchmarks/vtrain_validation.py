@@ -125,24 +125,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"single-node, published default efficiency: MAPE {_mape(single_default):.2f} %")
     # The search starts from declared values, never from an earlier fit, so a rerun
     # lands on the same constants (experiments.vtrain module docstring).
-    rounds_log: list[str] = []
 
     def log(msg: str) -> None:
-        rounds_log.append(msg)
         print(msg, flush=True)
 
     if args.check:
         eff = Efficiency(**{**default.to_dict(), **CALIBRATED["A100"]})
     else:
-        eff, _ = fit(single, start_efficiency(), rounds=args.rounds, log=log)
+        res = fit(single, start_efficiency(), rounds=args.rounds, log=log)
+        eff = res.params
     fitted = {k: getattr(eff, k) for k in FIT_PARAMS}
     single_fit = [predict_row(r, eff) * 1e3 / r.time_ms - 1 for r in single]
     loss = sum(abs(math.log(1 + e)) for e in single_fit) / len(single_fit)
     search = ("the committed constants (--check: no fit)" if args.check else
-              f"{len(rounds_log)} rounds from experiments.vtrain.START "
+              f"{res.stop_reason} from experiments.vtrain.START "
               f"(`{json.dumps(START)}`), stopping rule experiments.vtrain.SEARCH "
-              f"(`{json.dumps(SEARCH)}`)"
-              + ("" if "stop:" in (rounds_log or [""])[-1] else "; ended at the round cap"))
+              f"(`{json.dumps(SEARCH)}`)")
     fit_s = time.perf_counter() - t0
     print(f"single-node, fitted: MAPE {_mape(single_fit):.2f} % (fit {fit_s:.0f} s)")
     single_tp: dict[str, list[float]] = {}
@@ -264,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(args.out / "vtrain_calibration.json", json.dumps(
         {"gpu": "A100", "fitted_on": "ground_truth_single.csv", "parameters": fitted,
          "bounds": BOUNDS, "start": START, "search": SEARCH,
-         "rounds_run": None if args.check else len(rounds_log),
+         "rounds_run": None if args.check else res.rounds_run,
+         "stopped_by_rule": None if args.check else res.stopped_by_rule,
          "single_loss": loss, "single_mape_pct": _mape(single_fit),
          "multi_signed_pct_evaluator": _bias(all_ev),
          "multi_mape_pct_evaluator": _mape(all_ev),

@@ -123,7 +123,7 @@ def test_fit_is_a_fixed_point_of_its_declared_start(files):
     runs = [fit(rows, rounds=6, params=params, log=logs[i].append) for i in range(2)]
     assert runs[0] == runs[1] and logs[0] == logs[1]
     # The default start is START, not the committed constants.
-    assert fit(rows, rounds=0, params=params)[0] == start_efficiency()
+    assert fit(rows, rounds=0, params=params).params == start_efficiency()
 
 
 def test_coordinate_search_stops_by_its_rule():
@@ -139,8 +139,9 @@ def test_coordinate_search_stops_by_its_rule():
     assert "stop:" in logs[-1] and len(logs) < 100
     assert x["a"] == pytest.approx(1.7, rel=0.03) and x["b"] == pytest.approx(0.3, rel=0.03)
     # The same inputs give the same answer; defaults keep the old rule (all rounds run).
-    assert coordinate_search(loss, {"a": 1.0, "b": 1.0}, bounds, rounds=100, step=2.0,
-                             tol=1e-3, min_step=1.02, pattern=True) == (x, best)
+    assert tuple(coordinate_search(loss, {"a": 1.0, "b": 1.0}, bounds, rounds=100,
+                                   step=2.0, tol=1e-3, min_step=1.02,
+                                   pattern=True)) == (x, best)
     n: list[str] = []
     coordinate_search(loss, {"a": 1.0, "b": 1.0}, bounds, rounds=7, step=2.0, log=n.append)
     assert len(n) == 7

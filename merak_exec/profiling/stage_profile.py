@@ -31,6 +31,10 @@ __all__ = ["profile_stage"]
 #: Bytes written between optimizer-step samples on CPU: twice the 32 MiB last-level
 #: cache of the development machine, enough for most server CPUs' share per core.
 _CACHE_FLUSH_BYTES = 64 * 2**20
+#: Fewest (fresh, adding) backward pairs behind a gradient-accumulation figure
+#: (:meth:`_Bench.accumulation`): the median of five differences, not of the two a quick
+#: profile's ``repeats`` give.
+ACCUM_MIN_PAIRS = 5
 
 
 class _Bench:
@@ -180,9 +184,11 @@ class _Bench:
         benchmarks/backward_context.py) is below two samples' noise, so it is measured
         in pairs, all ranks at once: the backward on cleared gradients, then the same
         again adding into them; the median of the pairs' differences is ``key``, which
-        the pricing adds to every backward but a rank's first of the step."""
+        the pricing adds to every backward but a rank's first of the step. At least
+        :data:`ACCUM_MIN_PAIRS` pairs after the warmup, whatever the profile's
+        ``repeats``: a median of two differences is one of noise."""
         diffs = []
-        for i in range(self.warmup + self.repeats):
+        for i in range(self.warmup + max(self.repeats, ACCUM_MIN_PAIRS)):
             self.clear_grads()
             fresh = self.sample(setup, action, clear_grads=False, lockstep=True)
             adding = self.sample(setup, action, clear_grads=True, lockstep=True)

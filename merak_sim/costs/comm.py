@@ -36,6 +36,7 @@ from merak_sim.costs.nccl import NcclTable
 from merak_sim.costs.ring import clear_ring_cache
 from merak_sim.hardware import Cluster
 from merak_sim.layout import RankLayout, node_of
+from merak_sim.memo import IdentityMemo
 
 __all__ = ["COLLECTIVES", "PIPELINE_SENDS", "CostModelError", "clear_caches", "collective_time",
            "group_ranks", "group_shape", "inter_bandwidth_per_gpu", "measured_collectives",
@@ -96,52 +97,52 @@ def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: C
     """Time of a collective among global ``ranks`` on ``cluster``: alpha-beta, with the
     intra-node parts measured where ``intra_table`` covers the group (module
     docstring)."""
-    if kind not in COLLECTIVES:
-        raise CostModelError(f"unknown collective {kind!r}; choose one of: "
-                             f"{', '.join(COLLECTIVES)}")
-    if nbytes < 0:
-        raise CostModelError(f"collective bytes must be >= 0, got {nbytes}")
     if kind == "p2p":
+        if nbytes < 0:
+            _check(kind, nbytes)  # raises, naming the bytes
         if len(ranks) != 2:
             raise CostModelError(f"p2p needs exactly 2 ranks, got {len(ranks)}")
         a, b = ranks
         if a == b or nbytes == 0:
             return 0.0
         # Memoised on the rank values (a ring's pairs are new tuples on every call),
-        # the same objects for the rest, as below.
-        pkey = (nbytes, a, b, id(cluster), id(intra_table))
-        hit = _P2P.get(pkey)
-        if hit is not None and hit[0] is cluster and hit[1] is intra_table:
-            return hit[2]
-        if cluster.same_node(a, b):
-            t = cluster.intra.time(nbytes)
-        else:
-            t = cluster.inter.latency_s + nbytes / inter_bandwidth_per_gpu(cluster,
-                                                                          intra_table)
-        if len(_P2P) >= _IDENTITY_SIZE:
-            _P2P.clear()
-        _P2P[pkey] = (cluster, intra_table, t)
-        return t
+        # the identity of the rest, as below.
+        return _P2P.get((cluster, intra_table), (nbytes, a, b), _p2p, nbytes, a, b,
+                        cluster, intra_table)
     # Identity memo in front of the value caches: a cost table prices the same group
     # objects many times, and hashing a data-parallel group of thousands of ranks (and
     # the cluster, and the measured table) costs more than the collective's formula.
-    # The entry holds the objects, so their ids cannot be reused while it lives; all
-    # three are immutable, so the same objects mean the same value.
-    key = (kind, nbytes, id(ranks), id(cluster), id(intra_table))
-    hit = _BY_IDENTITY.get(key)
-    if hit is not None and hit[0] is ranks and hit[1] is cluster and hit[2] is intra_table:
-        return hit[3]
-    t = _collective_cached(kind, float(nbytes), group_shape(ranks, cluster), cluster,
-                           intra_table)
-    if len(_BY_IDENTITY) >= _IDENTITY_SIZE:
-        _BY_IDENTITY.clear()
-    _BY_IDENTITY[key] = (ranks, cluster, intra_table, t)
-    return t
+    # All three are immutable, so the same objects mean the same value. The arguments
+    # are checked on a miss only: a hit's were checked when it was stored.
+    return _BY_IDENTITY.get((ranks, cluster, intra_table), (kind, nbytes), _collective,
+                            kind, nbytes, ranks, cluster, intra_table)
 
 
-_BY_IDENTITY: dict[tuple, tuple] = {}
-_P2P: dict[tuple, tuple] = {}
-_IDENTITY_SIZE = 65536
+def _p2p(nbytes: float, a: int, b: int, cluster: Cluster,
+         intra_table: NcclTable | None) -> float:
+    if cluster.same_node(a, b):
+        return cluster.intra.time(nbytes)
+    return cluster.inter.latency_s + nbytes / inter_bandwidth_per_gpu(cluster, intra_table)
+
+
+def _check(kind: str, nbytes: float) -> None:
+    if kind not in COLLECTIVES:
+        raise CostModelError(f"unknown collective {kind!r}; choose one of: "
+                             f"{', '.join(COLLECTIVES)}")
+    if nbytes < 0:
+        raise CostModelError(f"collective bytes must be >= 0, got {nbytes}")
+
+
+def _collective(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Cluster,
+                intra_table: NcclTable | None) -> float:
+    _check(kind, nbytes)
+    return _collective_cached(kind, float(nbytes), group_shape(ranks, cluster), cluster,
+                              intra_table)
+
+
+# Bounded: they live as long as the process, across searches and cost models.
+_BY_IDENTITY = IdentityMemo(max_entries=65536)
+_P2P = IdentityMemo(max_entries=65536)
 
 
 def measured_collectives(table: NcclTable) -> Callable[..., float]:

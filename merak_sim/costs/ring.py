@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from merak_sim.layout import RankLayout
+from merak_sim.memo import IdentityMemo
 
 __all__ = ["RingPass", "ring_steps", "ring_pass", "check_cp", "clear_ring_cache"]
 
@@ -65,24 +66,18 @@ def ring_pass(comm: Comm, cluster: Any, config: Any, pp_rank: int, kv_bytes: flo
     if xch == 0 or kv_bytes <= 0:
         return RingPass(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     # Memoised (a planner prices the same stages for many tables): on the values of
-    # the degrees and figures, the identity of ``comm`` and ``cluster``, whose entry
-    # holds them so their ids cannot be reused while it lives (plain ints only, so a
-    # layout the degrees break still raises).
+    # the degrees and figures and the identity of ``comm`` and ``cluster``; plain ints
+    # only, so a layout the degrees break still raises, warm or cold.
     degrees = (config.dp, config.tp, config.pp, cp, pp_rank)
-    key = (id(comm), id(cluster), *degrees, kv_bytes, attn_fwd_s, attn_bwd_s)
-    hit = _PASSES.get(key)
-    if hit is not None and hit[0] is comm and hit[1] is cluster:
-        return hit[2]
-    out = _ring_pass(comm, cluster, config, pp_rank, kv_bytes, attn_fwd_s, attn_bwd_s)
-    if all(type(x) is int for x in degrees):
-        if len(_PASSES) >= _PASSES_SIZE:
-            _PASSES.clear()
-        _PASSES[key] = (comm, cluster, out)
-    return out
+    if not all(type(x) is int for x in degrees):
+        return _ring_pass(comm, cluster, config, pp_rank, kv_bytes, attn_fwd_s, attn_bwd_s)
+    return _PASSES.get((comm, cluster), (*degrees, kv_bytes, attn_fwd_s, attn_bwd_s),
+                       _ring_pass, comm, cluster, config, pp_rank, kv_bytes, attn_fwd_s,
+                       attn_bwd_s)
 
 
-_PASSES: dict[tuple, tuple] = {}
-_PASSES_SIZE = 65536
+# Bounded: it lives as long as the process, across searches and cost models.
+_PASSES = IdentityMemo(max_entries=65536)
 
 
 def clear_ring_cache() -> None:

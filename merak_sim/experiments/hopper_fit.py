@@ -183,8 +183,8 @@ def fit(rows: Sequence[dict], start: HopperParams | None = None, *, rounds: int 
         return mean_log_error(rows, HopperParams(x, start.profile))
 
     bounds = A100_BOUNDS if start.profile in A100_PROFILES else BOUNDS
-    x, best = coordinate_search(loss, dict(start.values), bounds, rounds=rounds, log=log)
-    return HopperParams(x, start.profile), best
+    res = coordinate_search(loss, dict(start.values), bounds, rounds=rounds, log=log)
+    return HopperParams(res.params, start.profile), res.loss
 
 
 #: Candidate parameter sets per profile (module docstring); every parameter a variant

@@ -96,7 +96,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from merak_sim.config import ParallelConfig
@@ -105,7 +105,7 @@ from merak_sim.costs.base import CostModel, CostTable
 from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, measured_collectives
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.costs.nccl import VTRAIN_A100
-from merak_sim.experiments.fitting import coordinate_search
+from merak_sim.experiments.fitting import SearchResult, coordinate_search
 from merak_sim.experiments.vtrain_engine import DeepSpeedPipelineModel
 from merak_sim.hardware import Cluster, get_cluster
 from merak_sim.model import ModelSpec
@@ -292,10 +292,12 @@ def fit(rows: Sequence[VTrainRow], start: Efficiency | None = None, *,
         rounds: int = int(SEARCH["rounds"]), step: float = SEARCH["step"],
         tol: float = SEARCH["tol"], min_step: float = SEARCH["min_step"],
         pattern: bool = bool(SEARCH["pattern"]), params: Sequence[str] = FIT_PARAMS,
-        log: Callable[[str], None] | None = None) -> tuple[Efficiency, float]:
+        log: Callable[[str], None] | None = None) -> SearchResult:
     """Fit efficiency parameters to ``rows`` within :data:`BOUNDS` from ``start``
     (default :func:`start_efficiency`) under the stopping rule of :data:`SEARCH`
-    (module docstring); returns (Efficiency, mean absolute log error)."""
+    (module docstring); returns the search's result with the fitted Efficiency as its
+    ``params`` and the mean absolute log error as its ``loss`` (it unpacks as that
+    pair), and whether the rule or the round cap ended it."""
     eff = start or start_efficiency()
     prepared = [PreparedRow.of(r) for r in rows]
     meas = [r.time_ms / 1e3 for r in rows]
@@ -307,7 +309,7 @@ def fit(rows: Sequence[VTrainRow], start: Efficiency | None = None, *,
             return math.inf
         return _loss([p.predict(e) for p in prepared], meas)
 
-    x, best = coordinate_search(loss_of, {k: getattr(eff, k) for k in params},
-                                {k: BOUNDS[k] for k in params}, rounds=rounds, step=step,
-                                tol=tol, min_step=min_step, pattern=pattern, log=log)
-    return eff.with_(**x), best
+    res = coordinate_search(loss_of, {k: getattr(eff, k) for k in params},
+                            {k: BOUNDS[k] for k in params}, rounds=rounds, step=step,
+                            tol=tol, min_step=min_step, pattern=pattern, log=log)
+    return replace(res, params=eff.with_(**res.params))
