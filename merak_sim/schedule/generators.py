@@ -82,7 +82,16 @@ def one_f_one_b(S: int, M: int) -> list[list[Step]]:
 
     M < S works but leaves a larger bubble.
     """
-    return [[make_action(k, s, m) for k, m in _1f1b_order(S, M, s)] for s in range(S)]
+    progs = []
+    for s in range(S):
+        # _1f1b_order's sequence, built from the rank's forwards and backwards
+        # directly (no (kind, micro-batch) pairs in between).
+        warm = min(S - 1 - s, M)
+        fwd = [make_action(F, s, m) for m in range(M)]
+        bwd = [make_action(B, s, m) for m in range(M)]
+        steady = [x for pair in zip(fwd[warm:], bwd, strict=False) for x in pair]
+        progs.append(fwd[:warm] + steady + bwd[M - warm:])
+    return progs
 
 
 def interleaved_1f1b_period(S: int, v: int) -> Period:

@@ -19,9 +19,7 @@ Rules (pure, deterministic):
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from .ir import Action, Kind, Schedule, Step, make_action, make_fused
+from .ir import _NEW, Action, Kind, Schedule, Step, _ActionSlots, make_fused
 
 __all__ = ["lower", "peer_of", "comm_key", "consumed_key"]
 
@@ -88,7 +86,12 @@ def lower(sched: Schedule) -> Schedule:
     if sched.lowered:
         return sched
     programs = tuple(_lowered(sched, prog) for prog in sched.programs)
-    return replace(sched, programs=programs, lowered=True)
+    # ``replace`` would check every action again: the pass only adds sends and
+    # receives on their consumer's or producer's rank and chunk, which the checked
+    # schedule already holds, so the copy takes the checked fields as they are.
+    out = _NEW(Schedule)
+    out.__dict__.update(sched.__dict__, programs=programs, lowered=True)
+    return out
 
 
 def _needs(sched: Schedule, a: Action) -> tuple[Kind | None, int, Kind | None, int]:
@@ -127,7 +130,14 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             n = needs[key] = _needs(sched, step)
         recv_kind, recv_peer, send_kind, send_peer = n
         if recv_kind is not None:
-            recv = make_action(recv_kind, step.stage, step.microbatch, ch)
+            # Built as make_action builds it, less its checks: the fields are those
+            # of the checked compute action, and a send or receive takes them all.
+            recv = _NEW(_ActionSlots)
+            recv.kind = recv_kind
+            recv.stage = step.stage
+            recv.microbatch = step.microbatch
+            recv.chunk = ch
+            recv.__class__ = Action
             if explicit is None or recv not in explicit:
                 if pending is not None and pending_peer == recv_peer:
                     out.append(make_fused((pending, recv)))
@@ -141,7 +151,12 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             pending = None
         out.append(step)
         if send_kind is not None:
-            send = make_action(send_kind, step.stage, step.microbatch, ch)
+            send = _NEW(_ActionSlots)
+            send.kind = send_kind
+            send.stage = step.stage
+            send.microbatch = step.microbatch
+            send.chunk = ch
+            send.__class__ = Action
             if explicit is None or send not in explicit:
                 pending, pending_peer = send, send_peer
     if pending is not None:

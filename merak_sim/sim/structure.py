@@ -19,10 +19,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from operator import itemgetter
+from itertools import repeat
 
 from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
-from merak_sim.schedule.liveness import Held, transitions
+from merak_sim.schedule.liveness import Held, entered_by
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
 from .action_costs import gatherer
@@ -187,7 +187,7 @@ def _step_facts(sched: Schedule, a: Action) -> list:
             1 if k in FORWARD_KINDS else 2 if k in RECOMPUTING_KINDS else 0,
             k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT), k is Kind.ALL_REDUCE,
             None if ck is None else ck[:2], -1 if ck is None else _tag_base(*ck[:2]),
-            -1, -1]
+            -1, -1, entered_by(k)]
 
 
 def _history(code: int) -> tuple[Held, ...]:
@@ -224,16 +224,18 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     free_of: list[int] = []
     ops_all, flops_r, rec_r, ar_order, last_bwd, chunks_all = [], [], [], [], [], []
     ids_all, consumed_all = [], []
-    rebuilt = Held.REBUILT
-    entered = itemgetter(1)
+    recompute = Kind.RECOMPUTE
     for rank, prog in enumerate(sched.programs):
         ops: list[tuple[int, int, int]] = []
         consumed: dict[int, int] = {}
-        walk = transitions(sched, rank)
-        live = iter(walk).__next__
-        # (chunk, micro-batch) of every explicit R (its item rebuilt) on the rank
-        explicit_r = ({(a.chunk, a.microbatch) for a, enters, _l, _c in walk
-                       if enters is rebuilt} if rebuilt in map(entered, walk) else None)
+        # (chunk, micro-batch) of every explicit R (its item rebuilt) on the rank; the
+        # scan for one runs at C speed (a fused group has no kind: None).
+        explicit_r = ({(a.chunk, a.microbatch) for a in prog
+                       if type(a) is Action and a.kind is recompute}
+                      if recompute in map(getattr, prog, repeat("kind"), repeat(None))
+                      else None)
+        # The liveness walk (:func:`~merak_sim.schedule.liveness.transitions`) is
+        # inlined: an item's state is live exactly while ``history`` holds its
         # (chunk, micro-batch) -> history code of the states it entered (base 4,
         # states + 1: unique per history), so rules are keyed by integers.
         history: dict[int, int] = {}  # key m * v + chunk
@@ -284,10 +286,10 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             f = facts[fk]
             if f is None:
                 f = facts[fk] = _step_facts(sched, a)
-            per_mb, g, reads, flops_class, is_last, is_ar, head, head_base, rid, rid_r = f
+            (per_mb, g, reads, flops_class, is_last, is_ar, head, head_base, rid, rid_r,
+             enters) = f
             mb = a.microbatch
             actions.append(a)
-            _a, enters, leaves, _c = live()
             al = fr = 0
             if enters is not None:
                 item = mb * v + ch
@@ -297,13 +299,14 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 if al < 0:
                     al = mem_ids[mk] = len(mem_rules)
                     mem_rules.append((rank, ch, _history(code), False))
-            elif leaves is not None:
-                code = history.pop(mb * v + ch, 0)
-                mk = (code * v + ch) * 2 + 1
-                fr = mem_ids.get(mk, -1)
-                if fr < 0:
-                    fr = mem_ids[mk] = len(mem_rules)
-                    mem_rules.append((rank, ch, _history(code), True))
+            elif is_last:  # B or W frees its item, if live
+                code = history.pop(mb * v + ch, None)
+                if code is not None:
+                    mk = (code * v + ch) * 2 + 1
+                    fr = mem_ids.get(mk, -1)
+                    if fr < 0:
+                        fr = mem_ids[mk] = len(mem_rules)
+                        mem_rules.append((rank, ch, _history(code), True))
             alloc_of.append(al)
             free_of.append(fr)
             if reads and explicit_r is not None and (ch, mb) in explicit_r:
