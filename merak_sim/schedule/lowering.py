@@ -19,7 +19,9 @@ Rules (pure, deterministic):
 
 from __future__ import annotations
 
-from .ir import _NEW, Action, Kind, Schedule, Step, _ActionSlots, make_fused
+from operator import attrgetter
+
+from .ir import _NEW, Action, Fused, Kind, Schedule, Step, _ActionSlots, _FusedSlots
 
 __all__ = ["lower", "peer_of", "comm_key", "consumed_key"]
 
@@ -81,6 +83,9 @@ def _send_for(sched: Schedule, a: Action) -> Action | None:
     return None
 
 
+_IS_COMM = attrgetter("kind.is_comm")
+
+
 def lower(sched: Schedule) -> Schedule:
     """Return ``sched`` with communication inserted (idempotent on lowered schedules)."""
     if sched.lowered:
@@ -106,9 +111,13 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
     """One rank's program lowered in one pass: a send inserted after a compute action
     waits in ``pending`` until the next step shows whether a receive inserted before
     it, to the same peer, fuses with it."""
-    # Most generators place no communication: then nothing needs hashing.
-    explicit = {a for s in prog if type(s) is not Action or s.kind.is_comm
-                for a in s.parts} or None  # a fused group holds only sends and receives
+    # Most generators place no communication: then nothing needs hashing (both
+    # scans run at C speed; only a program with a fused group or a send or receive
+    # is walked for them).
+    explicit = None
+    if set(map(type, prog)) != {Action} or True in map(_IS_COMM, prog):
+        explicit = {a for s in prog if type(s) is not Action or s.kind.is_comm
+                    for a in s.parts} or None  # a fused group holds only sends and receives
     # Indexed by the kind's code (enum hashing is slow) times v plus the chunk
     # (below v, as the Schedule checked): the rank is the program's.
     v = sched.virtual_stages
@@ -140,7 +149,11 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             recv.__class__ = Action
             if explicit is None or recv not in explicit:
                 if pending is not None and pending_peer == recv_peer:
-                    out.append(make_fused((pending, recv)))
+                    # make_fused's group, less its checks (two sends and receives)
+                    fused = _NEW(_FusedSlots)
+                    fused.parts = (pending, recv)
+                    fused.__class__ = Fused
+                    out.append(fused)
                 else:
                     if pending is not None:
                         out.append(pending)
