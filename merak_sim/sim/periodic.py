@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import compress
 
 from merak_sim.schedule.spec import Period
 
@@ -102,17 +101,16 @@ def _layout(prog: Compiled, period: Period) -> list[int] | None:
 
 
 def _block_map(prog: Compiled, period: Period, last: int, window: int
-               ) -> tuple[list, list[bool], list[bool], list[bool]]:
-    """Per action id, with one more slot for -1 ("none": None, False, False, False):
+               ) -> tuple[list, list[bool], list[bool]]:
+    """Per action id, with one more slot for -1 ("none": None, False, False):
     (rank, block, offset) for blocks 0 .. ``last`` (None for the prefix and the
-    ending); whether it belongs to the ending; whether it comes before block
+    ending); whether it belongs to the ending; and whether it comes before block
     ``last - window`` (the prefix or an earlier block: what the ending may not
-    read); and whether it belongs to the blocks check 1 compares (after that one)."""
+    read)."""
     n = len(prog.actions)
     where: list = [None] * (n + 1)
     ending = [False] * (n + 1)
     early = [False] * (n + 1)
-    checked = [False] * (n + 1)
     lo = last - window
     for r, ids in enumerate(prog.structure.compute_ids):
         pre, blk = period.prefix[r], period.block[r]
@@ -120,40 +118,34 @@ def _block_map(prog: Compiled, period: Period, last: int, window: int
             base = pre + j * blk
             for o in range(blk):
                 where[ids[base + o]] = (r, j, o)
-        # A rank's action ids are consecutive (the structure numbers them in
-        # program order), so each run of them is one slice.
-        a = ids[0]
-        for flags, b, e in ((early, 0, pre + lo * blk),
-                            (checked, pre + (lo + 1) * blk, pre + (last + 1) * blk),
-                            (ending, pre + (last + 1) * blk, len(ids))):
-            flags[a + b: a + e] = [True] * (e - b)
-    return where, ending, early, checked
+        for x in ids[:pre + lo * blk]:
+            early[x] = True
+        for x in ids[pre + (last + 1) * blk:]:
+            ending[x] = True
+    return where, ending, early
 
 
-def _pattern_ok(prog: Compiled, pl: DependencyGraph,
-                maps: tuple[list, list[bool], list[bool], list[bool]], last: int, window: int
-                ) -> bool:
+def _pattern_ok(prog: Compiled, pl: DependencyGraph, maps: tuple[list, list[bool], list[bool]],
+                last: int, window: int) -> bool:
     """Checks 1 and 3 of the module docstring on the base's dependency graph
     (``maps`` from :func:`_block_map`; an id of -1 reads the "none" slot)."""
-    where, ending, early, checked = maps
+    where, ending, early = maps
+    lo = last - window
     sig: dict[tuple[int, int], tuple] = {}
     rules = prog.structure.rule_of_action
     alloc, free = prog.structure.alloc_rule, prog.structure.free_rule
     xs = prog.transfer_s
-    if not pl.nodes:
-        return _tails_ok(prog, pl, early)
-    # Check 3 over every node at C speed: an ending node reads no early node, any
-    # other node no ending node (one conjunction, so the order of the tests is free).
-    ids, prevs, _deps, sps, rps = zip(*pl.nodes, strict=True)
-    ends = list(map(ending.__getitem__, ids))
-    others = [not e for e in ends]
-    for col in (prevs, sps, rps):
-        if (True in map(early.__getitem__, compress(col, ends))
-                or True in map(ending.__getitem__, compress(col, others))):
+    for i, prev, dep, sp, rp in pl.nodes:
+        if ending[i]:
+            if early[prev] or early[sp] or early[rp]:
+                return False
+            continue
+        if ending[prev] or ending[sp] or ending[rp]:
             return False
-    # Check 1 on the nodes of the checked blocks only.
-    for i, prev, dep, sp, rp in compress(pl.nodes, map(checked.__getitem__, ids)):
-        r, j, o = where[i]
+        w = where[i]
+        if w is None or w[1] <= lo:
+            continue
+        r, j, o = w
         s = []
         for x in (prev, sp, rp):
             if x < 0:
@@ -167,12 +159,7 @@ def _pattern_ok(prog: Compiled, pl: DependencyGraph,
         key = (r, o)
         if sig.setdefault(key, tuple(s)) != tuple(s):
             return False
-    return _tails_ok(prog, pl, early)
-
-
-def _tails_ok(prog: Compiled, pl: DependencyGraph, early: list[bool]) -> bool:
-    """The rest of check 3: AR, OPT and the gradient buckets read the rank's last
-    actions and backwards, none of which may be early."""
+    # AR, OPT and the gradient buckets read the rank's last actions and backwards.
     if any(early[before] for _ar, _opt, before in pl.tails):
         return False
     return not any(early[x] for ids in prog.last_backward for x in ids)
