@@ -50,7 +50,10 @@ class ProgramStructure:
 
     Attributes:
         schedule: the lowered schedule.
-        ops, actions, rank_of_action, num_actions: as in
+        op_words: per rank, its ops (:attr:`ops`) flattened, three integers per op:
+            one tuple per rank, not one per op, so a cold evaluation allocates, and
+            the cyclic collector walks, thousands of objects fewer.
+        actions, rank_of_action, num_actions: as in
             :class:`~merak_sim.sim.program.Compiled`.
         transfer_sends, transfer_recvs: per transfer id, its send and its receive
             (:attr:`transfer_ends` pairs them with the tag).
@@ -79,7 +82,7 @@ class ProgramStructure:
     """
 
     schedule: Schedule
-    ops: tuple[tuple[tuple[int, int, int], ...], ...]
+    op_words: tuple[tuple[int, ...], ...]
     actions: tuple[Action, ...]
     rank_of_action: tuple[int, ...]
     num_actions: int
@@ -99,6 +102,16 @@ class ProgramStructure:
     last_backward: tuple[tuple[int, ...], ...]
     compute_ids: tuple[tuple[int, ...], ...]
     consumed: tuple[dict[int, int], ...]
+
+    @cached_property
+    def ops(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+        """Per rank, its ops as in :class:`~merak_sim.sim.program.Compiled`, built
+        from :attr:`op_words` on first use (the evaluator reads the words)."""
+        out = []
+        for words in self.op_words:
+            it = iter(words)
+            out.append(tuple(zip(it, it, it, strict=True)))
+        return tuple(out)
 
     @cached_property
     def gathers(self) -> dict[str, Callable[[list], tuple]]:
@@ -126,12 +139,14 @@ class ProgramStructure:
         """AR action ids of the distinct ranks holding the first and the last model
         stage (the ranks a tied embedding joins) when there are two and both end in
         an AR, else ()."""
-        last = len(self.ops) * len(self.chunk_stages[0]) - 1 if self.ops else -1
+        last = len(self.op_words) * len(self.chunk_stages[0]) - 1 if self.op_words else -1
         ranks = sorted({r for r, stages in enumerate(self.chunk_stages)
                         for g in stages if g in (0, last)})
         if len(ranks) < 2:
             return ()
-        ids = [x for r in ranks for code, x, _y in self.ops[r] if code == OP_AR]
+        ids = [x for r in ranks for code, x in zip(self.op_words[r][0::3],
+                                                   self.op_words[r][1::3], strict=True)
+               if code == OP_AR]
         return tuple(ids) if len(ids) == 2 else ()
 
 
@@ -226,7 +241,8 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     ids_all, consumed_all = [], []
     recompute = Kind.RECOMPUTE
     for rank, prog in enumerate(sched.programs):
-        ops: list[tuple[int, int, int]] = []
+        ops: list[int] = []  # three words per op
+        put = ops.append
         consumed: dict[int, int] = {}
         # (chunk, micro-batch) of every explicit R (its item rebuilt) on the rank; the
         # scan for one runs at C speed (a fused group has no kind: None).
@@ -278,7 +294,9 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                         if recvs[t] is None:
                             paired += 1
                         recvs[t] = p
-                    ops.append((OP_POST, t, is_send))
+                    put(OP_POST)
+                    put(t)
+                    put(is_send)
                 continue
             a = step
             ch = a.chunk
@@ -325,9 +343,13 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             if is_last:
                 last_b[ch] = aid
             if is_ar:
-                ops.append((OP_AR, aid, -1))
+                put(OP_AR)
+                put(aid)
+                put(-1)
             elif head is None:
-                ops.append((OP_COMPUTE, aid, -1))
+                put(OP_COMPUTE)
+                put(aid)
+                put(-1)
             else:
                 t = tid.get(mb * width + head_base)
                 if t is None:
@@ -335,7 +357,9 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                                         f"{(*head, mb)} before its receive; "
                                         "lower the schedule")
                 consumed[aid] = t
-                ops.append((OP_COMPUTE, aid, t))
+                put(OP_COMPUTE)
+                put(aid)
+                put(t)
             aid += 1
         rank_of += [rank] * (len(actions) - first)
         # chunks with per-micro-batch actions (sends and receives all are)
@@ -356,9 +380,9 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 raise ScheduleError(f"{a} on rank {a.stage} has no matching "
                                     f"{'receive' if a.kind.is_send else 'send'}")
     return ProgramStructure(
-        schedule=sched, ops=tuple(ops_all), actions=tuple(actions),
+        schedule=sched, op_words=tuple(ops_all), actions=tuple(actions),
         rank_of_action=tuple(rank_of),
-        num_actions=sum(map(len, ops_all)),
+        num_actions=sum(map(len, ops_all)) // 3,
         transfer_sends=tuple(sends), transfer_recvs=tuple(recvs),
         transfer_boundary=tuple(bounds), rules=tuple(rules),
         rule_of_action=tuple(rule_of), memory_rules=tuple(mem_rules),
