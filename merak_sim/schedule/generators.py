@@ -18,10 +18,11 @@ ZB-V and DualPipeV in :mod:`merak_sim.schedule.v_shape`.
 
 from __future__ import annotations
 
-from .ir import _NEW, Action, Kind, Schedule, ScheduleError, Step, _ActionSlots, make_action
+from .ir import Action, Kind, Schedule, ScheduleError, Step, make_action
 from .lowering import lower
 from .replay import stage_aware_fractions
 from .spec import Period, ScheduleSpec
+from .unchecked import run
 from .v_shape import dualpipev, zb_v
 from .zero_bubble import uniform_fractions, zb_auto, zb_h1, zb_h2, zb_scp
 from .zero_bubble_interleaved import zb_interleaved
@@ -77,22 +78,6 @@ def zb_h1_period(S: int, v: int = 1) -> Period:
                   tuple(2 * S - s for s in range(S)))
 
 
-def _run(kind: Kind, s: int, M: int) -> list[Action]:
-    """``[make_action(kind, s, m) for m in range(M)]`` built as make_action builds
-    each, less its checks (a rank and micro-batches from ``range`` are valid)."""
-    out = []
-    add = out.append
-    for m in range(M):
-        a = _NEW(_ActionSlots)
-        a.kind = kind
-        a.stage = s
-        a.microbatch = m
-        a.chunk = 0
-        a.__class__ = Action
-        add(a)
-    return out
-
-
 def one_f_one_b(S: int, M: int) -> list[list[Step]]:
     """1F1B (PipeDream-flush): at most S - s micro-batches in flight on stage s.
 
@@ -103,8 +88,8 @@ def one_f_one_b(S: int, M: int) -> list[list[Step]]:
         # _1f1b_order's sequence, built from the rank's forwards and backwards
         # directly (no (kind, micro-batch) pairs in between).
         warm = min(S - 1 - s, M)
-        fwd = _run(F, s, M)
-        bwd = _run(B, s, M)
+        fwd = run(F, s, M)
+        bwd = run(B, s, M)
         steady = [x for pair in zip(fwd[warm:], bwd, strict=False) for x in pair]
         progs.append(fwd[:warm] + steady + bwd[M - warm:])
     return progs

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from .ir import _NEW, Action, Fused, Kind, Schedule, Step, _ActionSlots, _FusedSlots
+from .ir import Action, Fused, Kind, Schedule, Step
+from .unchecked import ActionTwin, FusedTwin, new_twin
 
 __all__ = ["lower", "peer_of", "comm_key", "consumed_key"]
 
@@ -94,7 +95,7 @@ def lower(sched: Schedule) -> Schedule:
     # ``replace`` would check every action again: the pass only adds sends and
     # receives on their consumer's or producer's rank and chunk, which the checked
     # schedule already holds, so the copy takes the checked fields as they are.
-    out = _NEW(Schedule)
+    out = new_twin(Schedule)
     out.__dict__.update(sched.__dict__, programs=programs, lowered=True)
     return out
 
@@ -141,7 +142,7 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
         if recv_kind is not None:
             # Built as make_action builds it, less its checks: the fields are those
             # of the checked compute action, and a send or receive takes them all.
-            recv = _NEW(_ActionSlots)
+            recv = new_twin(ActionTwin)
             recv.kind = recv_kind
             recv.stage = step.stage
             recv.microbatch = step.microbatch
@@ -150,7 +151,7 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             if explicit is None or recv not in explicit:
                 if pending is not None and pending_peer == recv_peer:
                     # make_fused's group, less its checks (two sends and receives)
-                    fused = _NEW(_FusedSlots)
+                    fused = new_twin(FusedTwin)
                     fused.parts = (pending, recv)
                     fused.__class__ = Fused
                     out.append(fused)
@@ -164,7 +165,7 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             pending = None
         out.append(step)
         if send_kind is not None:
-            send = _NEW(_ActionSlots)
+            send = new_twin(ActionTwin)
             send.kind = send_kind
             send.stage = step.stage
             send.microbatch = step.microbatch
