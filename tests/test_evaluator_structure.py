@@ -108,7 +108,7 @@ def test_the_collector_is_paused_while_evaluating_and_restored():
         evaluator_trace(compile_program(generate("1f1b", 16, 22), tab), RankLayout(1, 1, 16),
                         1e9, record_memory=False), capacity=1e9, peak_flops=1.0,
         engine="evaluator", global_batch=1, seq_len=None, keep_trace=False))
-    assert base >= 5  # the same work with the collector running
+    assert base >= 3  # the same work with the collector running: several
     forget_schedules()
     assert _collections_during(lambda: simulate(config=cfg, cost_table=tab,
                                                 engine="evaluator", keep_trace=False)) <= 1

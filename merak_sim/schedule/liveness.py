@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from merak_sim.costs.base import StageCost
 
 __all__ = ["ALIVE", "FULL", "Held", "ItemSizes", "LiveStep", "LiveTrace", "liveness",
-           "stash_sizes", "transitions"]
+           "entered_by", "stash_sizes", "transitions"]
 
 
 class Held(enum.IntEnum):
@@ -84,6 +84,12 @@ class Held(enum.IntEnum):
 _ENTERS_BY_CODE = [{Kind.FORWARD: Held.STASH, Kind.FORWARD_NOGRAD: Held.INPUT,
                     Kind.RECOMPUTE: Held.REBUILT}.get(k) for k in Kind]
 _B, _W = Kind.BACKWARD, Kind.BACKWARD_WEIGHT
+
+
+def entered_by(kind: Kind) -> Held | None:
+    """The state an action of ``kind`` moves its item into (None: it allocates
+    nothing; B and W free their item instead, :func:`transitions`)."""
+    return _ENTERS_BY_CODE[kind.code]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,10 @@ Rules (pure, deterministic):
 
 from __future__ import annotations
 
-from dataclasses import replace
+from operator import attrgetter
 
-from .ir import Action, Kind, Schedule, Step, make_action, make_fused
+from .ir import Action, Fused, Kind, Schedule, Step
+from .unchecked import ActionTwin, FusedTwin, new_twin
 
 __all__ = ["lower", "peer_of", "comm_key", "consumed_key"]
 
@@ -83,12 +84,20 @@ def _send_for(sched: Schedule, a: Action) -> Action | None:
     return None
 
 
+_IS_COMM = attrgetter("kind.is_comm")
+
+
 def lower(sched: Schedule) -> Schedule:
     """Return ``sched`` with communication inserted (idempotent on lowered schedules)."""
     if sched.lowered:
         return sched
     programs = tuple(_lowered(sched, prog) for prog in sched.programs)
-    return replace(sched, programs=programs, lowered=True)
+    # ``replace`` would check every action again: the pass only adds sends and
+    # receives on their consumer's or producer's rank and chunk, which the checked
+    # schedule already holds, so the copy takes the checked fields as they are.
+    out = new_twin(Schedule)
+    out.__dict__.update(sched.__dict__, programs=programs, lowered=True)
+    return out
 
 
 def _needs(sched: Schedule, a: Action) -> tuple[Kind | None, int, Kind | None, int]:
@@ -103,9 +112,13 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
     """One rank's program lowered in one pass: a send inserted after a compute action
     waits in ``pending`` until the next step shows whether a receive inserted before
     it, to the same peer, fuses with it."""
-    # Most generators place no communication: then nothing needs hashing.
-    explicit = {a for s in prog if type(s) is not Action or s.kind.is_comm
-                for a in s.parts} or None  # a fused group holds only sends and receives
+    # Most generators place no communication: then nothing needs hashing (both
+    # scans run at C speed; only a program with a fused group or a send or receive
+    # is walked for them).
+    explicit = None
+    if set(map(type, prog)) != {Action} or True in map(_IS_COMM, prog):
+        explicit = {a for s in prog if type(s) is not Action or s.kind.is_comm
+                    for a in s.parts} or None  # a fused group holds only sends and receives
     # Indexed by the kind's code (enum hashing is slow) times v plus the chunk
     # (below v, as the Schedule checked): the rank is the program's.
     v = sched.virtual_stages
@@ -127,10 +140,21 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             n = needs[key] = _needs(sched, step)
         recv_kind, recv_peer, send_kind, send_peer = n
         if recv_kind is not None:
-            recv = make_action(recv_kind, step.stage, step.microbatch, ch)
+            # Built as make_action builds it, less its checks: the fields are those
+            # of the checked compute action, and a send or receive takes them all.
+            recv = new_twin(ActionTwin)
+            recv.kind = recv_kind
+            recv.stage = step.stage
+            recv.microbatch = step.microbatch
+            recv.chunk = ch
+            recv.__class__ = Action
             if explicit is None or recv not in explicit:
                 if pending is not None and pending_peer == recv_peer:
-                    out.append(make_fused((pending, recv)))
+                    # make_fused's group, less its checks (two sends and receives)
+                    fused = new_twin(FusedTwin)
+                    fused.parts = (pending, recv)
+                    fused.__class__ = Fused
+                    out.append(fused)
                 else:
                     if pending is not None:
                         out.append(pending)
@@ -141,7 +165,12 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             pending = None
         out.append(step)
         if send_kind is not None:
-            send = make_action(send_kind, step.stage, step.microbatch, ch)
+            send = new_twin(ActionTwin)
+            send.kind = send_kind
+            send.stage = step.stage
+            send.microbatch = step.microbatch
+            send.chunk = ch
+            send.__class__ = Action
             if explicit is None or send not in explicit:
                 pending, pending_peer = send, send_peer
     if pending is not None:

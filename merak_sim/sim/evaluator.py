@@ -91,7 +91,6 @@ def _order(prog: Compiled) -> DependencyGraph:
     nx = len(prog.transfer_s)
     send_prev = [None] * nx
     recv_prev = [-1] * nx
-    pcs = [0] * S
     last = [-1] * S
     nodes = []
     tails = [[-1, -1, -1] for _ in range(S)]
@@ -100,18 +99,31 @@ def _order(prog: Compiled) -> DependencyGraph:
     actions = prog.actions
     optimizer = Kind.OPTIMIZER
     post, all_reduce = OP_POST, OP_AR
-    all_ops = prog.ops
+    # Each rank's ops, three words each, read through one zip per rank: it keeps
+    # the rank's place between runs, and ``held`` the (action, transfer) of the op
+    # a rank stopped at, taken up first when it runs again.
+    runs = []
+    for words in prog.structure.op_words:
+        it = iter(words)
+        runs.append(zip(it, it, it, strict=True))
+    held: list[tuple[int, int] | None] = [None] * S
+    done = [False] * S
 
     add = nodes.append
     while ready:
         r = ready.pop()
-        ops = all_ops[r]
-        n_ops = len(ops)
-        pc = pcs[r]
         lr = last[r]
         tail = tails[r]
-        while pc < n_ops:
-            code, x, y = ops[pc]
+        h = held[r]
+        if h is not None:
+            x, y = h
+            if send_prev[y] is None:
+                waiting.setdefault(y, []).append(r)
+                continue
+            add((x, lr, y, send_prev[y], recv_prev[y]))
+            lr = x
+            held[r] = None
+        for code, x, y in runs[r]:
             if code == post:
                 if y:
                     send_prev[x] = lr
@@ -133,14 +145,15 @@ def _order(prog: Compiled) -> DependencyGraph:
                 lr = x
             elif send_prev[y] is None:
                 waiting.setdefault(y, []).append(r)
+                held[r] = (x, y)
                 break
             else:
                 add((x, lr, y, send_prev[y], recv_prev[y]))
                 lr = x
-            pc += 1
-        pcs[r] = pc
+        else:
+            done[r] = True
         last[r] = lr
-    if any(pcs[r] < len(prog.ops[r]) for r in range(S)):
+    if not all(done):
         # Let the reference interpreter produce its rank x step grid.
         execute(prog.schedule, lambda a: 1.0)
         raise ScheduleError(f"schedule {prog.schedule.name!r} deadlocks")

@@ -128,7 +128,6 @@ class Compiled:
 
     schedule: Schedule
     structure: ProgramStructure
-    ops: tuple[tuple[tuple[int, int, int], ...], ...]
     actions: tuple[Action, ...]
     rank_of_action: tuple[int, ...]
     duration_s: tuple[float, ...]
@@ -145,6 +144,11 @@ class Compiled:
     recompute_fraction: tuple[float, ...]
     num_actions: int
     tied_ar: tuple[int, ...] = ()
+
+    @property
+    def ops(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+        """Per rank, its ops (class docstring): the structure's, built on first use."""
+        return self.structure.ops
 
     @property
     def num_ranks(self) -> int:
@@ -231,7 +235,6 @@ def compile_program(
     return Compiled(
         schedule=sched,
         structure=ps,
-        ops=ps.ops,
         actions=ps.actions,
         rank_of_action=ps.rank_of_action,
         duration_s=get["action"](cols[0]),

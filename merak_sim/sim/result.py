@@ -347,12 +347,14 @@ def rank_breakdown(tr: EventLog, e: int, rows: list[tuple[int, float, float]] | 
             elif k is optimizer and overlapped:
                 comm += wait
         d = en - st
-        x_tp = tpx[aid] if tpx else 0.0
+        x_tp = tpx[aid]  # one per action id (a gather), so never empty here
         if x_tp > 0.0 or (sim_tp and aid in sim_tp):
             # Exposed TP collectives (plus any contention delay) are communication;
             # the rest splits into compute and recompute as the contention-free parts.
-            w = sim_tp.get(aid) if sim_tp else None
-            c = x_tp + (w[2] if w is not None else 0.0)
+            c = x_tp  # x_tp + 0.0 when x_tp > 0.0, exactly
+            if sim_tp:
+                w = sim_tp.get(aid)
+                c = x_tp + (w[2] if w is not None else 0.0)
             if not c < d:
                 c = d
             comm += c

@@ -19,10 +19,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from operator import itemgetter
+from itertools import repeat
 
 from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
-from merak_sim.schedule.liveness import Held, transitions
+from merak_sim.schedule.liveness import Held, entered_by
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
 from .action_costs import gatherer
@@ -50,7 +50,10 @@ class ProgramStructure:
 
     Attributes:
         schedule: the lowered schedule.
-        ops, actions, rank_of_action, num_actions: as in
+        op_words: per rank, its ops (:attr:`ops`) flattened, three integers per op:
+            one tuple per rank, not one per op, so a cold evaluation allocates, and
+            the cyclic collector walks, thousands of objects fewer.
+        actions, rank_of_action, num_actions: as in
             :class:`~merak_sim.sim.program.Compiled`.
         transfer_sends, transfer_recvs: per transfer id, its send and its receive
             (:attr:`transfer_ends` pairs them with the tag).
@@ -79,7 +82,7 @@ class ProgramStructure:
     """
 
     schedule: Schedule
-    ops: tuple[tuple[tuple[int, int, int], ...], ...]
+    op_words: tuple[tuple[int, ...], ...]
     actions: tuple[Action, ...]
     rank_of_action: tuple[int, ...]
     num_actions: int
@@ -99,6 +102,16 @@ class ProgramStructure:
     last_backward: tuple[tuple[int, ...], ...]
     compute_ids: tuple[tuple[int, ...], ...]
     consumed: tuple[dict[int, int], ...]
+
+    @cached_property
+    def ops(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+        """Per rank, its ops as in :class:`~merak_sim.sim.program.Compiled`, built
+        from :attr:`op_words` on first use (the evaluator reads the words)."""
+        out = []
+        for words in self.op_words:
+            it = iter(words)
+            out.append(tuple(zip(it, it, it, strict=True)))
+        return tuple(out)
 
     @cached_property
     def gathers(self) -> dict[str, Callable[[list], tuple]]:
@@ -126,12 +139,14 @@ class ProgramStructure:
         """AR action ids of the distinct ranks holding the first and the last model
         stage (the ranks a tied embedding joins) when there are two and both end in
         an AR, else ()."""
-        last = len(self.ops) * len(self.chunk_stages[0]) - 1 if self.ops else -1
+        last = len(self.op_words) * len(self.chunk_stages[0]) - 1 if self.op_words else -1
         ranks = sorted({r for r, stages in enumerate(self.chunk_stages)
                         for g in stages if g in (0, last)})
         if len(ranks) < 2:
             return ()
-        ids = [x for r in ranks for code, x, _y in self.ops[r] if code == OP_AR]
+        ids = [x for r in ranks for code, x in zip(self.op_words[r][0::3],
+                                                   self.op_words[r][1::3], strict=True)
+               if code == OP_AR]
         return tuple(ids) if len(ids) == 2 else ()
 
 
@@ -187,7 +202,7 @@ def _step_facts(sched: Schedule, a: Action) -> list:
             1 if k in FORWARD_KINDS else 2 if k in RECOMPUTING_KINDS else 0,
             k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT), k is Kind.ALL_REDUCE,
             None if ck is None else ck[:2], -1 if ck is None else _tag_base(*ck[:2]),
-            -1, -1]
+            -1, -1, entered_by(k)]
 
 
 def _history(code: int) -> tuple[Held, ...]:
@@ -224,16 +239,19 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     free_of: list[int] = []
     ops_all, flops_r, rec_r, ar_order, last_bwd, chunks_all = [], [], [], [], [], []
     ids_all, consumed_all = [], []
-    rebuilt = Held.REBUILT
-    entered = itemgetter(1)
+    recompute = Kind.RECOMPUTE
     for rank, prog in enumerate(sched.programs):
-        ops: list[tuple[int, int, int]] = []
+        ops: list[int] = []  # three words per op
+        put = ops.append
         consumed: dict[int, int] = {}
-        walk = transitions(sched, rank)
-        live = iter(walk).__next__
-        # (chunk, micro-batch) of every explicit R (its item rebuilt) on the rank
-        explicit_r = ({(a.chunk, a.microbatch) for a, enters, _l, _c in walk
-                       if enters is rebuilt} if rebuilt in map(entered, walk) else None)
+        # (chunk, micro-batch) of every explicit R (its item rebuilt) on the rank; the
+        # scan for one runs at C speed (a fused group has no kind: None).
+        explicit_r = ({(a.chunk, a.microbatch) for a in prog
+                       if type(a) is Action and a.kind is recompute}
+                      if recompute in map(getattr, prog, repeat("kind"), repeat(None))
+                      else None)
+        # The liveness walk (:func:`~merak_sim.schedule.liveness.transitions`) is
+        # inlined: an item's state is live exactly while ``history`` holds its
         # (chunk, micro-batch) -> history code of the states it entered (base 4,
         # states + 1: unique per history), so rules are keyed by integers.
         history: dict[int, int] = {}  # key m * v + chunk
@@ -276,7 +294,9 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                         if recvs[t] is None:
                             paired += 1
                         recvs[t] = p
-                    ops.append((OP_POST, t, is_send))
+                    put(OP_POST)
+                    put(t)
+                    put(is_send)
                 continue
             a = step
             ch = a.chunk
@@ -284,10 +304,10 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             f = facts[fk]
             if f is None:
                 f = facts[fk] = _step_facts(sched, a)
-            per_mb, g, reads, flops_class, is_last, is_ar, head, head_base, rid, rid_r = f
+            (per_mb, g, reads, flops_class, is_last, is_ar, head, head_base, rid, rid_r,
+             enters) = f
             mb = a.microbatch
             actions.append(a)
-            _a, enters, leaves, _c = live()
             al = fr = 0
             if enters is not None:
                 item = mb * v + ch
@@ -297,13 +317,14 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 if al < 0:
                     al = mem_ids[mk] = len(mem_rules)
                     mem_rules.append((rank, ch, _history(code), False))
-            elif leaves is not None:
-                code = history.pop(mb * v + ch, 0)
-                mk = (code * v + ch) * 2 + 1
-                fr = mem_ids.get(mk, -1)
-                if fr < 0:
-                    fr = mem_ids[mk] = len(mem_rules)
-                    mem_rules.append((rank, ch, _history(code), True))
+            elif is_last:  # B or W frees its item, if live
+                code = history.pop(mb * v + ch, None)
+                if code is not None:
+                    mk = (code * v + ch) * 2 + 1
+                    fr = mem_ids.get(mk, -1)
+                    if fr < 0:
+                        fr = mem_ids[mk] = len(mem_rules)
+                        mem_rules.append((rank, ch, _history(code), True))
             alloc_of.append(al)
             free_of.append(fr)
             if reads and explicit_r is not None and (ch, mb) in explicit_r:
@@ -322,9 +343,13 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             if is_last:
                 last_b[ch] = aid
             if is_ar:
-                ops.append((OP_AR, aid, -1))
+                put(OP_AR)
+                put(aid)
+                put(-1)
             elif head is None:
-                ops.append((OP_COMPUTE, aid, -1))
+                put(OP_COMPUTE)
+                put(aid)
+                put(-1)
             else:
                 t = tid.get(mb * width + head_base)
                 if t is None:
@@ -332,7 +357,9 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                                         f"{(*head, mb)} before its receive; "
                                         "lower the schedule")
                 consumed[aid] = t
-                ops.append((OP_COMPUTE, aid, t))
+                put(OP_COMPUTE)
+                put(aid)
+                put(t)
             aid += 1
         rank_of += [rank] * (len(actions) - first)
         # chunks with per-micro-batch actions (sends and receives all are)
@@ -353,9 +380,9 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 raise ScheduleError(f"{a} on rank {a.stage} has no matching "
                                     f"{'receive' if a.kind.is_send else 'send'}")
     return ProgramStructure(
-        schedule=sched, ops=tuple(ops_all), actions=tuple(actions),
+        schedule=sched, op_words=tuple(ops_all), actions=tuple(actions),
         rank_of_action=tuple(rank_of),
-        num_actions=sum(map(len, ops_all)),
+        num_actions=sum(map(len, ops_all)) // 3,
         transfer_sends=tuple(sends), transfer_recvs=tuple(recvs),
         transfer_boundary=tuple(bounds), rules=tuple(rules),
         rule_of_action=tuple(rule_of), memory_rules=tuple(mem_rules),

@@ -1,0 +1,50 @@
+"""Actions and fused groups built without the checks of
+:func:`~merak_sim.schedule.ir.make_action` and :func:`~merak_sim.schedule.ir.make_fused`,
+for passes whose every field comes from values those checks already passed: the
+lowering's sends and receives copy a checked compute action's rank, micro-batch and
+chunk, and 1F1B takes its ranks and micro-batches from ``range``.
+
+A frozen dataclass refuses assignment, so an instance starts as a twin class with the
+same slots (plain slot stores, the cheapest there are) and then becomes the real class
+by assigning ``__class__``, as make_action does.
+"""
+
+from __future__ import annotations
+
+from .ir import Action, Fused, Kind
+
+__all__ = ["ActionTwin", "FusedTwin", "new_twin", "run"]
+
+#: ``new_twin(ActionTwin)``: an empty twin, to fill and turn into its class.
+new_twin = object.__new__
+
+
+class ActionTwin:
+    """:class:`~merak_sim.schedule.ir.Action`'s slots without its frozen
+    ``__setattr__``: set kind, stage, microbatch and chunk, then
+    ``__class__ = Action``."""
+
+    __slots__ = Action.__slots__
+
+
+class FusedTwin:
+    """:class:`~merak_sim.schedule.ir.Fused`'s slots without its frozen
+    ``__setattr__``: set parts, then ``__class__ = Fused``."""
+
+    __slots__ = Fused.__slots__
+
+
+def run(kind: Kind, stage: int, microbatches: int) -> list[Action]:
+    """``[make_action(kind, stage, m) for m in range(microbatches)]`` for a
+    per-micro-batch ``kind`` and a rank ``stage >= 0``, less the checks."""
+    out = []
+    add = out.append
+    for m in range(microbatches):
+        a = new_twin(ActionTwin)
+        a.kind = kind
+        a.stage = stage
+        a.microbatch = m
+        a.chunk = 0
+        a.__class__ = Action
+        add(a)
+    return out
