@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from merak_sim.allocator_memory import on_cuda, reserved_bytes
@@ -79,6 +80,12 @@ def parameter_balanced(model: ModelSpec, num_stages: int, tp: int = 1) -> Partit
     last = stage_params(model, 0, False, True, tp) if num_stages > 1 else \
         stage_params(model, 0, True, True, tp) - first
     return balanced([lay] * model.layers, num_stages, first, last, "parameters")
+
+
+@lru_cache(maxsize=256)
+def _forced_attention(prof: ActivationProfile, att: str) -> ActivationProfile:
+    # Memoised: every stage of every table asks for the same few profiles.
+    return replace(prof, name=f"{prof.name}+{att}", attention=att)
 
 
 # ---------------------------------------------------------------- the model
@@ -145,7 +152,7 @@ class AnalyticCostModel:
             prof = KORTHIKANTI if on_cuda(cluster.gpu.name) else CPU_EAGER
         att = getattr(config, "attention", "auto")
         if att != "auto" and prof.attention != att:
-            prof = replace(prof, name=f"{prof.name}+{att}", attention=att)
+            prof = _forced_attention(prof, att)
         return prof
 
     @staticmethod
@@ -489,8 +496,12 @@ class AnalyticCostModel:
         """ZeRO-3 collectives of one micro-batch through the stage's units."""
         _ranks, shard, _rep = sync_groups(config, pp_rank)
         e = sixteen_bit_bytes(config.dtype)
-        ag = [self._comm("all-gather", u * e, shard, cluster) for u in units]
-        rs = [self._comm("reduce-scatter", u * e, shard, cluster) for u in units]
+        # Every layer unit is the same size: price each distinct unit once.
+        once = {u: (self._comm("all-gather", u * e, shard, cluster),
+                    self._comm("reduce-scatter", u * e, shard, cluster))
+                for u in dict.fromkeys(units)}
+        ag = [once[u][0] for u in units]
+        rs = [once[u][1] for u in units]
         fwd = ([emb.forward_s] if first else []) + [lay.forward_s] * n + (
             [head.forward_s] if last else [])
         bwd = ([emb.backward_weight_s] if first else []) + [

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from merak_sim.layout import RankLayout
 
 __all__ = ["FsdpPass", "sync_groups", "grad_sync_seconds", "fsdp_pass",
@@ -76,8 +78,13 @@ def _sync_ranks_of(dp: int, tp: int, pp: int, cp: int, pp_rank: int, tp_rank: in
 
 
 def _sync_ranks(lay: RankLayout, pp_rank: int, tp_rank: int) -> tuple[int, ...]:
-    return tuple(sorted(lay.rank(pp_rank, d, tp_rank, c)
-                        for d in range(lay.dp) for c in range(lay.cp)))
+    # A rank is affine in its coordinates: the corner (which checks pp_rank and
+    # tp_rank) plus the data and context strides, not dp x cp calls of ``rank``.
+    base = lay.rank(pp_rank, 0, tp_rank, 0)
+    step_d = lay.rank(pp_rank, 1, tp_rank, 0) - base if lay.dp > 1 else 0
+    step_c = lay.rank(pp_rank, 0, tp_rank, 1) - base if lay.cp > 1 else 0
+    grid = base + np.arange(lay.dp)[:, None] * step_d + np.arange(lay.cp)[None, :] * step_c
+    return tuple(np.sort(grid, axis=None).tolist())
 
 
 def _split(ranks: tuple[int, ...], shard: int
