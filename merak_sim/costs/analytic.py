@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from merak_sim.allocator_memory import on_cuda, reserved_bytes
@@ -47,7 +46,7 @@ from merak_sim.costs.kernels import KernelEfficiency, default_kernels
 from merak_sim.costs.layers import LayerCost, LayerOptions, edge_costs, layer_cost
 from merak_sim.costs.ring import check_cp, ring_pass
 from merak_sim.costs.sharded_dp import fsdp_pass, fsdp_working_bytes, grad_sync_seconds
-from merak_sim.costs.sharded_dp import sixteen_bit_bytes, sync_groups
+from merak_sim.costs.sharded_dp import fsdp_collectives, sixteen_bit_bytes, sync_groups
 from merak_sim.hardware import Cluster
 from merak_sim.memory import CPU_EAGER, DTYPE_BYTES, KORTHIKANTI, ActivationProfile
 from merak_sim.memory import first_stage_extra_bytes, last_stage_extra_bytes
@@ -80,12 +79,6 @@ def parameter_balanced(model: ModelSpec, num_stages: int, tp: int = 1) -> Partit
     last = stage_params(model, 0, False, True, tp) if num_stages > 1 else \
         stage_params(model, 0, True, True, tp) - first
     return balanced([lay] * model.layers, num_stages, first, last, "parameters")
-
-
-@lru_cache(maxsize=256)
-def _forced_attention(prof: ActivationProfile, att: str) -> ActivationProfile:
-    # Memoised: every stage of every table asks for the same few profiles.
-    return replace(prof, name=f"{prof.name}+{att}", attention=att)
 
 
 # ---------------------------------------------------------------- the model
@@ -152,7 +145,7 @@ class AnalyticCostModel:
             prof = KORTHIKANTI if on_cuda(cluster.gpu.name) else CPU_EAGER
         att = getattr(config, "attention", "auto")
         if att != "auto" and prof.attention != att:
-            prof = _forced_attention(prof, att)
+            prof = replace(prof, name=f"{prof.name}+{att}", attention=att)
         return prof
 
     @staticmethod
@@ -496,12 +489,7 @@ class AnalyticCostModel:
         """ZeRO-3 collectives of one micro-batch through the stage's units."""
         _ranks, shard, _rep = sync_groups(config, pp_rank)
         e = sixteen_bit_bytes(config.dtype)
-        # Every layer unit is the same size: price each distinct unit once.
-        once = {u: (self._comm("all-gather", u * e, shard, cluster),
-                    self._comm("reduce-scatter", u * e, shard, cluster))
-                for u in dict.fromkeys(units)}
-        ag = [once[u][0] for u in units]
-        rs = [once[u][1] for u in units]
+        ag, rs = fsdp_collectives(self._comm, [u * e for u in units], shard, cluster)
         fwd = ([emb.forward_s] if first else []) + [lay.forward_s] * n + (
             [head.forward_s] if last else [])
         bwd = ([emb.backward_weight_s] if first else []) + [

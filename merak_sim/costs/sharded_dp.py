@@ -37,7 +37,7 @@ import numpy as np
 
 from merak_sim.layout import RankLayout
 
-__all__ = ["FsdpPass", "sync_groups", "grad_sync_seconds", "fsdp_pass",
+__all__ = ["FsdpPass", "sync_groups", "grad_sync_seconds", "fsdp_collectives", "fsdp_pass",
            "fsdp_working_bytes", "sixteen_bit_bytes"]
 
 Comm = Callable[[str, float, tuple[int, ...], Any], float]
@@ -117,6 +117,17 @@ def grad_sync_seconds(comm: Comm, cluster: Any, config: Any, pp_rank: int,
     if len(rep) > 1:
         t += comm("all-reduce", nbytes / len(shard), rep, cluster)
     return t
+
+
+def fsdp_collectives(comm: Comm, unit_bytes: Sequence[float], shard: tuple[int, ...],
+                     cluster: Any) -> tuple[list[float], list[float]]:
+    """(all-gather, reduce-scatter) seconds of each ZeRO-3 unit of ``unit_bytes`` over
+    the shard group ``shard``; each distinct size priced once (the layers' units are
+    all alike)."""
+    once = {b: (comm("all-gather", b, shard, cluster), comm("reduce-scatter", b, shard,
+                                                            cluster))
+            for b in dict.fromkeys(unit_bytes)}
+    return [once[b][0] for b in unit_bytes], [once[b][1] for b in unit_bytes]
 
 
 @dataclass(frozen=True, slots=True)
