@@ -258,10 +258,11 @@ def _plan_block(b: Block, ix: _Index, memo: _Memo, free: np.ndarray) -> tuple:
     # Only keys some unpruned variant reads: a probe is a cost table.
     need = sorted(set(ix.relaxed_idx[free].tolist()))
     keys = [(b.tp, b.cp, b.micro_batch_size, *ix.relaxed[j]) for j in need]
-    got = dict(zip(need, zip(keys, memo.rp.arrays_of(keys, b.pp, b.virtual_stages))))
     rel: list[tuple] = [(None, None)] * len(ix.relaxed)
-    for j, (rkey, arr) in got.items():
-        rel[j] = ((rkey, b.pp, b.virtual_stages), arr)
+    for j, arr in zip(need, memo.rp.arrays_of(keys, b.pp, b.virtual_stages), strict=True):
+        # The pricer keeps the arrays for the whole search, so their id names them in
+        # the keys below (cheaper to hash than the relaxed key with pp and v).
+        rel[j] = (id(arr), arr)
     n_sh = len(ix.shape)
     skeys: list[tuple | None] = [None] * n_sh
     bkeys: list[tuple | None] = [None] * n_sh
