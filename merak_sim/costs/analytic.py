@@ -46,7 +46,7 @@ from merak_sim.costs.kernels import KernelEfficiency, default_kernels
 from merak_sim.costs.layers import LayerCost, LayerOptions, edge_costs, layer_cost
 from merak_sim.costs.ring import check_cp, ring_pass
 from merak_sim.costs.sharded_dp import fsdp_pass, fsdp_working_bytes, grad_sync_seconds
-from merak_sim.costs.sharded_dp import sixteen_bit_bytes, sync_groups
+from merak_sim.costs.sharded_dp import fsdp_collectives, sixteen_bit_bytes, sync_groups
 from merak_sim.hardware import Cluster
 from merak_sim.memory import CPU_EAGER, DTYPE_BYTES, KORTHIKANTI, ActivationProfile
 from merak_sim.memory import first_stage_extra_bytes, last_stage_extra_bytes
@@ -489,8 +489,7 @@ class AnalyticCostModel:
         """ZeRO-3 collectives of one micro-batch through the stage's units."""
         _ranks, shard, _rep = sync_groups(config, pp_rank)
         e = sixteen_bit_bytes(config.dtype)
-        ag = [self._comm("all-gather", u * e, shard, cluster) for u in units]
-        rs = [self._comm("reduce-scatter", u * e, shard, cluster) for u in units]
+        ag, rs = fsdp_collectives(self._comm, [u * e for u in units], shard, cluster)
         fwd = ([emb.forward_s] if first else []) + [lay.forward_s] * n + (
             [head.forward_s] if last else [])
         bwd = ([emb.backward_weight_s] if first else []) + [

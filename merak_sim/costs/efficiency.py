@@ -50,7 +50,7 @@ efficiency figures, not from a fit:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 
 __all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "default_efficiency"]
 
@@ -122,7 +122,8 @@ class Efficiency:
 
     def to_dict(self) -> dict:
         """Parameter name -> value."""
-        return asdict(self)
+        # Every field is a float: asdict's deep copy is not needed (one per table).
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def with_(self, **changes: float) -> Efficiency:
         """A copy with some parameters changed (validated)."""

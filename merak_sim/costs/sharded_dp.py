@@ -33,9 +33,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from merak_sim.layout import RankLayout
 
-__all__ = ["FsdpPass", "sync_groups", "grad_sync_seconds", "fsdp_pass",
+__all__ = ["FsdpPass", "sync_groups", "grad_sync_seconds", "fsdp_collectives", "fsdp_pass",
            "fsdp_working_bytes", "sixteen_bit_bytes"]
 
 Comm = Callable[[str, float, tuple[int, ...], Any], float]
@@ -76,8 +78,13 @@ def _sync_ranks_of(dp: int, tp: int, pp: int, cp: int, pp_rank: int, tp_rank: in
 
 
 def _sync_ranks(lay: RankLayout, pp_rank: int, tp_rank: int) -> tuple[int, ...]:
-    return tuple(sorted(lay.rank(pp_rank, d, tp_rank, c)
-                        for d in range(lay.dp) for c in range(lay.cp)))
+    # A rank is affine in its coordinates: the corner (which checks pp_rank and
+    # tp_rank) plus the data and context strides, not dp x cp calls of ``rank``.
+    base = lay.rank(pp_rank, 0, tp_rank, 0)
+    step_d = lay.rank(pp_rank, 1, tp_rank, 0) - base if lay.dp > 1 else 0
+    step_c = lay.rank(pp_rank, 0, tp_rank, 1) - base if lay.cp > 1 else 0
+    grid = base + np.arange(lay.dp)[:, None] * step_d + np.arange(lay.cp)[None, :] * step_c
+    return tuple(np.sort(grid, axis=None).tolist())
 
 
 def _split(ranks: tuple[int, ...], shard: int
@@ -110,6 +117,17 @@ def grad_sync_seconds(comm: Comm, cluster: Any, config: Any, pp_rank: int,
     if len(rep) > 1:
         t += comm("all-reduce", nbytes / len(shard), rep, cluster)
     return t
+
+
+def fsdp_collectives(comm: Comm, unit_bytes: Sequence[float], shard: tuple[int, ...],
+                     cluster: Any) -> tuple[list[float], list[float]]:
+    """(all-gather, reduce-scatter) seconds of each ZeRO-3 unit of ``unit_bytes`` over
+    the shard group ``shard``; each distinct size priced once (the layers' units are
+    all alike)."""
+    once = {b: (comm("all-gather", b, shard, cluster), comm("reduce-scatter", b, shard,
+                                                            cluster))
+            for b in dict.fromkeys(unit_bytes)}
+    return [once[b][0] for b in unit_bytes], [once[b][1] for b in unit_bytes]
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,7 +123,10 @@ class RelaxedPricer:
 
     def arrays(self, c: Candidate) -> dict[str, np.ndarray] | None:
         """Relaxed stage arrays of ``c`` (class docstring)."""
-        return self.arrays_of([relaxed_key(c)], c.pp, c.virtual_stages)[0]
+        key = relaxed_key(c)
+        got = self._arrays.get((key, c.pp, c.virtual_stages), False)
+        # Most are built already (by the sweep); None is a known "cannot relax".
+        return self.arrays_of([key], c.pp, c.virtual_stages)[0] if got is False else got
 
     def arrays_of(self, keys: list[tuple], pp: int, virtual_stages: int
                   ) -> list[dict[str, np.ndarray] | None]:

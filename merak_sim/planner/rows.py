@@ -187,7 +187,9 @@ class RowBook:
             return np.concatenate([own, nd + per_chunk_row])[order]
 
         block_ix, variant_ix, chunk_ix = ranked(bids), ranked(var), ranked(chunk_of)
-        const_ix = ranked(np.zeros(len(bids), dtype=np.int64))
+        # Where the dict rows land, for the columns constant over the chunks' rows.
+        dict_at = np.nonzero(order < nd)[0]
+        dict_from = order[dict_at]
         flat = [v for _o, vs in sorted(self._variant_sets.values(), key=itemgetter(0))
                 for v in vs]
         out: dict[str, np.ndarray] = {}
@@ -202,9 +204,12 @@ class RowBook:
                 vals, ix = mine + [c[2] for c in chunks], chunk_ix
             elif k in ("engine", "recompute_fractions") or (k in _FLOAT_COLS and k not in
                                                              ("bound_s", "shortfall_gib")):
-                # Constant over the chunks' rows: one extra entry after the dict rows.
-                vals = mine + [{"engine": "", "recompute_fractions": None}.get(k, np.nan)]
-                ix = const_ix
+                # Constant over the chunks' rows: filled, then the dict rows' values.
+                fill = {"engine": "", "recompute_fractions": None}.get(k, np.nan)
+                col = np.full(len(order), fill, dtype=float if k in _FLOAT_COLS else object)
+                col[dict_at] = _column(k, mine)[dict_from]
+                out[k] = col
+                continue
             else:  # reason, bound and shortfall: one value per chunk row
                 j = {"reason": 3, "bound_s": 4, "shortfall_gib": 5}[k]
                 dt = object if k == "reason" else float

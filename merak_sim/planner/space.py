@@ -329,17 +329,30 @@ def _block(model, dp, tp, pp, v, mbs, M, sched, space, cp, interned: dict) -> Bl
         rule = f"pp={pp} x virtual stages {v} exceeds the model's {model.layers} layers"
     else:
         rule = spec.violation(pp, M, v)
+    # What the variants and their rules read of the block: blocks alike in it share
+    # them (most blocks differ only in pp, micro-batches and virtual stages).
+    shared = ("block", sched, tp > 1, mbs % 2 == 0, dp * cp, rule)
+    got = interned.get(shared)
+    if got is None:
+        got = interned[shared] = _variants(spec, sched, tp, mbs, dp * cp, rule, space,
+                                           interned)
+    return Block(dp, tp, pp, v, mbs, M, sched, cp, *got)
+
+
+def _variants(spec, sched: str, tp: int, mbs: int, replicas: int, rule: str,
+              space: SearchSpace, interned: dict) -> tuple[tuple, tuple]:
+    """(variants, rules) of a block (:class:`Block`); ``replicas``: dp x cp."""
     rcs = tuple(r for r in space.recompute if spec.pairs_with(r))
     sps = _collapse(space.sequence_parallel, tp > 1, False)
     ovs = tuple(dict.fromkeys(o if (o == "none" or (tp > 1 and mbs % 2 == 0)) else "none"
                               for o in space.tp_overlap))
     zgs = []
-    for z in _collapse(space.zero, dp * cp > 1, 0):
+    for z in _collapse(space.zero, replicas > 1, 0):
         groups = tuple(dict.fromkeys(
             g for g in (space.zero_groups if z else (0,))
-            if g == 0 or (g < dp * cp and (dp * cp) % g == 0)))
+            if g == 0 or (g < replicas and replicas % g == 0)))
         zgs.extend((z, zg) for zg in groups or (0,))
-    odps = _collapse(space.overlap_param_gather, dp * cp > 1, False)
+    odps = _collapse(space.overlap_param_gather, replicas > 1, False)
     excluded = tuple(((z, sp), space.exclude(sched, z, sp) if space.exclude and not rule
                       else rule) for z in dict.fromkeys(z for z, _ in zgs) for sp in sps)
     # Recompute outermost, the attention and DP overlap innermost: the row order.
@@ -350,4 +363,4 @@ def _block(model, dp, tp, pp, v, mbs, M, sched, space, cp, interned: dict) -> Bl
             (rc, sp, ov, z, zg, att, odp)
             for rc, sp, ov, (z, zg), att, odp in product(rcs, sps, ovs, zgs, space.attention,
                                                         odps))
-    return Block(dp, tp, pp, v, mbs, M, sched, cp, variants, excluded)
+    return variants, excluded

@@ -108,7 +108,6 @@ class _Memo:
     margin: float
     screens: dict = field(default_factory=dict)
     bounds: dict = field(default_factory=dict)
-    reasons: dict = field(default_factory=dict)
     blocks: dict = field(default_factory=dict)
     plans: dict = field(default_factory=dict)
     pending: dict = field(default_factory=dict)
@@ -151,7 +150,8 @@ class _Memo:
                              np.array([rc == "full" for rc in rcs]), never)
             ex, r = worst_excess(st + kept[:, None, :], self.capacity())
             for j, k in enumerate(screens):
-                self.screens[k] = (ex[j], r[j])
+                # With room for its reason per ZeRO stage, formatted on first use.
+                self.screens[k] = (ex[j], r[j], [None] * 4)
         if bounds:
             items = list(bounds.values())
             parts = bound_parts({f: np.array([it[1][f] for it in items])
@@ -165,13 +165,14 @@ class _Memo:
         """Usable bytes per GPU (the probes' capacity: known once one is priced)."""
         return self.rp.capacity_bytes * (1 - self.margin)
 
-    def reason(self, skey: tuple, z: int) -> str:
-        """The memory-pruned reason of shape ``skey`` at ZeRO ``z``."""
-        got = self.reasons.get((skey, z))
+    def reason(self, screen: tuple, z: int) -> str:
+        """The memory-pruned reason of ``screen`` (an entry of ``screens``) at ZeRO
+        ``z``."""
+        ex, r, texts = screen
+        got = texts[z]
         if got is None:
-            ex, r = self.screens[skey]
             cap = self.capacity()
-            got = self.reasons[skey, z] = (
+            got = texts[z] = (
                 f"memory: stage {int(r[z])} needs {(float(ex[z]) + cap) / _GiB:.1f} GiB "
                 f"for one micro-batch > {cap / _GiB:.1f} GiB"
                 + (" (unsharded state alone)" if z else ""))
@@ -257,10 +258,11 @@ def _plan_block(b: Block, ix: _Index, memo: _Memo, free: np.ndarray) -> tuple:
     # Only keys some unpruned variant reads: a probe is a cost table.
     need = sorted(set(ix.relaxed_idx[free].tolist()))
     keys = [(b.tp, b.cp, b.micro_batch_size, *ix.relaxed[j]) for j in need]
-    got = dict(zip(need, zip(keys, memo.rp.arrays_of(keys, b.pp, b.virtual_stages))))
     rel: list[tuple] = [(None, None)] * len(ix.relaxed)
-    for j, (rkey, arr) in got.items():
-        rel[j] = ((rkey, b.pp, b.virtual_stages), arr)
+    for j, arr in zip(need, memo.rp.arrays_of(keys, b.pp, b.virtual_stages), strict=True):
+        # The pricer keeps the arrays for the whole search, so their id names them in
+        # the keys below (cheaper to hash than the relaxed key with pp and v).
+        rel[j] = (id(arr), arr)
     n_sh = len(ix.shape)
     skeys: list[tuple | None] = [None] * n_sh
     bkeys: list[tuple | None] = [None] * n_sh
@@ -297,7 +299,7 @@ def _relax_block(key: tuple, ix: _Index, memo: _Memo, kind: np.ndarray,
     free = kind == 0
     got = memo.blocks.get(key)
     if got is None:
-        none, ex, bound, skeys = _block_values(ix, memo, memo.plans[key])
+        none, ex, bound, screens = _block_values(ix, memo, memo.plans[key])
         handed = none & free
         over = free & ~handed & (ex > 0)
         text = np.empty(len(ex), dtype=object)
@@ -307,7 +309,7 @@ def _relax_block(key: tuple, ix: _Index, memo: _Memo, kind: np.ndarray,
             uniq, inv = np.unique(code[over], return_inverse=True)
             once = np.empty(len(uniq), dtype=object)
             for u, k in enumerate(uniq.tolist()):
-                once[u] = memo.reason(skeys[k // 4], k % 4)
+                once[u] = memo.reason(screens[k // 4], k % 4)
             text[over] = once[inv]
         got = memo.blocks[key] = (handed, over, text[over], ex[over] / _GiB, bound)
     handed, over, text, gib, bound = got
@@ -320,16 +322,18 @@ def _relax_block(key: tuple, ix: _Index, memo: _Memo, kind: np.ndarray,
 
 def _block_values(ix: _Index, memo: _Memo, plan: tuple) -> tuple:
     """(no relaxed arrays, one-micro-batch excess, relaxed bound) per variant of a
-    block, and the screen key of each shape, from its plan (others NaN)."""
+    block, and the screen entry of each shape, from its plan (others NaN / None)."""
     none, skeys, bkeys = plan
     n_sh = len(ix.shape)
     excess = np.full((n_sh, 4), np.nan)
     bound = np.full(n_sh, np.nan)
+    screens: list[tuple | None] = [None] * n_sh
     for s_i, (skey, bkey) in enumerate(zip(skeys, bkeys)):
         if skey is not None:
-            excess[s_i] = memo.screens[skey][0]
+            screens[s_i] = memo.screens[skey]
+            excess[s_i] = screens[s_i][0]
             bound[s_i] = memo.bounds[bkey]
-    return none, excess[ix.shape_idx, ix.zero], bound[ix.shape_idx], skeys
+    return none, excess[ix.shape_idx, ix.zero], bound[ix.shape_idx], screens
 
 
 def _emit(b: Block, rows: RowBook, kind: np.ndarray, reason: np.ndarray,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 
 import numpy as np
 
@@ -48,15 +49,19 @@ _KIND_CODE = {Kind.FORWARD: _F, Kind.FORWARD_NOGRAD: _FN, Kind.RECOMPUTE: _RC,
               Kind.ALL_REDUCE: _AR, Kind.OPTIMIZER: _OPT}
 
 
+_STAGE_NAMES = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s",
+                "recompute_s", "send_activation_s", "grad_allreduce_s", "optimizer_s",
+                "activation_bytes", "checkpoint_bytes", "input_bytes", "p2p_bytes", "flops",
+                "state_bytes", "layers")
+_STAGE_FIELDS = attrgetter(*_STAGE_NAMES)
+
+
 def stage_arrays(table: CostTable) -> dict[str, np.ndarray]:
     """The cost table's per-model-stage fields as numpy arrays (one entry per stage)."""
-    st = table.stages
-    names = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s",
-             "recompute_s", "send_activation_s", "grad_allreduce_s", "optimizer_s",
-             "activation_bytes", "checkpoint_bytes", "input_bytes", "p2p_bytes", "flops")
-    out = {n: np.array([getattr(s, n) for s in st], dtype=float) for n in names}
-    out["state_bytes"] = np.array([s.state_bytes for s in st], dtype=float)
-    out["layers"] = np.array([s.layers for s in st], dtype=float)
+    # One pass over the stages, one row per field (each a contiguous array).
+    rows = np.array([_STAGE_FIELDS(s) for s in table.stages], dtype=float).reshape(
+        -1, len(_STAGE_NAMES)).T.copy()
+    out = dict(zip(_STAGE_NAMES, rows, strict=True))
     out["reserved_bytes"] = np.array(table.reserved_bytes, dtype=float)  # per rank
     return out
 
@@ -149,10 +154,10 @@ def eval_template(name: str, pp: int, microbatches: int, virtual_stages: int,
     # The actions' fields as arrays, each group's ids in action order (one pass over
     # the actions instead of one dispatch per action).
     acts = prog.actions
-    kind = np.array([_KIND_CODE.get(a.kind, -1) for a in acts], dtype=np.int64)
-    stage = np.array([a.stage for a in acts], dtype=np.int64)
-    chunk = np.array([a.chunk for a in acts], dtype=np.int64)
-    micro = np.array([a.microbatch for a in acts], dtype=np.int64)
+    kind_of = _KIND_CODE.get
+    kind, stage, chunk, micro = np.array(
+        [(kind_of(a.kind, -1), a.stage, a.chunk, a.microbatch) for a in acts],
+        dtype=np.int64).reshape(-1, 4).T
     rank = np.array(prog.rank_of_action, dtype=np.int64)
     grid = rank_grid(sched.placement, sched.num_stages, sched.virtual_stages)
     # An explicit re-forward (rank, chunk, micro-batch): its B / I adds no recompute.
