@@ -31,6 +31,12 @@ own sends remain selectable for comparison (``"scatter-gather"``: 1/tp of the
 activation per GPU, then an NVLink all-gather, off the compute stream; ``"full"``: the
 whole activation).
 
+Framework kernels as Megatron runs them (:data:`VTRAIN_KERNELS`,
+:mod:`merak_sim.costs.framework`): the fused softmax only where its
+``is_kernel_available`` allows (else the eager fp32 softmax), and the fp32
+vocab-parallel cross entropy; what they changed is recorded in
+:mod:`merak_sim.experiments.vtrain_engine`.
+
 Host issue: Megatron-LM runs eagerly, so every pass is at least its kernel count times
 the host's cost per kernel (``host_op_s``, :meth:`Efficiency.host_bound`). The
 single-node rows show it plainly: at micro-batch 1-2 a layer costs about 3.5 ms per
