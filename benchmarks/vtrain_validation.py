@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         "tables (data/vtrain/nccl-a100); pipeline communication as DeepSpeed's "
         "PipelineEngine does it (synchronous, TP-partitioned, all-gathers on the compute "
         "stream: merak_sim.experiments.vtrain_engine), so the SimPy column has no "
-        "pipeline transfers to put on links.",
+        "pipeline transfers to put on links; Megatron's kernels (merak_sim.costs.framework): "
+        "the fused softmax only where its is_kernel_available allows (else the eager fp32 "
+        "softmax), the fp32 vocab-parallel cross entropy.",
         f"Time: {time.perf_counter() - t0:.0f} s on this machine (fit {fit_s:.0f} s).",
         "",
         "## Calibration (ground_truth_single.csv only, 1,440 rows)",

@@ -43,7 +43,9 @@ from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, collective_time
 from merak_sim.costs.comm import pipeline_send_time, stage_placement
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.costs.kernels import KernelEfficiency, default_kernels
+from merak_sim.costs.framework import FrameworkKernels
 from merak_sim.costs.layers import LayerCost, LayerOptions, edge_costs, layer_cost
+from merak_sim.costs.param_balance import parameter_balanced
 from merak_sim.costs.ring import check_cp, ring_pass
 from merak_sim.costs.sharded_dp import fsdp_pass, fsdp_working_bytes, grad_sync_seconds
 from merak_sim.costs.sharded_dp import fsdp_collectives, sixteen_bit_bytes, sync_groups
@@ -57,7 +59,6 @@ from merak_sim.partition import (
     Partition,
     PartitionLike,
     as_ranges,
-    balanced,
     time_balanced,
     uniform,
 )
@@ -70,15 +71,6 @@ if TYPE_CHECKING:
 CollectiveTime = Callable[[str, float, tuple[int, ...], Cluster], float]
 
 __all__ = ["AnalyticCostModel", "parameter_balanced"]
-
-
-def parameter_balanced(model: ModelSpec, num_stages: int, tp: int = 1) -> Partition:
-    """Balance parameters per GPU (embedding on the first stage, head on the last)."""
-    lay = model.layer_params_sharded() / tp + model.layer_params_replicated()
-    first = stage_params(model, 0, True, False, tp)
-    last = stage_params(model, 0, False, True, tp) if num_stages > 1 else \
-        stage_params(model, 0, True, True, tp) - first
-    return balanced([lay] * model.layers, num_stages, first, last, "parameters")
 
 
 # ---------------------------------------------------------------- the model
@@ -99,6 +91,8 @@ class AnalyticCostModel:
             "scatter-gather" (:func:`~merak_sim.costs.comm.pipeline_send_time`;
             scatter-gather applies without sequence parallelism only).
         kernels: flash-attention / FP8 efficiency; None = the GPU type's default.
+        framework: the framework's softmax / cross-entropy kernels
+            (:mod:`merak_sim.costs.framework`; default: the fused charges).
     """
 
     def __init__(self, efficiency: Efficiency | None = None,
@@ -106,7 +100,8 @@ class AnalyticCostModel:
                  partition_method: str = "uniform",
                  collectives: CollectiveTime | None = None,
                  pipeline_send: str = "full",
-                 kernels: KernelEfficiency | None = None) -> None:
+                 kernels: KernelEfficiency | None = None,
+                 framework: FrameworkKernels = FrameworkKernels()) -> None:
         if partition_method not in ("uniform", "time", "parameters"):
             raise CostModelError(f"unknown partition method {partition_method!r}; choose "
                                  "uniform, parameters or time")
@@ -119,16 +114,17 @@ class AnalyticCostModel:
                                  f"{', '.join(PIPELINE_SENDS)}")
         self.pipeline_send = pipeline_send
         self.kernels = kernels
+        self.framework = framework
 
     def with_profile(self, profile: ActivationProfile) -> AnalyticCostModel:
         """The same model storing activations as ``profile`` says."""
         return AnalyticCostModel(self.efficiency, profile, self.partition_method,
-                                 self._comm, self.pipeline_send, self.kernels)
+                                 self._comm, self.pipeline_send, self.kernels, self.framework)
 
     def with_collectives(self, collectives: CollectiveTime) -> AnalyticCostModel:
         """The same model with collectives priced by ``collectives``."""
         return AnalyticCostModel(self.efficiency, self.profile, self.partition_method,
-                                 collectives, self.pipeline_send, self.kernels)
+                                 collectives, self.pipeline_send, self.kernels, self.framework)
 
     # -- helpers shared with TraceCostModel
     def efficiency_for(self, cluster: Cluster) -> Efficiency:
@@ -171,7 +167,8 @@ class AnalyticCostModel:
         opts = LayerOptions(attention=self.attention_kernel(config), cp=config.cp,
                             fp8_peak=(cluster.gpu.peak("fp8") if config.dtype == "fp8"
                                       else 0.0), fused_elementwise=config.fused_elementwise,
-                            kernels=self.kernels or default_kernels(cluster.gpu.name))
+                            kernels=self.kernels or default_kernels(cluster.gpu.name),
+                            framework=self.framework)
         if opts == LayerOptions(kernels=opts.kernels):
             lay = layer_cost(model, peak, bw, eff, e, config.micro_batch_size, config.tp,
                              config.sequence_parallel, parts)
@@ -179,7 +176,7 @@ class AnalyticCostModel:
             lay = layer_cost(model, peak, bw, eff, e, config.micro_batch_size, config.tp,
                              config.sequence_parallel, parts, opts)
         emb, head = edge_costs(model, peak, bw, eff, e, config.micro_batch_size,
-                                config.tp, config.sequence_parallel, config.cp)
+                                config.tp, config.sequence_parallel, config.cp, self.framework)
         return lay, emb, head
 
     def layer_breakdown(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,

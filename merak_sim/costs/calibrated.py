@@ -37,27 +37,30 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATED", "CalibratedCostModel", "calibrated_cost_model"]
 
 #: Fitted efficiency parameters per GPU family, from ``benchmarks/vtrain_validation.py``
-#: (a fixed point: 17 rounds from the declared start
+#: (a fixed point: 14 rounds from the declared start
 #: :data:`merak_sim.experiments.vtrain.START` under the stopping rule
 #: :data:`merak_sim.experiments.vtrain.SEARCH`, so a rerun gives these digits;
 #: 2026-12-02, with the vTrain rows priced as Megatron-DeepSpeed ran them: padded GPT-2
-#: vocabulary, DeepSpeed's pipeline exchange; single-node MAPE 6.99 %,
-#: multi-node 7.12 % without refitting, mean signed error -5.39 %; the network between
-#: nodes at NCCL's measured bus bandwidth, :data:`merak_sim.costs.nccl.HDR4_A100_NODES`).
+#: vocabulary, DeepSpeed's pipeline exchange, Megatron's softmax availability rule and
+#: fp32 cross entropy (:data:`merak_sim.experiments.vtrain.VTRAIN_KERNELS`); single-node
+#: MAPE 6.35 %, multi-node 7.40 % without refitting, mean signed error -6.27 %; the
+#: network between nodes at NCCL's measured bus bandwidth,
+#: :data:`merak_sim.costs.nccl.HDR4_A100_NODES`).
 #: The loss is flat along gemm_dim_half / gemm_flops_half. The single-node runs are
-#: host bound at small micro-batches (about 70 us of host time per modelled kernel,
-#: :meth:`merak_sim.costs.efficiency.Efficiency.host_bound`); gemm_max, attn_factor and
-#: mem_bw_eff sit at their physical bounds (:data:`merak_sim.experiments.vtrain.BOUNDS`:
-#: GEMM ceiling 0.80), where the device-bound single-node rows push them.
+#: host bound at small micro-batches (about 68 us of host time per modelled kernel,
+#: :meth:`merak_sim.costs.efficiency.Efficiency.host_bound`); gemm_max, attn_factor,
+#: mem_bw_eff and kernel_overhead_s sit at their physical bounds
+#: (:data:`merak_sim.experiments.vtrain.BOUNDS`: GEMM ceiling 0.80, 10 us per kernel),
+#: where the single-node rows push them.
 CALIBRATED: dict[str, dict[str, float]] = {
     "A100": {
         "gemm_max": 0.8,
-        "gemm_dim_half": 50.43138704345237,
-        "gemm_flops_half": 7496670536.4412,
+        "gemm_dim_half": 27.79734136437931,
+        "gemm_flops_half": 8915093940.767141,
         "attn_factor": 1.0,
         "mem_bw_eff": 0.92,
-        "kernel_overhead_s": 9.370838170551501e-06,
-        "host_op_s": 6.896976482496432e-05,
+        "kernel_overhead_s": 1e-05,
+        "host_op_s": 6.822682342825518e-05,
     },
 }
 

@@ -43,6 +43,10 @@ Compute (one layer, one micro-batch of b sequences, on one GPU of a TP group of 
 - FP8 (``fp8_peak`` > 0): GEMMs at the FP8 peak times ``fp8_factor``; every GEMM input
   is cast with a per-tensor scale (3 bytes moved per element, one kernel) in forward,
   every output gradient in backward; attention and the LM head stay 16-bit.
+- Framework kernels (``framework``, :mod:`merak_sim.costs.framework`): the default
+  charges a fused softmax and a 12 / 24-byte cross entropy; Megatron's rules add the
+  eager fp32 softmax where its fused kernel is unavailable and price its fp32
+  vocab-parallel cross entropy.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.costs.framework import FrameworkKernels, cross_entropy, softmax_extra
 from merak_sim.costs.fusion import EagerExtra, eager_extra
 from merak_sim.costs.kernels import KernelEfficiency
 from merak_sim.model import ModelSpec
@@ -111,6 +116,8 @@ class LayerOptions:
         kernels: the flash / FP8 efficiency parameters.
         fused_elementwise: False when the elementwise ops run one eager kernel each
             (:mod:`merak_sim.costs.fusion`).
+        framework: the training framework's softmax and cross-entropy kernels
+            (:mod:`merak_sim.costs.framework`; default: the fused charges).
     """
 
     attention: str = "unfused"
@@ -118,6 +125,7 @@ class LayerOptions:
     fp8_peak: float = 0.0
     kernels: KernelEfficiency = KernelEfficiency()
     fused_elementwise: bool = True
+    framework: FrameworkKernels = FrameworkKernels()
 
 
 def _qkv_width(model: ModelSpec, tp: int) -> float:
@@ -190,6 +198,12 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     mem_bwd = eff.mem_time(2 * mem_bytes, mem_bw, n_mem + 2) + (
         eff.mem_time(ex.bwd_bytes, mem_bw, ex.bwd_kernels) if ex.bwd_kernels else 0.0)
     softmax_t = eff.mem_time(softmax, mem_bw, n_soft) if softmax else 0.0
+    # The framework's softmax where its fused kernel is unavailable (framework module).
+    sx = EagerExtra() if flash else softmax_extra(opts.framework, e, s_loc, s, bh)
+    if sx.fwd_kernels:
+        mem_fwd += eff.mem_time(sx.fwd_bytes, mem_bw, sx.fwd_kernels)
+        mem_bwd += eff.mem_time(sx.bwd_bytes, mem_bw, sx.bwd_kernels)
+        softmax_t = eff.mem_time(softmax + sx.fwd_bytes, mem_bw, n_soft + sx.fwd_kernels)
     cast_f = cast_b = 0.0
     if fp8:
         nk = opts.kernels.fp8_cast_kernels * len(gemms)
@@ -201,8 +215,9 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     # Host issue floor (Efficiency.host_bound): kernels of each pass as charged above.
     n_attn = (1 if flash else 2) * (cp if flash else 1)
     n_cast = opts.kernels.fp8_cast_kernels * len(gemms) if fp8 else 0
-    n_fwd = parts * (len(gemms) + n_attn + n_mem + n_cast + ex.fwd_kernels)
-    n_bwd = parts * (2 * len(gemms) + 2 * n_attn + n_mem + 2 + n_cast + ex.bwd_kernels)
+    n_fwd = parts * (len(gemms) + n_attn + n_mem + n_cast + ex.fwd_kernels + sx.fwd_kernels)
+    n_bwd = parts * (2 * len(gemms) + 2 * n_attn + n_mem + 2 + n_cast + ex.bwd_kernels
+                     + sx.bwd_kernels)
     fwd = eff.host_bound(fwd, n_fwd)
     bwd_dev = bwd_in + bwd_w
     if bwd_dev > 0 and eff.host_op_s > 0:
@@ -214,17 +229,22 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     n_ar = 2 * parts
     kv_bytes = 2 * mbs * s_loc * model.kv_dim_per_rank(tp) * e if cp > 1 else 0.0
     return LayerCost(fwd, bwd_in, bwd_w, core, (ar_bytes, n_ar), (ar_bytes, n_ar), flops,
-                     parts * (4 + 2 + n_mem + ex.fwd_kernels), attn_fwd_s=parts * attn,
+                     parts * (4 + 2 + n_mem + ex.fwd_kernels + sx.fwd_kernels),
+                     attn_fwd_s=parts * attn,
                      attn_bwd_s=parts * attn_b, cp_kv_bytes=kv_bytes,
                      fp8_cast_s=parts * (cast_f + cast_b))
 
 
 @lru_cache(maxsize=4096)
 def edge_costs(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e: int,
-                mbs: int, tp: int, sp: bool, cp: int = 1) -> tuple[LayerCost, LayerCost]:
+                mbs: int, tp: int, sp: bool, cp: int = 1,
+                framework: FrameworkKernels = FrameworkKernels()
+                ) -> tuple[LayerCost, LayerCost]:
     """(embedding, head) compute costs. The head is final norm + LM-head GEMM + fp32
-    cross entropy; the embedding a gather plus position add and dropout (on s/cp
-    tokens per sequence under context parallelism)."""
+    cross entropy (bytes and kernels per logit as ``framework`` runs it:
+    :func:`merak_sim.costs.framework.cross_entropy`); the embedding a gather plus
+    position add and dropout (on s/cp tokens per sequence under context
+    parallelism)."""
     h, V, s = model.hidden, model.vocab, model.seq_len
     m = mbs * s / cp if cp > 1 else mbs * s
     rep = tp if sp else 1
@@ -234,9 +254,13 @@ def edge_costs(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     emb_b = eff.mem_time(2 * emb_bytes + V * h * e / tp, mem_bw, 3)
     emb = LayerCost(emb_f, 0.0, emb_b, 0.0, (m * h * e, 1), (0.0, 0), 0.0, 3)
     g = eff.gemm_time(m, V / tp, h, peak)
-    ce_bytes = m * V / tp * 4 * 3  # fp32 logits: cast, softmax, loss
-    head_f = g + eff.mem_time(ce_bytes + 2 * m * h * e / rep, mem_bw, 4)
-    head_bi = g + eff.mem_time(2 * ce_bytes + 4 * m * h * e / rep, mem_bw, 4)
+    ce = cross_entropy(framework, e)
+    logits = m * V / tp
+    # Final norm (one kernel) plus the loss over the logits.
+    head_f = g + eff.mem_time(logits * ce.fwd_bytes + 2 * m * h * e / rep, mem_bw,
+                              1 + ce.fwd_kernels)
+    head_bi = g + eff.mem_time(logits * ce.bwd_bytes + 4 * m * h * e / rep, mem_bw,
+                               1 + ce.bwd_kernels)
     head = LayerCost(head_f, head_bi, g, 0.0, (0.0, 0), (m * h * e, 1),
-                     3.0 * model.logits_forward_flops(mbs) / tp / cp, 5)
+                     3.0 * model.logits_forward_flops(mbs) / tp / cp, 2 + ce.fwd_kernels)
     return emb, head

@@ -31,6 +31,12 @@ own sends remain selectable for comparison (``"scatter-gather"``: 1/tp of the
 activation per GPU, then an NVLink all-gather, off the compute stream; ``"full"``: the
 whole activation).
 
+Framework kernels as Megatron runs them (:data:`VTRAIN_KERNELS`,
+:mod:`merak_sim.costs.framework`): the fused softmax only where its
+``is_kernel_available`` allows (else the eager fp32 softmax), and the fp32
+vocab-parallel cross entropy; what they changed is recorded in
+:mod:`merak_sim.experiments.vtrain_engine`.
+
 Host issue: Megatron-LM runs eagerly, so every pass is at least its kernel count times
 the host's cost per kernel (``host_op_s``, :meth:`Efficiency.host_bound`). The
 single-node rows show it plainly: at micro-batch 1-2 a layer costs about 3.5 ms per
@@ -104,6 +110,7 @@ from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.base import CostModel, CostTable
 from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, measured_collectives
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.costs.framework import MEGATRON
 from merak_sim.costs.nccl import VTRAIN_A100
 from merak_sim.experiments.fitting import SearchResult, coordinate_search
 from merak_sim.experiments.vtrain_engine import DeepSpeedPipelineModel
@@ -115,7 +122,7 @@ from merak_sim.sim.evaluator import evaluate
 from merak_sim.sim.program import compile_program
 
 __all__ = ["BOUNDS", "FIT_PARAMS", "GPT2_VOCAB", "PIPELINE_MODES", "SEARCH", "START",
-           "PreparedRow", "VOCAB_MULTIPLE", "VTRAIN_PIPELINE", "VTrainRow", "fit",
+           "PreparedRow", "VOCAB_MULTIPLE", "VTRAIN_KERNELS", "VTRAIN_PIPELINE", "VTrainRow", "fit",
            "load_vtrain", "padded_vocab", "predict_row", "row_setup", "start_efficiency",
            "vtrain_cost_model"]
 
@@ -125,6 +132,10 @@ FIT_PARAMS = ("gemm_max", "gemm_dim_half", "gemm_flops_half", "attn_factor", "me
 #: How the runs' engine (DeepSpeed's PipelineEngine under Megatron-DeepSpeed) moves
 #: activations between stages (:mod:`merak_sim.experiments.vtrain_engine`).
 VTRAIN_PIPELINE = "deepspeed"
+#: The runs' framework kernels (Megatron-DeepSpeed): the fused softmax only where
+#: Megatron's ``is_kernel_available`` allows it, the fp32 vocab-parallel cross entropy
+#: (:mod:`merak_sim.costs.framework`).
+VTRAIN_KERNELS = MEGATRON
 #: The choices of ``pipeline_send``: the runs' engine, or Megatron-LM's own sends.
 PIPELINE_MODES = (VTRAIN_PIPELINE, *PIPELINE_SENDS)
 #: GPT-2 BPE vocabulary (Megatron's GPT2BPETokenizer, Megatron-DeepSpeed's GPT default).
@@ -223,17 +234,17 @@ def row_setup(row: VTrainRow) -> tuple[ModelSpec, Cluster, ParallelConfig]:
 
 def vtrain_cost_model(efficiency: Efficiency | None = None,
                       pipeline_send: str = VTRAIN_PIPELINE) -> CostModel:
-    """The analytic model as the vTrain rows are priced (module docstring);
-    ``pipeline_send`` one of :data:`PIPELINE_MODES`."""
+    """The analytic model as the vTrain rows are priced (module docstring: Megatron's
+    kernels, :data:`VTRAIN_KERNELS`); ``pipeline_send`` one of :data:`PIPELINE_MODES`."""
     comm = measured_collectives(VTRAIN_A100)
     if pipeline_send == VTRAIN_PIPELINE:
-        return DeepSpeedPipelineModel(AnalyticCostModel(efficiency=efficiency,
-                                                        collectives=comm), comm)
+        return DeepSpeedPipelineModel(AnalyticCostModel(
+            efficiency=efficiency, collectives=comm, framework=VTRAIN_KERNELS), comm)
     if pipeline_send not in PIPELINE_SENDS:
         raise CostModelError(f"unknown pipeline send {pipeline_send!r}; choose one of: "
                              f"{', '.join(PIPELINE_MODES)}")
     return AnalyticCostModel(efficiency=efficiency, collectives=comm,
-                             pipeline_send=pipeline_send)
+                             pipeline_send=pipeline_send, framework=VTRAIN_KERNELS)
 
 
 def predict_row(row: VTrainRow, efficiency: Efficiency | None = None, *,
