@@ -128,3 +128,18 @@ def test_unknown_choices_are_rejected():
         FrameworkKernels(softmax_rule="apex")
     with pytest.raises(ValueError, match="cross entropy"):
         FrameworkKernels(cross_entropy="fp16")
+
+
+
+def test_time_partition_balances_by_the_given_models_own_layer_times():
+    from merak_sim.config import ParallelConfig
+    from merak_sim.costs.partition import make_partition
+    from merak_sim.hardware import get_cluster
+    cluster = get_cluster("dgx-a100-80g")
+    cfg = ParallelConfig(pp=4, micro_batch_size=2, global_batch_size=16)
+    megatron = AnalyticCostModel(framework=MEGATRON)
+    p = make_partition("time", GPT, cluster, cfg, megatron)
+    assert p.ranges == megatron.time_partition(GPT, cluster, cfg).ranges
+    # Megatron's fp32 cross entropy makes the head dearer than the default charges
+    # do, so the model's own partition differs from the default model's.
+    assert p.ranges != make_partition("time", GPT, cluster, cfg).ranges

@@ -292,9 +292,14 @@ class AnalyticCostModel:
             return uniform(model.layers, n)
         if self.partition_method == "parameters":
             return parameter_balanced(model, n, config.tp)
+        return self.time_partition(model, cluster, config)
+
+    def time_partition(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig
+                       ) -> Partition:
+        """Stages balanced by this model's forward + backward time per layer."""
         lay, emb, head = self.layer_costs(model, cluster, config)
         t = lay.forward_s + lay.backward_input_s + lay.backward_weight_s
-        return time_balanced([t] * model.layers, n,
+        return time_balanced([t] * model.layers, config.pp * config.virtual_stages,
                              emb.forward_s + emb.backward_weight_s,
                              head.forward_s + head.backward_input_s + head.backward_weight_s)
 

@@ -44,8 +44,11 @@ def make_partition(method: str, model: ModelSpec, cluster: Cluster, config: Para
     elif method == "parameters":
         p = parameter_balanced(model, n, config.tp)
     else:
-        p = AnalyticCostModel(efficiency=getattr(cm, "efficiency", None),
-                              partition_method="time").default_partition(model, cluster, config)
+        # An analytic model balances by its own layer times (its kernels, framework and
+        # efficiency); another (a trace) by the analytic ones at its efficiency.
+        timer = (cm if isinstance(cm, AnalyticCostModel)
+                 else AnalyticCostModel(efficiency=getattr(cm, "efficiency", None)))
+        p = timer.time_partition(model, cluster, config)
     table = cm.cost_table(model, cluster, config, p)
     return Partition(p.ranges, method,
                      tuple(s.forward_s + s.backward_s for s in table.stages))
