@@ -36,8 +36,8 @@ fitted, and every term is bounded by those measurements. :func:`with_exchange` a
 the waits to the stages' forward and backward times and sets the separate transfer
 time to zero (the transfer is already inside both ranks' compute).
 
-Checked against the multi-node bias and rejected (constants of
-benchmarks/results/vtrain_validation.md; 109 multi-node rows, -5.39 % mean signed):
+Checked against the multi-node bias and rejected (with the constants fitted before the
+framework kernels below; 109 multi-node rows, -5.39 % mean signed then):
 
 - The blocking pairing of DeepSpeed's lock-step ``TrainSchedule``
   (:mod:`merak_sim.experiments.vtrain_lockstep`): with two transfers per meeting it
