@@ -36,8 +36,8 @@ fitted, and every term is bounded by those measurements. :func:`with_exchange` a
 the waits to the stages' forward and backward times and sets the separate transfer
 time to zero (the transfer is already inside both ranks' compute).
 
-Checked against the multi-node bias and rejected (constants of
-benchmarks/results/vtrain_validation.md; 109 multi-node rows, -5.39 % mean signed):
+Checked against the multi-node bias and rejected (with the constants fitted without
+the framework kernels below; 109 multi-node rows, -5.39 % mean signed):
 
 - The blocking pairing of DeepSpeed's lock-step ``TrainSchedule``
   (:mod:`merak_sim.experiments.vtrain_lockstep`): with two transfers per meeting it
@@ -62,8 +62,8 @@ benchmarks/results/vtrain_validation.md; 109 multi-node rows, -5.39 % mean signe
   tp=2 (4,096) -16..-38 %; correlation of error with hidden / tp -0.14. Bubble share
   (pp - 1) / m: correlation 0.03.
 
-Those figures were measured before the framework kernels below; with them the
-multi-node mean signed error is -6.27 %.
+With the framework kernels below (and the constants refitted) the multi-node mean
+signed error is -6.27 %.
 
 Framework kernels of the same stack (:data:`merak_sim.experiments.vtrain.VTRAIN_KERNELS`,
 :mod:`merak_sim.costs.framework`, read from Megatron's source): the fused causal

@@ -26,7 +26,8 @@ prediction, nothing fitted). The pairing is the stricter assumption: NCCL can fi
 send smaller than its staging buffer (4 MiB by default) before the receiver arrives,
 and every multi-node activation of the vTrain rows is larger.
 
-Result (benchmarks/results/vtrain_validation.md's constants, the rows of data/vtrain):
+Result (the rows of data/vtrain, with the constants fitted without the framework kernels
+of :mod:`merak_sim.experiments.vtrain_engine`):
 charging two transfers at every meeting, the lock-step iteration equals the
 evaluator's prediction on all 1,549 rows (to 0.01 %): the evaluator's 1F1B with the
 exchange inside both ranks' compute
