@@ -49,7 +49,7 @@ def test_defaults_run_every_round_and_zero_rounds_run_none():
     assert none.params == {"a": 1.0, "b": 1.0} and none.loss == _loss(none.params)
 
 
-def test_result_unpacks_as_the_former_pair_and_is_frozen():
+def test_result_unpacks_as_params_and_loss_and_is_frozen():
     res, _ = _search(rounds=3)
     params, loss = res
     assert params is res.params and loss == res.loss
