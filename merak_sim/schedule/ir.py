@@ -69,8 +69,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 __all__ = ["Kind", "Action", "ActionTwin", "make_action", "Fused", "FusedTwin",
-           "make_fused", "Step", "Schedule", "ScheduleError", "parse_step", "parse_program", "format_program", "iter_actions",
-           "PLACEMENTS", "placed_stage", "placed_rank", "stage_grid"]
+           "make_fused", "Step", "Schedule", "ScheduleError", "parse_step", "parse_program",
+           "format_program", "iter_actions", "PLACEMENTS", "placed_stage", "placed_rank",
+           "stage_grid"]
 
 #: Placements of model stages on (rank, chunk): see :meth:`Schedule.rank_of`.
 PLACEMENTS = ("loop", "v")
