@@ -17,7 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["IdentityMemo"]
+__all__ = ["IdentityMemo", "PROCESS_MEMO_ENTRIES"]
+
+#: ``max_entries`` of the memos that live as long as the process (the cost models'):
+#: far above the working set of one search, so it keeps hitting between the clears.
+PROCESS_MEMO_ENTRIES = 65536
 
 
 class IdentityMemo:

@@ -1,9 +1,10 @@
 """Framework kernel facts (merak_sim.costs.framework): Megatron's fused-softmax
 availability rule, its eager fp32 softmax and its fp32 cross entropy, and that the
-default options leave the layer model's charges as they were."""
+default options are the layer model's own charges."""
 
 import pytest
 
+from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.costs.framework import (
@@ -18,7 +19,9 @@ from merak_sim.costs.framework import (
 )
 from merak_sim.costs.fusion import EagerExtra
 from merak_sim.costs.layers import LayerOptions, edge_costs, layer_cost
+from merak_sim.costs.partition import make_partition
 from merak_sim.experiments.vtrain import VTRAIN_KERNELS, vtrain_cost_model
+from merak_sim.hardware import get_cluster
 from merak_sim.memory import KORTHIKANTI
 from merak_sim.model import ModelSpec
 
@@ -73,7 +76,7 @@ def test_softmax_extra_only_on_fallback_under_megatron():
         fwd_bytes=sc * 33, bwd_bytes=sc * 33, fwd_kernels=4, bwd_kernels=4)
 
 
-def test_default_options_are_todays_charges():
+def test_default_options_are_the_layer_models_own_charges():
     args = (GPT, PEAK, BW, EFF, 2, 1, 8, False, 1)
     assert layer_cost(*args, LayerOptions(framework=FrameworkKernels())) == layer_cost(*args)
     assert edge_costs(*args[:8], 1, FrameworkKernels()) == edge_costs(*args[:8])
@@ -130,11 +133,7 @@ def test_unknown_choices_are_rejected():
         FrameworkKernels(cross_entropy="fp16")
 
 
-
 def test_time_partition_balances_by_the_given_models_own_layer_times():
-    from merak_sim.config import ParallelConfig
-    from merak_sim.costs.partition import make_partition
-    from merak_sim.hardware import get_cluster
     cluster = get_cluster("dgx-a100-80g")
     cfg = ParallelConfig(pp=4, micro_batch_size=2, global_batch_size=16)
     megatron = AnalyticCostModel(framework=MEGATRON)

@@ -27,7 +27,10 @@ def test_stopped_by_its_rule():
     assert "stop:" in logs[-1] and not any("stop:" in m for m in logs[:-1])
     assert res.stop_reason == f"stopped by its rule after {res.rounds_run} rounds"
     assert res.params["a"] == pytest.approx(1.7, rel=0.03)
+    assert res.params["b"] == pytest.approx(0.3, rel=0.03)
     assert res.loss == _loss(res.params)
+    # Deterministic: the same inputs give the same result.
+    assert _search(rounds=100, step=2.0, tol=1e-3, min_step=1.02, pattern=True) == (res, logs)
 
 
 def test_stopped_at_the_round_limit():
@@ -49,7 +52,7 @@ def test_defaults_run_every_round_and_zero_rounds_run_none():
     assert none.params == {"a": 1.0, "b": 1.0} and none.loss == _loss(none.params)
 
 
-def test_result_unpacks_as_the_former_pair_and_is_frozen():
+def test_result_unpacks_as_params_and_loss_and_is_frozen():
     res, _ = _search(rounds=3)
     params, loss = res
     assert params is res.params and loss == res.loss

@@ -69,7 +69,7 @@ def test_ids_of_dropped_objects_never_answer_for_new_ones():
     for i in range(200):
         box = _Box()
         box.value = i
-        assert memo.get((box,), (), lambda: box.value) == i
+        assert memo.get((box,), (), lambda b=box: b.value) == i
         del box
 
 

@@ -124,24 +124,3 @@ def test_fit_is_a_fixed_point_of_its_declared_start(files):
     assert runs[0] == runs[1] and logs[0] == logs[1]
     # The default start is START, not the committed constants.
     assert fit(rows, rounds=0, params=params).params == start_efficiency()
-
-
-def test_coordinate_search_stops_by_its_rule():
-    from merak_sim.experiments.fitting import coordinate_search
-
-    def loss(p):
-        return abs(math.log(p["a"] / 1.7)) + abs(math.log(p["b"] / 0.3))
-
-    bounds = {"a": (0.1, 10.0), "b": (0.1, 10.0)}
-    logs: list[str] = []
-    x, best = coordinate_search(loss, {"a": 1.0, "b": 1.0}, bounds, rounds=100, step=2.0,
-                                tol=1e-3, min_step=1.02, pattern=True, log=logs.append)
-    assert "stop:" in logs[-1] and len(logs) < 100
-    assert x["a"] == pytest.approx(1.7, rel=0.03) and x["b"] == pytest.approx(0.3, rel=0.03)
-    # The same inputs give the same answer; defaults keep the old rule (all rounds run).
-    assert tuple(coordinate_search(loss, {"a": 1.0, "b": 1.0}, bounds, rounds=100,
-                                   step=2.0, tol=1e-3, min_step=1.02,
-                                   pattern=True)) == (x, best)
-    n: list[str] = []
-    coordinate_search(loss, {"a": 1.0, "b": 1.0}, bounds, rounds=7, step=2.0, log=n.append)
-    assert len(n) == 7

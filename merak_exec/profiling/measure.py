@@ -10,12 +10,13 @@ each), every rank:
    cores is in the figure too): F (with the stage's checkpoint fraction), F with
    nothing checkpointed, F*, R, B after each F, I and W (on cleared gradients; and, in
    pairs, the extra time of B and W adding into existing gradients, as every backward
-   of a step but the first does: at least five pairs whatever ``repeats``), the
-   all-reduce (tied embedding / data parallel) and the optimizer step, the median of
-   ``repeats`` after ``warmup``; the bytes each
-   micro-batch keeps for backward with and without checkpointing; once per world,
-   gloo point-to-point latency and bandwidth and the contention factor
-   (:mod:`merak_exec.profiling.machine`); and, before every round of blocks and
+   of a step but the first does: at least
+   :data:`~merak_exec.profiling.stage_profile.ACCUM_MIN_PAIRS` pairs whatever
+   ``repeats``), the all-reduce (tied embedding / data parallel) and the optimizer
+   step, the median of ``repeats`` after ``warmup``; the bytes each micro-batch keeps
+   for backward with and without checkpointing; once per world, gloo point-to-point
+   latency and bandwidth and the contention factor (:mod:`merak_exec.profiling.machine`);
+   and, before every round of blocks and
    pooled, the cost of posting sends and receives through the runtime
    (:class:`~merak_exec.profiling.post_probe.PostProbe`);
 3. **runs for real**, interleaved with the profiles (profile, block of steps,

@@ -114,7 +114,8 @@ class _Bench:
 
     # -- sampling ------------------------------------------------------------------------
     def sample(self, setup, action, clear_grads: bool, lockstep: bool) -> float:
-        """Seconds of one ``action()`` after ``setup()`` (a barrier first if lockstep)."""
+        """Seconds of one ``action()`` after ``setup()`` (a barrier first if lockstep);
+        ``clear_grads`` clears the gradients after it, untimed."""
         setup()
         sync()
         if lockstep:

@@ -42,8 +42,8 @@ from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, collective_time, group_ranks
 from merak_sim.costs.comm import pipeline_send_time, stage_placement
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
+from merak_sim.costs.framework import DEFAULT_FRAMEWORK, FrameworkKernels
 from merak_sim.costs.kernels import KernelEfficiency, default_kernels
-from merak_sim.costs.framework import FrameworkKernels
 from merak_sim.costs.layers import LayerCost, LayerOptions, edge_costs, layer_cost
 from merak_sim.costs.param_balance import parameter_balanced
 from merak_sim.costs.ring import check_cp, ring_pass
@@ -101,7 +101,7 @@ class AnalyticCostModel:
                  collectives: CollectiveTime | None = None,
                  pipeline_send: str = "full",
                  kernels: KernelEfficiency | None = None,
-                 framework: FrameworkKernels = FrameworkKernels()) -> None:
+                 framework: FrameworkKernels = DEFAULT_FRAMEWORK) -> None:
         if partition_method not in ("uniform", "time", "parameters"):
             raise CostModelError(f"unknown partition method {partition_method!r}; choose "
                                  "uniform, parameters or time")

@@ -36,7 +36,7 @@ from merak_sim.costs.nccl import NcclTable
 from merak_sim.costs.ring import clear_ring_cache
 from merak_sim.hardware import Cluster
 from merak_sim.layout import RankLayout, node_of
-from merak_sim.memo import IdentityMemo
+from merak_sim.memo import PROCESS_MEMO_ENTRIES, IdentityMemo
 
 __all__ = ["COLLECTIVES", "PIPELINE_SENDS", "CostModelError", "clear_caches", "collective_time",
            "group_ranks", "group_shape", "inter_bandwidth_per_gpu", "measured_collectives",
@@ -141,8 +141,8 @@ def _collective(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Clust
 
 
 # Bounded: they live as long as the process, across searches and cost models.
-_BY_IDENTITY = IdentityMemo(max_entries=65536)
-_P2P = IdentityMemo(max_entries=65536)
+_BY_IDENTITY = IdentityMemo(max_entries=PROCESS_MEMO_ENTRIES)
+_P2P = IdentityMemo(max_entries=PROCESS_MEMO_ENTRIES)
 
 
 def measured_collectives(table: NcclTable) -> Callable[..., float]:

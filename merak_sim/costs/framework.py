@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from merak_sim.costs.fusion import EagerExtra
 
-__all__ = ["FrameworkKernels", "LogitBytes", "MEGATRON", "batch_per_block",
+__all__ = ["DEFAULT_FRAMEWORK", "FrameworkKernels", "LogitBytes", "MEGATRON", "batch_per_block",
            "cross_entropy", "megatron_softmax_fused", "softmax_extra", "torch_softmax"]
 
 
@@ -76,6 +76,8 @@ class FrameworkKernels:
                              "default or megatron-fp32")
 
 
+#: The layer model's own charges (module docstring): the default everywhere.
+DEFAULT_FRAMEWORK = FrameworkKernels()
 #: Megatron(-DeepSpeed) of the vTrain runs (module docstring).
 MEGATRON = FrameworkKernels(softmax_rule="megatron", cross_entropy="megatron-fp32")
 

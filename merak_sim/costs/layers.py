@@ -55,7 +55,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.costs.framework import FrameworkKernels, cross_entropy, softmax_extra
+from merak_sim.costs.framework import (
+    DEFAULT_FRAMEWORK,
+    FrameworkKernels,
+    cross_entropy,
+    softmax_extra,
+)
 from merak_sim.costs.fusion import EagerExtra, eager_extra
 from merak_sim.costs.kernels import KernelEfficiency
 from merak_sim.model import ModelSpec
@@ -125,7 +130,7 @@ class LayerOptions:
     fp8_peak: float = 0.0
     kernels: KernelEfficiency = KernelEfficiency()
     fused_elementwise: bool = True
-    framework: FrameworkKernels = FrameworkKernels()
+    framework: FrameworkKernels = DEFAULT_FRAMEWORK
 
 
 def _qkv_width(model: ModelSpec, tp: int) -> float:
@@ -238,7 +243,7 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
 @lru_cache(maxsize=4096)
 def edge_costs(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e: int,
                 mbs: int, tp: int, sp: bool, cp: int = 1,
-                framework: FrameworkKernels = FrameworkKernels()
+                framework: FrameworkKernels = DEFAULT_FRAMEWORK
                 ) -> tuple[LayerCost, LayerCost]:
     """(embedding, head) compute costs. The head is final norm + LM-head GEMM + fp32
     cross entropy (bytes and kernels per logit as ``framework`` runs it:

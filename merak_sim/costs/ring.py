@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from merak_sim.layout import RankLayout
-from merak_sim.memo import IdentityMemo
+from merak_sim.memo import PROCESS_MEMO_ENTRIES, IdentityMemo
 
 __all__ = ["RingPass", "ring_steps", "ring_pass", "check_cp", "clear_ring_cache"]
 
@@ -77,7 +77,7 @@ def ring_pass(comm: Comm, cluster: Any, config: Any, pp_rank: int, kv_bytes: flo
 
 
 # Bounded: it lives as long as the process, across searches and cost models.
-_PASSES = IdentityMemo(max_entries=65536)
+_PASSES = IdentityMemo(max_entries=PROCESS_MEMO_ENTRIES)
 
 
 def clear_ring_cache() -> None:

@@ -23,7 +23,7 @@ class SearchResult:
             ``tol`` or less at a step at or below ``min_step``), False when it ran
             out of rounds.
 
-    It unpacks as the pair it replaces: ``params, loss = coordinate_search(...)``.
+    It unpacks as ``params, loss = coordinate_search(...)``.
     """
 
     params: Any

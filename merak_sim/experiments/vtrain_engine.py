@@ -62,8 +62,8 @@ framework kernels below; 109 multi-node rows, -5.39 % mean signed then):
   tp=2 (4,096) -16..-38 %; correlation of error with hidden / tp -0.14. Bubble share
   (pp - 1) / m: correlation 0.03.
 
-Those figures were measured before the framework kernels below; with them the
-multi-node mean signed error is -6.27 %.
+With the framework kernels below (and the constants refitted) the multi-node mean
+signed error is -6.27 %.
 
 Framework kernels of the same stack (:data:`merak_sim.experiments.vtrain.VTRAIN_KERNELS`,
 :mod:`merak_sim.costs.framework`, read from Megatron's source): the fused causal
@@ -78,8 +78,8 @@ cross_entropy.py``) on ``output.float()``: 38 bytes per logit in forward, 14 in
 backward (six and two kernels), where 12 and 24 were charged. Both are adopted because
 the framework's code does this, not for their effect on the held-out rows. Refitted on
 the single-node rows: single-node MAPE 6.99 -> 6.35 % (tp=8 11.59 -> 5.33 %),
-multi-node 7.12 -> 7.40 %, mean signed -5.39 -> -6.27 % (79 of 109 rows too fast, was
-69), multi-node tp=2 16.78 -> 17.53 % (signed -16.10 -> -17.11 %).
+multi-node 7.12 -> 7.40 %, mean signed -5.39 -> -6.27 % (79 of 109 rows too fast
+against 69), multi-node tp=2 16.78 -> 17.53 % (signed -16.10 -> -17.11 %).
 Each alone, refitted likewise: the softmax rule single-node 6.63 % (tp=8 5.03 %),
 multi-node 7.04 %, signed -5.30 %, with the fitted constants unchanged; the cross
 entropy single-node 6.71 %, multi-node 7.48 %, signed -6.35 %, tp=2 17.53 %; it moves

@@ -180,7 +180,7 @@ class RowBook:
         order = np.lexsort((position, t, rank))
         nd = len(dict_rows)
         # Lookup indices in ranked order: a dict row's own, else nd + its block's,
-        # variant's or chunk's (or nd for the columns constant over the chunks).
+        # variant's or chunk's.
         own = np.arange(nd, dtype=np.int64)
 
         def ranked(per_chunk_row: np.ndarray) -> np.ndarray:

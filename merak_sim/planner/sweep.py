@@ -136,7 +136,8 @@ class _Memo:
         functions :func:`~merak_sim.planner.screen.quick_memory` and
         :func:`~merak_sim.planner.bounds.lower_bound` use, on arrays stacked one row per
         key (each row's values equal those of that key alone). A screen is (excess,
-        rank) per ZeRO stage: the kept activations do not depend on it."""
+        rank) per ZeRO stage (the kept activations do not depend on it) and a slot per
+        stage for its reason, formatted by :meth:`reason` on first use."""
         placement, S, v, never, explicit = shape
         if screens:
             items = list(screens.values())

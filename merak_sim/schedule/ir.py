@@ -68,9 +68,10 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["Kind", "Action", "make_action", "Fused", "make_fused", "Step", "Schedule",
-           "ScheduleError", "parse_step", "parse_program", "format_program", "iter_actions",
-           "PLACEMENTS", "placed_stage", "placed_rank", "stage_grid"]
+__all__ = ["Kind", "Action", "ActionTwin", "make_action", "Fused", "FusedTwin",
+           "make_fused", "Step", "Schedule", "ScheduleError", "parse_step", "parse_program",
+           "format_program", "iter_actions", "PLACEMENTS", "placed_stage", "placed_rank",
+           "stage_grid"]
 
 #: Placements of model stages on (rank, chunk): see :meth:`Schedule.rank_of`.
 PLACEMENTS = ("loop", "v")
@@ -187,7 +188,11 @@ class Action:
 _NEW = object.__new__
 
 
-class _ActionSlots:  # Action's slots without its frozen __setattr__ (make_action)
+class ActionTwin:
+    """:class:`Action`'s slots without its frozen ``__setattr__`` (for
+    :func:`make_action` and :mod:`merak_sim.schedule.unchecked`): set kind, stage,
+    microbatch and chunk, then ``__class__ = Action``."""
+
     __slots__ = Action.__slots__
 
 
@@ -197,7 +202,7 @@ def make_action(kind: Kind, stage: int, microbatch: int = -1, chunk: int = 0) ->
     # Frozen Action refuses assignment: the fields go to a twin with the same slots
     # (plain stores, the cheapest there are), which then becomes an Action; half the
     # cost of setting slot descriptors. A valid action passes one comparison chain.
-    self = _NEW(_ActionSlots)
+    self = _NEW(ActionTwin)
     self.kind = kind
     self.stage = stage
     self.microbatch = microbatch
@@ -209,7 +214,11 @@ def make_action(kind: Kind, stage: int, microbatch: int = -1, chunk: int = 0) ->
     return self
 
 
-class _FusedSlots:  # Fused's slots without its frozen __setattr__ (Fused.__new__)
+class FusedTwin:
+    """:class:`Fused`'s slots without its frozen ``__setattr__`` (for
+    :func:`make_fused` and :mod:`merak_sim.schedule.unchecked`): set parts, then
+    ``__class__ = Fused``."""
+
     __slots__ = ("parts",)
 
 
@@ -236,7 +245,7 @@ Step = Action | Fused
 
 def make_fused(parts: tuple[Action, ...]) -> Fused:
     """``Fused(parts)``, checked as it is, at the cost of one plain function call."""
-    self = _NEW(_FusedSlots)  # a twin, as make_action's
+    self = _NEW(FusedTwin)  # a twin, as make_action's
     self.parts = parts
     self.__class__ = Fused
     if len(parts) < 2:

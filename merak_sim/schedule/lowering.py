@@ -95,7 +95,7 @@ def lower(sched: Schedule) -> Schedule:
     # ``replace`` would check every action again: the pass only adds sends and
     # receives on their consumer's or producer's rank and chunk, which the checked
     # schedule already holds, so the copy takes the checked fields as they are.
-    out = new_twin(Schedule)
+    out = new_twin(type(sched))
     out.__dict__.update(sched.__dict__, programs=programs, lowered=True)
     return out
 

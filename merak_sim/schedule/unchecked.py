@@ -11,27 +11,13 @@ by assigning ``__class__``, as make_action does.
 
 from __future__ import annotations
 
-from .ir import Action, Fused, Kind
+from .ir import Action, ActionTwin, FusedTwin, Kind
 
+# The twins are ir's (make_action's and make_fused's own), re-exported for the passes.
 __all__ = ["ActionTwin", "FusedTwin", "new_twin", "run"]
 
 #: ``new_twin(ActionTwin)``: an empty twin, to fill and turn into its class.
 new_twin = object.__new__
-
-
-class ActionTwin:
-    """:class:`~merak_sim.schedule.ir.Action`'s slots without its frozen
-    ``__setattr__``: set kind, stage, microbatch and chunk, then
-    ``__class__ = Action``."""
-
-    __slots__ = Action.__slots__
-
-
-class FusedTwin:
-    """:class:`~merak_sim.schedule.ir.Fused`'s slots without its frozen
-    ``__setattr__``: set parts, then ``__class__ = Fused``."""
-
-    __slots__ = Fused.__slots__
 
 
 def run(kind: Kind, stage: int, microbatches: int) -> list[Action]:

@@ -351,7 +351,7 @@ def rank_breakdown(tr: EventLog, e: int, rows: list[tuple[int, float, float]] | 
         if x_tp > 0.0 or (sim_tp and aid in sim_tp):
             # Exposed TP collectives (plus any contention delay) are communication;
             # the rest splits into compute and recompute as the contention-free parts.
-            c = x_tp  # x_tp + 0.0 when x_tp > 0.0, exactly
+            c = x_tp  # no contention records: the exposed part alone
             if sim_tp:
                 w = sim_tp.get(aid)
                 c = x_tp + (w[2] if w is not None else 0.0)

@@ -190,7 +190,8 @@ def _step_facts(sched: Schedule, a: Action) -> list:
     crosses]; a compute action's [per micro-batch, model stage, reads the
     explicit-R flag, FLOPs class 1 model / 2 recompute / 0, is B or W, is AR,
     consumed (tensor, source stage) or None, its tag base, rule id without and with
-    an explicit R (-1 until first used)]."""
+    an explicit R (-1 until first used), the state it enters
+    (:func:`~merak_sim.schedule.liveness.entered_by`)]."""
     k = a.kind
     if k.is_comm:
         tensor, src = comm_key(sched, a)[:2]
@@ -250,10 +251,10 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                        if type(a) is Action and a.kind is recompute}
                       if recompute in map(getattr, prog, repeat("kind"), repeat(None))
                       else None)
-        # The liveness walk (:func:`~merak_sim.schedule.liveness.transitions`) is
-        # inlined: an item's state is live exactly while ``history`` holds its
-        # (chunk, micro-batch) -> history code of the states it entered (base 4,
-        # states + 1: unique per history), so rules are keyed by integers.
+        # The liveness walk of :func:`~merak_sim.schedule.liveness.transitions`,
+        # inlined: an item is live exactly while ``history`` holds it. ``history``:
+        # (chunk, micro-batch) -> code of the states it entered (base 4, states + 1:
+        # unique per history), so rules are keyed by integers.
         history: dict[int, int] = {}  # key m * v + chunk
         mem_ids: dict[int, int] = {}  # key (code * v + chunk) * 2 + frees
         last_b: dict[int, int] = {}
