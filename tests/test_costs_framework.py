@@ -142,3 +142,12 @@ def test_time_partition_balances_by_the_given_models_own_layer_times():
     # Megatron's fp32 cross entropy makes the head dearer than the default charges
     # do, so the model's own partition differs from the default model's.
     assert p.ranges != make_partition("time", GPT, cluster, cfg).ranges
+
+
+def test_time_partition_of_a_wrapping_model_uses_its_base():
+    cluster = get_cluster("vtrain-a100")
+    cfg = ParallelConfig(pp=4, micro_batch_size=2, global_batch_size=16)
+    wrapped = vtrain_cost_model()
+    p = make_partition("time", GPT, cluster, cfg, wrapped)
+    assert p.ranges == wrapped.base.time_partition(GPT, cluster, cfg).ranges
+    assert p.ranges != AnalyticCostModel().time_partition(GPT, cluster, cfg).ranges

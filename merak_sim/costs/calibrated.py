@@ -51,7 +51,9 @@ __all__ = ["CALIBRATED", "CalibratedCostModel", "calibrated_cost_model"]
 #: :meth:`merak_sim.costs.efficiency.Efficiency.host_bound`); gemm_max, attn_factor,
 #: mem_bw_eff and kernel_overhead_s sit at their physical bounds
 #: (:data:`merak_sim.experiments.vtrain.BOUNDS`: GEMM ceiling 0.80, 10 us per kernel),
-#: where the single-node rows push them.
+#: where the single-node rows push them. The parameters are efficiencies per kernel
+#: class, so the default model, which prices the kernels a tuned stack runs (the fused
+#: softmax, the default cross-entropy charges), uses them as they are.
 CALIBRATED: dict[str, dict[str, float]] = {
     "A100": {
         "gemm_max": 0.8,

@@ -44,9 +44,11 @@ def make_partition(method: str, model: ModelSpec, cluster: Cluster, config: Para
     elif method == "parameters":
         p = parameter_balanced(model, n, config.tp)
     else:
-        # An analytic model balances by its own layer times (its kernels, framework and
-        # efficiency); another (a trace) by the analytic ones at its efficiency.
-        timer = (cm if isinstance(cm, AnalyticCostModel)
+        # An analytic model (or one wrapping it as ``base``) balances by its own layer
+        # times (its kernels, framework and efficiency); another (a trace) by the
+        # analytic ones at its efficiency.
+        base = cm if isinstance(cm, AnalyticCostModel) else getattr(cm, "base", None)
+        timer = (base if isinstance(base, AnalyticCostModel)
                  else AnalyticCostModel(efficiency=getattr(cm, "efficiency", None)))
         p = timer.time_partition(model, cluster, config)
     table = cm.cost_table(model, cluster, config, p)

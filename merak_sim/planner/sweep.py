@@ -252,6 +252,8 @@ def _plan_block(b: Block, ix: _Index, memo: _Memo, free: np.ndarray) -> tuple:
     # What the bound and the screen read of the schedule: blocks of schedules alike in
     # it (and in everything else) get the same values.
     sched = (spec.placement, spec.never_recompute(b.pp), spec.explicit_recompute)
+    # The micro-batch count is not in the keys: one search has one world size and one
+    # global batch, so tp, cp, pp and the micro-batch size fix it.
     key = (b.tp, b.cp, b.pp, b.virtual_stages, b.micro_batch_size, sched, id(b.variants),
            free.tobytes())
     if key in memo.plans:
