@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from .ir import Action, Fused, Kind, Schedule, Step
-from .unchecked import ActionTwin, FusedTwin, new_twin
+from .ir import Action, Kind, Schedule, Step
+from .unchecked import action, fused, new_twin
 
 __all__ = ["lower", "peer_of", "comm_key", "consumed_key"]
 
@@ -140,21 +140,12 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             n = needs[key] = _needs(sched, step)
         recv_kind, recv_peer, send_kind, send_peer = n
         if recv_kind is not None:
-            # Built as make_action builds it, less its checks: the fields are those
-            # of the checked compute action, and a send or receive takes them all.
-            recv = new_twin(ActionTwin)
-            recv.kind = recv_kind
-            recv.stage = step.stage
-            recv.microbatch = step.microbatch
-            recv.chunk = ch
-            recv.__class__ = Action
+            # Unchecked: the fields are those of the checked compute action, and a
+            # send or receive takes them all.
+            recv = action(recv_kind, step.stage, step.microbatch, ch)
             if explicit is None or recv not in explicit:
                 if pending is not None and pending_peer == recv_peer:
-                    # make_fused's group, less its checks (two sends and receives)
-                    fused = new_twin(FusedTwin)
-                    fused.parts = (pending, recv)
-                    fused.__class__ = Fused
-                    out.append(fused)
+                    out.append(fused((pending, recv)))  # two sends and receives
                 else:
                     if pending is not None:
                         out.append(pending)
@@ -165,12 +156,7 @@ def _lowered(sched: Schedule, prog: tuple[Step, ...]) -> tuple[Step, ...]:
             pending = None
         out.append(step)
         if send_kind is not None:
-            send = new_twin(ActionTwin)
-            send.kind = send_kind
-            send.stage = step.stage
-            send.microbatch = step.microbatch
-            send.chunk = ch
-            send.__class__ = Action
+            send = action(send_kind, step.stage, step.microbatch, ch)
             if explicit is None or send not in explicit:
                 pending, pending_peer = send, send_peer
     if pending is not None:

@@ -11,26 +11,35 @@ by assigning ``__class__``, as make_action does.
 
 from __future__ import annotations
 
-from .ir import Action, ActionTwin, FusedTwin, Kind
+from .ir import Action, ActionTwin, Fused, FusedTwin, Kind
 
 # The twins are ir's (make_action's and make_fused's own), re-exported for the passes.
-__all__ = ["ActionTwin", "FusedTwin", "new_twin", "run"]
+__all__ = ["ActionTwin", "FusedTwin", "new_twin", "action", "fused", "run"]
 
 #: ``new_twin(ActionTwin)``: an empty twin, to fill and turn into its class.
 new_twin = object.__new__
 
 
+def action(kind: Kind, stage: int, microbatch: int, chunk: int) -> Action:
+    """``make_action(kind, stage, microbatch, chunk)`` less its checks."""
+    a = new_twin(ActionTwin)
+    a.kind = kind
+    a.stage = stage
+    a.microbatch = microbatch
+    a.chunk = chunk
+    a.__class__ = Action
+    return a
+
+
+def fused(parts: tuple[Action, ...]) -> Fused:
+    """``make_fused(parts)`` less its checks."""
+    f = new_twin(FusedTwin)
+    f.parts = parts
+    f.__class__ = Fused
+    return f
+
+
 def run(kind: Kind, stage: int, microbatches: int) -> list[Action]:
     """``[make_action(kind, stage, m) for m in range(microbatches)]`` for a
     per-micro-batch ``kind`` and a rank ``stage >= 0``, less the checks."""
-    out = []
-    add = out.append
-    for m in range(microbatches):
-        a = new_twin(ActionTwin)
-        a.kind = kind
-        a.stage = stage
-        a.microbatch = m
-        a.chunk = 0
-        a.__class__ = Action
-        add(a)
-    return out
+    return [action(kind, stage, m, 0) for m in range(microbatches)]
