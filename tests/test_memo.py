@@ -134,6 +134,15 @@ def test_ring_passes_are_right_for_every_new_cluster():
         del cl
 
 
+def _held_until(clear, ref) -> None:
+    """The object behind ``ref`` stays alive (held by a memo) until ``clear()``."""
+    gc.collect()
+    assert ref() is not None
+    clear()
+    gc.collect()
+    assert ref() is None
+
+
 def test_clear_caches_releases_the_memoised_objects():
     cl = _weak(get_cluster("dgx-a100-80g", nodes=2))
     ref = weakref.ref(cl)
@@ -142,11 +151,7 @@ def test_clear_caches_releases_the_memoised_objects():
     ring_pass(collective_time, cl, SimpleNamespace(dp=1, tp=8, pp=1, cp=2), 0, 1e6, 0.0,
               0.0)
     del cl
-    gc.collect()
-    assert ref() is not None
-    clear_caches()
-    gc.collect()
-    assert ref() is None
+    _held_until(clear_caches, ref)
 
 
 def test_clear_ring_cache_releases_the_comm_function():
@@ -160,11 +165,7 @@ def test_clear_ring_cache_releases_the_comm_function():
     ref = weakref.ref(comm)
     ring_pass(comm, cl, SimpleNamespace(dp=1, tp=8, pp=1, cp=2), 0, 1e6, 0.0, 0.0)
     del comm
-    gc.collect()
-    assert ref() is not None
-    clear_ring_cache()
-    gc.collect()
-    assert ref() is None
+    _held_until(clear_ring_cache, ref)
 
 
 def test_ring_pass_rejects_non_integer_degrees_warm_or_cold():
