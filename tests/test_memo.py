@@ -16,7 +16,6 @@ from merak_sim.costs.comm import clear_caches, collective_time
 from merak_sim.costs.ring import clear_ring_cache, ring_pass
 from merak_sim.hardware import Cluster, get_cluster
 from merak_sim.memo import IdentityMemo
-from merak_sim.planner.memo import IdentityMemo as PlannerIdentityMemo
 
 
 class _Box:
@@ -29,10 +28,6 @@ class _WeakCluster(Cluster):
 
 def _weak(cluster: Cluster) -> _WeakCluster:
     return _WeakCluster(**{f.name: getattr(cluster, f.name) for f in fields(cluster)})
-
-
-def test_planner_memo_is_the_shared_one():
-    assert PlannerIdentityMemo is IdentityMemo
 
 
 def test_make_runs_once_per_identity_and_extra():

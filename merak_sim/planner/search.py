@@ -44,6 +44,7 @@ import numpy as np
 
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.calibrated import calibrated_cost_model
+from merak_sim.memo import IdentityMemo
 from merak_sim.plan import Plan
 from merak_sim.progress import WORK_LIMIT, Progress, progress_reporter
 from merak_sim.resolve import cluster_record, resolve_cluster, resolve_model
@@ -51,7 +52,6 @@ from merak_sim.schedule import SCHEDULES, ScheduleError
 from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 
 from .bounds import bound_parts, lower_bound
-from .memo import IdentityMemo
 from .report import GiB, PlannerError, PlanResult, new_counts, no_fit
 from .relaxed import RelaxedPricer, admissible
 from .rows import RowBook, ranked_table, row
