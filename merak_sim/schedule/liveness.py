@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from merak_sim.costs.base import StageCost
 
 __all__ = ["ALIVE", "FULL", "Held", "ItemSizes", "LiveStep", "LiveTrace", "liveness",
-           "entered_by", "stash_sizes", "transitions"]
+           "entered_by", "FREES", "REBUILDS", "stash_sizes", "transitions"]
 
 
 class Held(enum.IntEnum):
@@ -79,16 +79,20 @@ class Held(enum.IntEnum):
     REBUILT = 2
 
 
+#: The kind whose item enters :attr:`Held.REBUILT` (an explicit re-forward).
+REBUILDS = Kind.RECOMPUTE
+#: The kinds that free their item (if live).
+FREES = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
 # The state each allocating kind enters, indexed by the kind's code (hashing an
-# enum member runs Python code), None for the others; B and W free their item.
+# enum member runs Python code), None for the others.
 _ENTERS_BY_CODE = [{Kind.FORWARD: Held.STASH, Kind.FORWARD_NOGRAD: Held.INPUT,
-                    Kind.RECOMPUTE: Held.REBUILT}.get(k) for k in Kind]
-_B, _W = Kind.BACKWARD, Kind.BACKWARD_WEIGHT
+                    REBUILDS: Held.REBUILT}.get(k) for k in Kind]
+_B, _W = FREES
 
 
 def entered_by(kind: Kind) -> Held | None:
     """The state an action of ``kind`` moves its item into (None: it allocates
-    nothing; B and W free their item instead, :func:`transitions`)."""
+    nothing; :data:`FREES` free their item instead, :func:`transitions`)."""
     return _ENTERS_BY_CODE[kind.code]
 
 

@@ -22,7 +22,7 @@ from functools import cached_property
 from itertools import repeat
 
 from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
-from merak_sim.schedule.liveness import Held, entered_by
+from merak_sim.schedule.liveness import FREES, REBUILDS, Held, entered_by
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
 from .action_costs import gatherer
@@ -191,7 +191,8 @@ def _step_facts(sched: Schedule, a: Action) -> list:
     explicit-R flag, FLOPs class 1 model / 2 recompute / 0, is B or W, is AR,
     consumed (tensor, source stage) or None, its tag base, rule id without and with
     an explicit R (-1 until first used), the state it enters
-    (:func:`~merak_sim.schedule.liveness.entered_by`)]."""
+    (:func:`~merak_sim.schedule.liveness.entered_by`), whether it frees its item
+    (:data:`~merak_sim.schedule.liveness.FREES`)]."""
     k = a.kind
     if k.is_comm:
         tensor, src = comm_key(sched, a)[:2]
@@ -203,7 +204,7 @@ def _step_facts(sched: Schedule, a: Action) -> list:
             1 if k in FORWARD_KINDS else 2 if k in RECOMPUTING_KINDS else 0,
             k in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT), k is Kind.ALL_REDUCE,
             None if ck is None else ck[:2], -1 if ck is None else _tag_base(*ck[:2]),
-            -1, -1, entered_by(k)]
+            -1, -1, entered_by(k), k in FREES]
 
 
 def _history(code: int) -> tuple[Held, ...]:
@@ -240,7 +241,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     free_of: list[int] = []
     ops_all, flops_r, rec_r, ar_order, last_bwd, chunks_all = [], [], [], [], [], []
     ids_all, consumed_all = [], []
-    recompute = Kind.RECOMPUTE
+    rebuilds = REBUILDS
     for rank, prog in enumerate(sched.programs):
         ops: list[int] = []  # three words per op
         put = ops.append
@@ -248,8 +249,8 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
         # (chunk, micro-batch) of every explicit R (its item rebuilt) on the rank; the
         # scan for one runs at C speed (a fused group has no kind: None).
         explicit_r = ({(a.chunk, a.microbatch) for a in prog
-                       if type(a) is Action and a.kind is recompute}
-                      if recompute in map(getattr, prog, repeat("kind"), repeat(None))
+                       if type(a) is Action and a.kind is rebuilds}
+                      if rebuilds in map(getattr, prog, repeat("kind"), repeat(None))
                       else None)
         # The liveness walk of :func:`~merak_sim.schedule.liveness.transitions`,
         # inlined: an item is live exactly while ``history`` holds it. ``history``:
@@ -306,7 +307,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
             if f is None:
                 f = facts[fk] = _step_facts(sched, a)
             (per_mb, g, reads, flops_class, is_last, is_ar, head, head_base, rid, rid_r,
-             enters) = f
+             enters, frees) = f
             mb = a.microbatch
             actions.append(a)
             al = fr = 0
@@ -318,7 +319,7 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
                 if al < 0:
                     al = mem_ids[mk] = len(mem_rules)
                     mem_rules.append((rank, ch, _history(code), False))
-            elif is_last:  # B or W frees its item, if live
+            elif frees:  # its item, if live
                 code = history.pop(mb * v + ch, None)
                 if code is not None:
                     mk = (code * v + ch) * 2 + 1
