@@ -8,9 +8,9 @@ import pytest
 
 from merak_sim.schedule import SCHEDULES
 from merak_sim.schedule.generators import one_f_one_b
-from merak_sim.schedule.ir import Action, Kind, Schedule, make_action
+from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, make_action, make_fused
 from merak_sim.schedule.lowering import lower
-from merak_sim.schedule.unchecked import run
+from merak_sim.schedule.unchecked import action, fused
 
 
 def _rule_1f1b(S: int, M: int, s: int) -> list[Action]:
@@ -37,10 +37,13 @@ def test_1f1b_is_its_rule_in_real_actions(S, M):
         a.stage = 0
 
 
-def test_run_is_the_checked_list():
-    got = run(Kind.RECOMPUTE, 3, 5)
-    assert got == [make_action(Kind.RECOMPUTE, 3, m) for m in range(5)]
-    assert {type(a) for a in got} == {Action} and run(Kind.FORWARD, 0, 0) == []
+def test_action_and_fused_are_the_checked_values():
+    got = [action(Kind.RECOMPUTE, 3, m, 1) for m in range(5)]
+    assert got == [make_action(Kind.RECOMPUTE, 3, m, 1) for m in range(5)]
+    assert {type(a) for a in got} == {Action}
+    s, r = action(Kind.SEND_ACT, 1, 2, 0), action(Kind.RECV_GRAD, 1, 0, 0)
+    f = fused((s, r))
+    assert f == make_fused((s, r)) and type(f) is Fused
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))

@@ -22,7 +22,7 @@ from .ir import Action, Kind, Schedule, ScheduleError, Step, make_action
 from .lowering import lower
 from .replay import stage_aware_fractions
 from .spec import Period, ScheduleSpec
-from .unchecked import run
+from .unchecked import action
 from .v_shape import dualpipev, zb_v
 from .zero_bubble import uniform_fractions, zb_auto, zb_h1, zb_h2, zb_scp
 from .zero_bubble_interleaved import zb_interleaved
@@ -83,16 +83,8 @@ def one_f_one_b(S: int, M: int) -> list[list[Step]]:
 
     M < S works but leaves a larger bubble.
     """
-    progs = []
-    for s in range(S):
-        # _1f1b_order's sequence, built from the rank's forwards and backwards
-        # directly (no (kind, micro-batch) pairs in between).
-        warm = min(S - 1 - s, M)
-        fwd = run(F, s, M)
-        bwd = run(B, s, M)
-        steady = [x for pair in zip(fwd[warm:], bwd, strict=False) for x in pair]
-        progs.append(fwd[:warm] + steady + bwd[M - warm:])
-    return progs
+    # Unchecked: ranks and micro-batches come from range, the kinds are F and B.
+    return [[action(k, s, m, 0) for k, m in _1f1b_order(S, M, s)] for s in range(S)]
 
 
 def interleaved_1f1b_period(S: int, v: int) -> Period:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from .ir import Action, ActionTwin, Fused, FusedTwin, Kind
 
 # The twins are ir's (make_action's and make_fused's own), re-exported for the passes.
-__all__ = ["ActionTwin", "FusedTwin", "new_twin", "action", "fused", "run"]
+__all__ = ["ActionTwin", "FusedTwin", "new_twin", "action", "fused"]
 
 #: ``new_twin(ActionTwin)``: an empty twin, to fill and turn into its class.
 new_twin = object.__new__
@@ -37,9 +37,3 @@ def fused(parts: tuple[Action, ...]) -> Fused:
     f.parts = parts
     f.__class__ = Fused
     return f
-
-
-def run(kind: Kind, stage: int, microbatches: int) -> list[Action]:
-    """``[make_action(kind, stage, m) for m in range(microbatches)]`` for a
-    per-micro-batch ``kind`` and a rank ``stage >= 0``, less the checks."""
-    return [action(kind, stage, m, 0) for m in range(microbatches)]
