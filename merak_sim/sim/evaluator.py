@@ -99,13 +99,10 @@ def _order(prog: Compiled) -> DependencyGraph:
     actions = prog.actions
     optimizer = Kind.OPTIMIZER
     post, all_reduce = OP_POST, OP_AR
-    # Each rank's ops, three words each, read through one zip per rank: it keeps
+    # Each rank's ops read through one iterator per rank (rank_ops): it keeps
     # the rank's place between runs, and ``held`` the (action, transfer) of the op
     # a rank stopped at, taken up first when it runs again.
-    runs = []
-    for words in prog.structure.op_words:
-        it = iter(words)
-        runs.append(zip(it, it, it, strict=True))
+    runs = [prog.structure.rank_ops(r) for r in range(S)]
     held: list[tuple[int, int] | None] = [None] * S
     done = [False] * S
 

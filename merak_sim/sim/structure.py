@@ -16,7 +16,7 @@ walk hashes integers instead of enum members and tuples of them.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import repeat
@@ -103,15 +103,17 @@ class ProgramStructure:
     compute_ids: tuple[tuple[int, ...], ...]
     consumed: tuple[dict[int, int], ...]
 
+    def rank_ops(self, rank: int) -> Iterator[tuple[int, int, int]]:
+        """Rank ``rank``'s ops as (code, x, y), read from :attr:`op_words` (one pass:
+        the iterator keeps its place, so a reader can stop and go on)."""
+        it = iter(self.op_words[rank])
+        return zip(it, it, it, strict=True)
+
     @cached_property
     def ops(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
         """Per rank, its ops as in :class:`~merak_sim.sim.program.Compiled`, built
         from :attr:`op_words` on first use (the evaluator reads the words)."""
-        out = []
-        for words in self.op_words:
-            it = iter(words)
-            out.append(tuple(zip(it, it, it, strict=True)))
-        return tuple(out)
+        return tuple(tuple(self.rank_ops(r)) for r in range(len(self.op_words)))
 
     @cached_property
     def gathers(self) -> dict[str, Callable[[list], tuple]]:
@@ -144,9 +146,7 @@ class ProgramStructure:
                         for g in stages if g in (0, last)})
         if len(ranks) < 2:
             return ()
-        ids = [x for r in ranks for code, x in zip(self.op_words[r][0::3],
-                                                   self.op_words[r][1::3], strict=True)
-               if code == OP_AR]
+        ids = [x for r in ranks for code, x, _y in self.rank_ops(r) if code == OP_AR]
         return tuple(ids) if len(ids) == 2 else ()
 
 
