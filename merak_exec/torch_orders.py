@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from merak_sim.schedule import Action, Kind, Schedule, ScheduleError, lower
-from merak_sim.schedule.ir import placed_rank
+from merak_sim.schedule.placement import placed_rank
 
 __all__ = ["TORCH_SCHEDULES", "TorchScheduleInfo", "torch_pipeline_order",
            "from_torch_order", "torch_schedule"]

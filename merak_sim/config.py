@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from merak_sim.schedule import SCHEDULES, generate
-from merak_sim.schedule.ir import Schedule, placed_rank
+from merak_sim.schedule.ir import Schedule
+from merak_sim.schedule.placement import placed_rank
 from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 
 if TYPE_CHECKING:

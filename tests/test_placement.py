@@ -2,7 +2,8 @@
 
 import pytest
 
-from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError, placed_rank, placed_stage
+from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
+from merak_sim.schedule.placement import placed_rank, placed_stage
 from merak_sim.schedule.lowering import lower
 from merak_sim.schedule.posting import channels
 from merak_sim.schedule.validate import validate

@@ -11,14 +11,14 @@ from functools import lru_cache
 
 import numpy as np
 
-from merak_sim.schedule.ir import stage_grid
+from merak_sim.schedule.placement import stage_grid
 
 __all__ = ["rank_grid"]
 
 
 @lru_cache(maxsize=1024)
 def rank_grid(placement: str, num_stages: int, virtual_stages: int) -> np.ndarray:
-    """:func:`~merak_sim.schedule.ir.stage_grid` as a read-only int array (virtual
+    """:func:`~merak_sim.schedule.placement.stage_grid` as a read-only int array (virtual
     stages x ranks)."""
     g = np.asarray(stage_grid(placement, num_stages, virtual_stages), dtype=int)
     g.setflags(write=False)

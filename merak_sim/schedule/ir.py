@@ -68,13 +68,12 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from merak_sim.schedule.placement import PLACEMENTS, placed_rank, placed_stage
+
 __all__ = ["Kind", "Action", "ActionTwin", "make_action", "Fused", "FusedTwin",
            "make_fused", "Step", "Schedule", "ScheduleError", "parse_step", "parse_program",
-           "format_program", "iter_actions", "PLACEMENTS", "placed_stage", "placed_rank",
-           "stage_grid"]
+           "format_program", "iter_actions"]
 
-#: Placements of model stages on (rank, chunk): see :meth:`Schedule.rank_of`.
-PLACEMENTS = ("loop", "v")
 
 
 class ScheduleError(ValueError):
@@ -472,29 +471,3 @@ def _misplaced(a: Action, rank: int, virtual_stages: int) -> None:
     if a.stage != rank:
         raise ScheduleError(f"action {a} of stage {a.stage} placed on rank {rank}")
     raise ScheduleError(f"action {a} uses chunk {a.chunk} but virtual_stages={virtual_stages}")
-
-
-def placed_stage(placement: str, num_stages: int, rank: int, chunk: int) -> int:
-    """Model stage of (``rank``, ``chunk``) with ``num_stages`` ranks under
-    ``placement`` (see :meth:`Schedule.stage_of`); for consumers holding only a
-    configuration, not a :class:`Schedule`."""
-    if placement == "v":
-        return rank if chunk == 0 else 2 * num_stages - 1 - rank
-    return chunk * num_stages + rank
-
-
-def placed_rank(placement: str, num_stages: int, model_stage: int) -> tuple[int, int]:
-    """(rank, chunk) holding ``model_stage`` (inverse of :func:`placed_stage`)."""
-    if placement == "v":
-        if model_stage < num_stages:
-            return model_stage, 0
-        return 2 * num_stages - 1 - model_stage, 1
-    return model_stage % num_stages, model_stage // num_stages
-
-
-def stage_grid(placement: str, num_stages: int, virtual_stages: int
-               ) -> tuple[tuple[int, ...], ...]:
-    """Model stage of every (chunk, rank): row c, column r (``x[grid].sum(axis=0)``
-    sums an array over model stages into one value per rank)."""
-    return tuple(tuple(placed_stage(placement, num_stages, r, c) for r in range(num_stages))
-                 for c in range(virtual_stages))

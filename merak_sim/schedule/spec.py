@@ -87,7 +87,7 @@ class ScheduleSpec:
             checkpoints.
         stage_fractions: Merak T2's checkpointed fraction per rank from (pp, c0) under
             this schedule.
-        placement: where its model stages live (:data:`~merak_sim.schedule.ir.
+        placement: where its model stages live (:data:`~merak_sim.schedule.placement.
             PLACEMENTS`); ``"v"`` needs ``interleaved`` and exactly two virtual stages.
         cost_aware: ``order`` also takes per-rank costs (a
             :class:`~merak_sim.schedule.zero_bubble.ZeroBubbleCosts`, or None for unit
