@@ -13,7 +13,10 @@ per-iteration cost come from the committed A100 constants (costs.calibrated); th
 predictions are the exact evaluator's, as in benchmarks/vtrain_validation.py.
 Prints the flagged held-out rows, the error figures on flagged and passing rows,
 the same check on the single-node fit rows, and how the count moves with the
-allowances; writes benchmarks/results/vtrain_consistency.md.
+allowances; then, on the fit rows, the residual per pipeline step and the fit with a
+cost added per step (per-instruction host work), and a layer's GEMM rate under the
+fitted curve at the fit and held-out shapes (the two hypotheses of
+merak_sim/experiments/vtrain_engine.py); writes benchmarks/results/vtrain_consistency.md.
 """
 
 from __future__ import annotations
@@ -28,14 +31,18 @@ from pathlib import Path
 from merak_sim.costs.calibrated import CALIBRATED
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.vtrain import PreparedRow, VTrainRow, load_vtrain
+from merak_sim.hardware import get_cluster
 from merak_sim.experiments.vtrain_consistency import (
     KINDS,
     Limits,
     RowShape,
     bounds,
     flagged,
+    layer_gemm_flops,
     needed_slack,
+    per_step_fit,
     row_shape,
+    with_step_cost,
 )
 from merak_sim.io import atomic_write_text
 from merak_sim.memory import peak_memory
@@ -159,6 +166,57 @@ def _sensitivity(rows: Sequence[VTrainRow], shapes: Sequence[RowShape],
     return out + [""]
 
 
+def _per_step(rows: Sequence[VTrainRow], errs: Sequence[float]) -> list[str]:
+    """The fit rows' residual per pipeline step, and the fit with a cost added per step
+    (the per-instruction host-work hypothesis, merak_sim/experiments/vtrain_engine.py)."""
+    out = ["## Fit rows: residual per pipeline step (per-instruction host work?)", "",
+           "| tp | pp | rows | residual per step ms | intercept ms | R^2 |",
+           "|---|---|---|---|---|---|"]
+    for (tp, pp), f in sorted(per_step_fit(rows, errs).items()):
+        out.append(f"| {tp} | {pp} | {f.rows} | {1e3 * f.per_step_s:+.2f} | "
+                   f"{1e3 * f.intercept_s:+.1f} | {f.r2:.2f} |")
+    out += ["", "| added per step | rows | MAPE % | tp=1 | tp=2 | tp=4 | tp=8 |",
+            "|---|---|---|---|---|---|---|"]
+
+    def mape(es: Sequence[float], tp: int | None = None) -> str:
+        sel = [abs(e) for r, e in zip(rows, es, strict=True) if tp is None or r.tp == tp]
+        return f"{100 * sum(sel) / len(sel):.2f}" if sel else "-"
+
+    for ms, only in ((0.0, True), (0.25, True), (0.5, True), (1.0, True), (1.5, True),
+                     (0.14, False)):
+        es = with_step_cost(rows, errs, ms / 1e3, pipelined_only=only)
+        out.append(f"| {ms:g} ms | {'pp > 1' if only else 'all'} | {mape(es)} | "
+                   + " | ".join(mape(es, t) for t in (1, 2, 4, 8)) + " |")
+    return out + [""]
+
+
+def _gemm_table(eff: Efficiency, fit: Sequence[VTrainRow], fit_errs: Sequence[float],
+                held: Sequence[VTrainRow]) -> list[str]:
+    """TFLOP/s of a layer's GEMMs at each distinct shape of the fit and held-out rows
+    (the GEMM-size hypothesis, merak_sim/experiments/vtrain_engine.py)."""
+    peak = get_cluster("vtrain-a100").gpu.peak_flops["fp16"]
+    out = ["## A layer's GEMMs under the fitted curve, fit vs held-out shapes", "",
+           "| rows | hidden | seq | tp | micro-batch | TFLOP/s | of peak | fit rows there: "
+           "mean signed error % |", "|---|---|---|---|---|---|---|---|"]
+    def row(name: str, h: int, sq: int, tp: int, b: int) -> str:
+        f = layer_gemm_flops(eff, hidden=h, seq=sq, micro_batch=b, tp=tp, peak_flops=peak)
+        es = [e for r, e in zip(fit, fit_errs, strict=True)
+              if (r.hidden, r.seq_len, r.tp, r.micro_batch) == (h, sq, tp, b)]
+        signed = f"{100 * sum(es) / len(es):+.2f} ({len(es)} rows)" if es else "-"
+        return (f"| {name} | {h} | {sq} | {tp} | {b} | {f / 1e12:.0f} | {f / peak:.3f} | "
+                f"{signed} |")
+
+    # The fit rows' largest shapes per hidden size (tp = 1), then every held-out model and tp at
+    # micro-batch 2 (the size most of them ran).
+    for h in sorted({r.hidden for r in fit}):
+        sq = max(r.seq_len for r in fit if r.hidden == h)
+        for b in sorted({r.micro_batch for r in fit if r.hidden == h})[-2:]:
+            out.append(row("fit, largest", h, sq, 1, b))
+    for h, sq, tp in sorted({(r.hidden, r.seq_len, r.tp) for r in held}):
+        out.append(row("held out", h, sq, tp, 2))
+    return out + [""]
+
+
 def _positive(text: str) -> float:
     v = float(text)
     if not v >= 0:
@@ -234,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
                        + (f"{fit_slack:.2f}" if fit_slack else "more than 10")
                        + " to leave no row flagged (the other allowances as above).")
         fit_doc.append("")
+        fit_doc += _per_step(single, s_errs)
+        fit_doc += _gemm_table(eff, single, s_errs, multi)
     doc += _report("Held-out multi-node rows", multi, shapes, errs, limits, peaks)
     doc += _sensitivity(multi, shapes, errs, limits, fit_slack)
     doc += fit_doc

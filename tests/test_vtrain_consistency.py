@@ -9,13 +9,17 @@ import pytest
 
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.experiments.vtrain import VTrainRow
+from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.vtrain_consistency import (
     Limits,
     RowShape,
     bounds,
     flagged,
+    layer_gemm_flops,
     needed_slack,
+    per_step_fit,
     row_shape,
+    with_step_cost,
 )
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -116,6 +120,35 @@ def test_split_bound_caps_the_less_split_row():
     slow = replace(a, time_ms=b.time_ms * factor * 1.3 + 200)
     bad = flagged(bounds([slow, b], [sa, sb]), 0.01)
     assert set(bad) == {0} and bad[0].kind == "split"
+
+
+def test_per_step_fit_recovers_a_planted_step_cost():
+    # Measured = predicted + 2 ms per pipeline step + 5 ms, so the relative error of
+    # each prediction is -(2 ms * steps + 5 ms) / measured.
+    rows, errs = [], []
+    for b in (1, 2, 4, 8):
+        r = _row(b, 1000.0 + 7.0 * b, tp=1, dp=32, pp=4, gb=1024)
+        steps = 1024 // 32 // b + 3
+        rows.append(r)
+        errs.append(-(2.0 * steps + 5.0) / r.time_ms)
+    fit = per_step_fit(rows, errs)[(1, 4)]
+    assert fit.rows == 4 and fit.r2 == pytest.approx(1.0)
+    assert fit.per_step_s == pytest.approx(2e-3) and fit.intercept_s == pytest.approx(5e-3)
+    # Adding the planted cost per step leaves only the intercept.
+    fixed = with_step_cost(rows, errs, 2e-3)
+    assert all(e * r.time_ms == pytest.approx(-5.0) for r, e in zip(rows, fixed))
+    # pp = 1 rows get nothing unless asked.
+    one = [_row(2, 100.0, pp=1)]
+    assert with_step_cost(one, [0.0], 1e-3) == [0.0]
+    assert with_step_cost(one, [0.0], 1e-3, pipelined_only=False)[0] > 0
+
+
+def test_layer_gemm_flops_grows_with_shape_below_the_ceiling():
+    eff = Efficiency()
+    peak = 312e12
+    small = layer_gemm_flops(eff, hidden=1024, seq=1024, micro_batch=1, tp=8, peak_flops=peak)
+    big = layer_gemm_flops(eff, hidden=8192, seq=2048, micro_batch=2, tp=2, peak_flops=peak)
+    assert 0 < small < big < eff.gemm_max * peak
 
 
 def test_limits_reject_nonsense():

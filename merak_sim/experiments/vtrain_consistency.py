@@ -63,6 +63,11 @@ allows. Which of the two is off cannot be told from the pair alone; the flagged 
 the one the bound caps. Not modelled, and so the natural suspects where a bound
 breaks: allocator pressure near memory capacity, stragglers, a run-to-run change of
 placement or software.
+
+Also here, for the fit-row checks of two further hypotheses recorded in
+:mod:`merak_sim.experiments.vtrain_engine`: :func:`per_step_fit` and
+:func:`with_step_cost` (a cost per pipeline step, as per-instruction host work would
+leave) and :func:`layer_gemm_flops` (where the efficiency curve puts a row's GEMMs).
 """
 
 from __future__ import annotations
@@ -71,10 +76,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from merak_sim.costs.base import CostTable
+from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.vtrain import VTrainRow
 
-__all__ = ["KINDS", "Bound", "Limits", "RowShape", "bounds", "flagged", "needed_slack",
-           "row_shape"]
+__all__ = ["KINDS", "Bound", "Limits", "RowShape", "StepFit", "bounds", "flagged",
+           "layer_gemm_flops", "needed_slack", "per_step_fit", "row_shape", "with_step_cost"]
 
 #: The bound kinds (module docstring).
 KINDS = ("bubble", "gain", "split")
@@ -249,3 +255,62 @@ def needed_slack(rows: Sequence[VTrainRow], shapes: Sequence[RowShape], limits: 
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if clean(mid) else (mid + 1, hi)
     return 1.0 + lo * step
+
+
+def _steps(r: VTrainRow) -> int:
+    return r.global_batch // r.dp // r.micro_batch + r.pp - 1
+
+
+@dataclass(frozen=True, slots=True)
+class StepFit:
+    """Least-squares line of a group's residual (measured minus predicted, seconds)
+    against its pipeline steps m + p - 1: ``intercept_s + per_step_s * steps``."""
+
+    rows: int
+    intercept_s: float
+    per_step_s: float
+    r2: float
+
+
+def per_step_fit(rows: Sequence[VTrainRow], errs: Sequence[float]) -> dict[tuple[int, int], StepFit]:
+    """Per (tp, pp) group, the residual's line against the pipeline steps (the lead a
+    per-instruction host cost would leave: :mod:`merak_sim.experiments.vtrain_engine`);
+    ``errs`` are relative prediction errors in the rows' order."""
+    groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for r, e in zip(rows, errs, strict=True):
+        groups.setdefault((r.tp, r.pp), []).append((_steps(r), -e * r.time_ms / 1e3))
+    out = {}
+    for key, pts in groups.items():
+        n = len(pts)
+        mx = sum(x for x, _ in pts) / n
+        my = sum(y for _, y in pts) / n
+        sxx = sum((x - mx) ** 2 for x, _ in pts)
+        sxy = sum((x - mx) * (y - my) for x, y in pts)
+        syy = sum((y - my) ** 2 for _, y in pts)
+        b = sxy / sxx if sxx else 0.0
+        r2 = sxy * sxy / (sxx * syy) if sxx and syy else 0.0
+        out[key] = StepFit(n, my - b * mx, b, r2)
+    return out
+
+
+def with_step_cost(rows: Sequence[VTrainRow], errs: Sequence[float], step_s: float,
+                   pipelined_only: bool = True) -> list[float]:
+    """Relative errors after adding ``step_s`` seconds per pipeline step to each
+    prediction (only rows with pp > 1 when ``pipelined_only``)."""
+    out = []
+    for r, e in zip(rows, errs, strict=True):
+        add = step_s * _steps(r) if (r.pp > 1 or not pipelined_only) else 0.0
+        out.append(e + add * 1e3 / r.time_ms)
+    return out
+
+
+def layer_gemm_flops(eff: Efficiency, hidden: int, seq: int, micro_batch: int, tp: int,
+                     peak_flops: float) -> float:
+    """FLOP/s of one Megatron layer's four weight GEMMs (QKV, projection, both MLP
+    halves; 1/tp of each) under the efficiency curve ``eff``: how near its ceiling the
+    curve puts a row's shapes."""
+    t = micro_batch * seq
+    shapes = ((t, 3 * hidden // tp, hidden), (t, hidden, hidden // tp),
+              (t, 4 * hidden // tp, hidden), (t, hidden, 4 * hidden // tp))
+    flops = sum(2.0 * m * n * k for m, n, k in shapes)
+    return flops / sum(eff.gemm_time(m, n, k, peak_flops) for m, n, k in shapes)
