@@ -39,6 +39,7 @@ from merak_sim.experiments.vtrain_consistency import (
     bounds,
     flagged,
     layer_gemm_flops,
+    model_as_data,
     needed_slack,
     per_step_fit,
     row_shape,
@@ -108,6 +109,9 @@ def _report(name: str, rows: Sequence[VTrainRow], shapes: Sequence[RowShape],
         out.append(f"- {kind}: {len(ks)} bounds, {nv} exceeded by more than "
                    f"{100 * limits.tol:g} %")
     out.append(f"- rows flagged: {len(bad)} of {len(rows)}")
+    out.append("- the cost model's own predictions taken as data, no slack, C at the "
+               "model's, no tolerance: largest excess over a bound "
+               f"{100 * model_as_data(rows, shapes, errs):+.3f} %")
     out.append("")
     if peaks and bad:
         out += ["| row | measured ms | model err % | bound | sibling | sibling ms | "

@@ -16,6 +16,7 @@ from merak_sim.experiments.vtrain_consistency import (
     bounds,
     flagged,
     layer_gemm_flops,
+    model_as_data,
     needed_slack,
     per_step_fit,
     row_shape,
@@ -120,6 +121,30 @@ def test_split_bound_caps_the_less_split_row():
     slow = replace(a, time_ms=b.time_ms * factor * 1.3 + 200)
     bad = flagged(bounds([slow, b], [sa, sb]), 0.01)
     assert set(bad) == {0} and bad[0].kind == "split"
+
+
+def test_the_project_model_taken_as_data_meets_every_bound():
+    # Any model of the kind the criterion assumes must pass with no slack: the
+    # project's own predictions of the held-out rows, priced as the benchmark does.
+    from merak_sim.costs.calibrated import CALIBRATED
+    from merak_sim.experiments.vtrain import PreparedRow, load_vtrain
+    from merak_sim.sim.evaluator import evaluate
+    from merak_sim.sim.program import compile_program
+
+    eff = Efficiency(**{**Efficiency().to_dict(), **CALIBRATED["A100"]})
+    rows = [r for r in load_vtrain(_ROOT / "data" / "vtrain" / "ground_truth_multi.csv")
+            if r.params_b in (3.6, 39.1)]
+    shapes, errs = [], []
+    for r in rows:
+        p = PreparedRow.of(r)
+        table = p.cost_table(eff)
+        shapes.append(row_shape(table, p.recompute))
+        pred = evaluate(compile_program(p.schedule, table, p.recompute)).makespan
+        errs.append(pred * 1e3 / r.time_ms - 1)
+    assert len(rows) > 50
+    assert model_as_data(rows, shapes, errs) <= 1e-9
+    # ... while the measured times break some (the rows the benchmark flags).
+    assert flagged(bounds(rows, shapes), 0.01)
 
 
 def test_per_step_fit_recovers_a_planted_step_cost():

@@ -73,14 +73,15 @@ leave) and :func:`layer_gemm_flops` (where the efficiency curve puts a row's GEM
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from merak_sim.costs.base import CostTable
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.vtrain import VTrainRow
 
 __all__ = ["KINDS", "Bound", "Limits", "RowShape", "StepFit", "bounds", "flagged",
-           "layer_gemm_flops", "needed_slack", "per_step_fit", "row_shape", "with_step_cost"]
+           "layer_gemm_flops", "model_as_data", "needed_slack", "per_step_fit", "row_shape",
+           "with_step_cost"]
 
 #: The bound kinds (module docstring).
 KINDS = ("bubble", "gain", "split")
@@ -234,6 +235,17 @@ def flagged(all_bounds: Sequence[Bound], tol: float) -> Mapping[int, Bound]:
         if bd.excess > tol and (bd.row not in out or bd.excess > out[bd.row].excess):
             out[bd.row] = bd
     return out
+
+
+def model_as_data(rows: Sequence[VTrainRow], shapes: Sequence[RowShape],
+                  errs: Sequence[float]) -> float:
+    """The largest excess over any bound when each row's time is the cost model's own
+    prediction (``errs``: relative errors in the rows' order), with no slack, C at the
+    model's own and no tolerance: at most rounding for a model of the kind the
+    criterion assumes, so the bounds hold and are not loose by construction."""
+    pred = [replace(r, time_ms=r.time_ms * (1.0 + e)) for r, e in zip(rows, errs, strict=True)]
+    strict = Limits(slack=1.0, c_slack=1.0, c_add_s=0.0, tol=0.0)
+    return max((b.excess for b in bounds(pred, shapes, strict)), default=0.0)
 
 
 def needed_slack(rows: Sequence[VTrainRow], shapes: Sequence[RowShape], limits: Limits,
