@@ -303,8 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     doc += fit_doc
     text = "\n".join(doc)
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "vtrain_consistency.md", text + "\n")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out / "vtrain_consistency.md", text + "\n")
+    except OSError as e:
+        print(f"vtrain_consistency: error: cannot write to {args.out} ({e.strerror}); "
+              "pass a writable --out folder", file=sys.stderr)
+        return 2
     print(f"wrote {args.out / 'vtrain_consistency.md'} ({time.perf_counter() - t0:.1f} s)")
     return 0
 

@@ -207,6 +207,14 @@ def test_missing_data_is_one_line_exit_2(tmp_path, capsys):
     assert len(err) == 1 and "not found" in err[0]
 
 
+def test_unwritable_out_is_one_line_exit_2(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert _bench().main(["--no-single", "--out", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot write" in err[0]
+
+
 def test_help_exits_0(capsys):
     assert _bench().main(["--help"]) == 0
     assert "--slack" in capsys.readouterr().out
