@@ -89,10 +89,9 @@ def _stats(errs: Sequence[float]) -> str:
 
 
 def _duplicates(rows: Sequence[VTrainRow]) -> list[str]:
-    seen: dict[tuple, list[float]] = {}
+    seen: dict[str, list[float]] = {}
     for r in rows:
-        key = (r.hidden, r.layers, r.tp, r.dp, r.pp, r.micro_batch, r.global_batch)
-        seen.setdefault(key, []).append(r.time_ms)
+        seen.setdefault(_label(r), []).append(r.time_ms)
     return [f"repeated run: {k} measured {', '.join(f'{t:g}' for t in v)} ms "
             f"(spread {100 * (max(v) / min(v) - 1):.3f} %)"
             for k, v in seen.items() if len(v) > 1]
