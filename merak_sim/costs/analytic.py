@@ -83,8 +83,9 @@ class AnalyticCostModel:
     Args:
         efficiency: the curve; None = the GPU type's default
             (:data:`merak_sim.costs.efficiency.DEFAULT_EFFICIENCY`).
-        profile: activation storage profile (Korthikanti on GPUs, ``cpu-eager`` on
-            the CPU cluster when None).
+        profile: activation storage profile (Korthikanti's with the attention kernel's
+            storage on GPUs, ``cpu-eager`` on the CPU cluster when None:
+            :mod:`merak_sim.costs.attention_choice`).
         partition_method: default partitioner when ``cost_table`` gets none:
             "uniform" (Megatron's default) or "time".
         collectives: how the cost table prices a collective, with
