@@ -65,6 +65,7 @@ EXHAUSTIVE_405B_S = 1242.0
 _CHILD = """
 import json, sys, time
 import pandas  # the table's library: an import, outside the timed search like the rest
+from merak_sim.costs.attention_choice import attention_label
 from merak_sim.planner import SearchSpace, search
 m, c, n, g, sp, ex = sys.argv[1:7]
 space = SearchSpace(**{k: tuple(v) for k, v in json.loads(sp).items()})
@@ -78,7 +79,7 @@ print(json.dumps({"seconds": dt, "cpu_seconds": dcpu, "counts": r.counts,
                           f"mbs{b.micro_batch_size} {b.schedule} {b.recompute} "
                           f"sp={b.sequence_parallel} overlap={b.tp_overlap} zero={b.zero}"
                           + (f" cp={b.cp}" if b.cp > 1 else "")
-                          + f" attention={b.attention}"
+                          + f" attention={attention_label(b, r.cluster.gpu.name)}"
                           + (" overlap-param-gather" if b.overlap_param_gather else ""),
                   "time_s": r.best_result.iteration_time_s, "mfu": r.best_result.mfu,
                   "explanation": r.explanation() if ex != "1" else []}))

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from merak_sim.config import ParallelConfig
 from merak_sim.hardware import get_cluster
+from merak_sim.layout import RankLayout
 from merak_sim.model import get_model
 from merak_sim.sim import (
     EngineOptions,

@@ -23,8 +23,9 @@ __all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES", "ATT
 RECOMPUTE_POLICIES = ("none", "full", "selective", "stage-aware")
 TP_OVERLAPS = ("none", "sub-pipelined")
 DTYPES = ("bf16", "fp16", "fp32", "fp8")
-#: "auto": the cost model's activation profile decides (unfused on GPU presets, the
-#: measured PyTorch profile on the CPU cluster); "flash" / "unfused" force one kernel.
+#: "auto": flash on CUDA GPU presets, the measured PyTorch profile on the CPU cluster
+#: (:func:`merak_sim.costs.attention_choice.resolve_attention`, the one place that
+#: decides, for both time and memory); "flash" / "unfused" force one kernel.
 ATTENTIONS = ("auto", "flash", "unfused")
 ZERO_STAGES = (0, 1, 2, 3)
 

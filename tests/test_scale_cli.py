@@ -23,9 +23,13 @@ def run_json(argv, capsys):
 
 
 def test_simulate_flags_pass_through(capsys):
-    base = run_json(SIM, capsys)
+    base = run_json(SIM + ["--attention", "unfused"], capsys)
     flash = run_json(SIM + ["--attention", "flash"], capsys)
     assert max(flash["peak_memory_bytes"]) < max(base["peak_memory_bytes"])
+    auto = run_json(SIM, capsys)  # auto is flash on a GPU preset
+    assert auto["config"]["attention"] == "auto"
+    assert {k: v for k, v in auto.items() if k != "config"} == \
+        {k: v for k, v in flash.items() if k != "config"}
     fsdp = run_json(SIM + ["--zero", "3", "--attention", "flash"], capsys)
     assert max(fsdp["peak_memory_bytes"]) < max(flash["peak_memory_bytes"])
     cp = run_json([*SIM[:SIM.index("--dp")], "--dp", "1", "--cp", "2",

@@ -54,12 +54,14 @@ def test_flash_keeps_no_s2_term_in_memory():
     assert br["proj_in"] == tok * 2 * GPT.hidden / tp
 
 
-def test_auto_keeps_todays_profiles():
-    """"auto" is today's behaviour: unfused on GPU presets, the measured PyTorch
-    profile on the CPU cluster (flash path without dropout: the same bytes as forcing
-    flash there, as the saved-tensor measurements show)."""
+def test_auto_is_flash_on_gpus_and_measured_on_cpu():
+    """"auto" is flash on GPU presets (every field of the layer row: time and bytes);
+    the measured PyTorch profile on the CPU cluster (flash path without dropout: the
+    same bytes as forcing flash there, as the saved-tensor measurements show)."""
     c = cfg(tp=2, micro_batch_size=2)
-    assert row(GPT, A100, c) == row(GPT, A100, dataclasses.replace(c, attention="unfused"))
+    auto = row(GPT, A100, c)
+    assert auto == row(GPT, A100, dataclasses.replace(c, attention="flash"))
+    assert auto != row(GPT, A100, dataclasses.replace(c, attention="unfused"))
     cpu = get_cluster("local-cpu")
     tiny = get_model({"family": "gpt", "layers": 2, "hidden": 64, "heads": 4,
                       "seq_len": 32, "vocab": 256, "dropout": 0.0})

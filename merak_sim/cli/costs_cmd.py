@@ -17,6 +17,7 @@ import click
 
 from merak_sim.config import ATTENTIONS, DTYPES, TP_OVERLAPS, ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
+from merak_sim.costs.attention_choice import attention_label
 from merak_sim.hardware import get_cluster
 from merak_sim.memory import peak_memory
 from merak_sim.model import ModelSpec, get_model
@@ -119,7 +120,8 @@ def _wrapped(text: str, width: int) -> str:
               help="HSDP shard-group size (0: shard over all data-parallel ranks).")
 @click.option("--cp", type=POSITIVE, default=1, show_default=True, help="Context parallelism.")
 @click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
-              show_default=True)
+              show_default=True, help="Attention kernel (auto: flash on GPU presets, the "
+                                      "measured profile on CPU).")
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
 @click.option("--partition", "partition_method",
               type=click.Choice(["uniform", "parameters", "time"]), default="uniform",
@@ -193,7 +195,8 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
     echo(f"# config dp={dp} tp={tp} pp={pp} v={virtual_stages} mbs={micro_batch_size} "
                f"micro-batches={config.num_microbatches} schedule={schedule} "
                f"recompute={recompute} sp={sequence_parallel} tp_overlap={tp_overlap} "
-               f"zero={zero} cp={cp} attention={attention} dtype={dtype}; cost model: "
+               f"zero={zero} cp={cp} attention={attention_label(config, cluster.gpu.name)} "
+               f"dtype={dtype}; cost model: "
                f"{table.meta.get('source')}")
     echo("")
     echo("Per layer, one micro-batch, one GPU (ms; MiB; tp-fwd/tp-bwd = exposed TP "

@@ -65,7 +65,8 @@ def _clean(v):
 @click.option("--zero-groups", "--hsdp", "zero_groups", default=None,
               help="Allowed HSDP shard-group sizes (0: shard over all), e.g. 0,8.")
 @click.option("--attention", "attention", default=None,
-              help="Allowed attention kernels, e.g. flash or flash,unfused.")
+              help="Allowed attention kernels, e.g. flash or flash,unfused (default auto: "
+                   "flash on GPU presets; the --space systems: unfused).")
 @click.option("--overlap-param-gather", type=click.Choice(["off", "on", "both"]),
               default=None, help="Overlap of the DP gradient reduction and the ZeRO 1/2 "
                                  "parameter all-gather with compute.")
@@ -144,6 +145,8 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
         return
     from rich.console import Console
 
+    from merak_sim.costs.attention_choice import attention_label
+
     # The terminal's width; off a terminal $COLUMNS or 80 (the table folds to fit).
     con = Console()
     con.print(res.rich_table(max(top_k, 10), width=con.width))
@@ -157,7 +160,8 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
               + f" sp={cfg.sequence_parallel} tp-overlap={cfg.tp_overlap} zero={cfg.zero}"
               + (f" hsdp={cfg.zero_group}" if cfg.zero_group else "")
               + (f" cp={cfg.cp}" if cfg.cp > 1 else "")
-              + f" attention={cfg.attention} overlap-param-gather={cfg.overlap_param_gather}"
+              + f" attention={attention_label(cfg, res.cluster.gpu.name)}"
+              f" overlap-param-gather={cfg.overlap_param_gather}"
               f" dtype={cfg.dtype}: "
               f"{b.iteration_time_s:.3f} s/iteration, "
               f"{b.throughput_samples_per_s:.2f} samples/s, MFU {b.mfu:.1%}, peak "

@@ -114,7 +114,7 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
 @click.option("--cp", type=POSITIVE, default=None,
               help="Context-parallel degree (ring attention; default 1).")
 @click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
-              show_default=True, help="Attention kernel (auto: unfused on GPU presets, the "
+              show_default=True, help="Attention kernel (auto: flash on GPU presets, the "
                                       "measured profile on CPU).")
 @click.option("--overlap-param-gather", is_flag=True,
               help="Overlap the DP gradient reduction and the ZeRO 1/2 parameter "

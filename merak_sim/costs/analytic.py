@@ -13,7 +13,8 @@ same bytes); the embedding adds one in forward, the LM head one in backward.
 Data-parallel gradient all-reduce of the stage's 16-bit gradients (ZeRO-1: reduce-
 scatter of gradients + all-gather of updated weights) goes to ``grad_allreduce_s``, plus,
 on the first and last stage of a model with tied embeddings, the all-reduce that sums
-the word-embedding gradient between those two stages.
+the word-embedding gradient between those two stages (the TP collectives' timing and
+overlap: :mod:`merak_sim.costs.tp_comm`).
 Optimizer: Adam reads and writes fp32 master weights, m and v (24 bytes) and reads the
 16-bit gradient and writes the 16-bit weight (4 bytes) per (sharded) parameter, memory
 bound; fp8 training also casts the updated weights to their cached FP8 copy (3 bytes
@@ -23,8 +24,9 @@ ZeRO 1-3, FSDP and HSDP: :mod:`merak_sim.costs.sharded_dp` (ZeRO-3's per-layer
 all-gathers and reduce-scatters are exposed inside ``forward_s`` / ``backward_s`` as far
 as prefetching cannot hide them). Context parallelism: :mod:`merak_sim.costs.ring`
 (the exposed part of the K/V ring exchange inside the same times). FP8 and flash
-attention: :mod:`merak_sim.costs.layers` and :mod:`merak_sim.costs.kernels`. MFU of an
-fp8 configuration is quoted against the 16-bit peak (``CostTable.peak_flops``).
+attention: :mod:`merak_sim.costs.layers` and :mod:`merak_sim.costs.kernels`; which
+attention kernel a configuration runs: :mod:`merak_sim.costs.attention_choice`. MFU of
+an fp8 configuration is quoted against the 16-bit peak (``CostTable.peak_flops``).
 
 Speed: layer costs are cached per (model, GPU, efficiency, dtype, micro-batch, tp,
 sequence parallel, overlap) and communication per (cluster, group shape), so a
@@ -34,10 +36,10 @@ cost table for a new (pp, partition) costs O(stages).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from merak_sim.allocator_memory import on_cuda, reserved_bytes
+from merak_sim.allocator_memory import reserved_bytes
+from merak_sim.costs.attention_choice import attention_profile, resolve_attention
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, collective_time, group_ranks
 from merak_sim.costs.comm import pipeline_send_time, stage_placement
@@ -49,8 +51,9 @@ from merak_sim.costs.param_balance import parameter_balanced
 from merak_sim.costs.ring import check_cp, ring_pass
 from merak_sim.costs.sharded_dp import fsdp_pass, fsdp_working_bytes, grad_sync_seconds
 from merak_sim.costs.sharded_dp import fsdp_collectives, sixteen_bit_bytes, sync_groups
+from merak_sim.costs.tp_comm import tp_pass
 from merak_sim.hardware import Cluster
-from merak_sim.memory import CPU_EAGER, DTYPE_BYTES, KORTHIKANTI, ActivationProfile
+from merak_sim.memory import DTYPE_BYTES, ActivationProfile
 from merak_sim.memory import first_stage_extra_bytes, last_stage_extra_bytes
 from merak_sim.memory import layer_activation_bytes, layer_checkpoint_bytes, model_state_bytes
 from merak_sim.memory import stage_input_bytes, stage_params
@@ -80,8 +83,9 @@ class AnalyticCostModel:
     Args:
         efficiency: the curve; None = the GPU type's default
             (:data:`merak_sim.costs.efficiency.DEFAULT_EFFICIENCY`).
-        profile: activation storage profile (Korthikanti on GPUs, ``cpu-eager`` on
-            the CPU cluster when None).
+        profile: activation storage profile (Korthikanti's with the attention kernel's
+            storage on GPUs, ``cpu-eager`` on the CPU cluster when None:
+            :mod:`merak_sim.costs.attention_choice`).
         partition_method: default partitioner when ``cost_table`` gets none:
             "uniform" (Megatron's default) or "time".
         collectives: how the cost table prices a collective, with
@@ -133,21 +137,15 @@ class AnalyticCostModel:
 
     def profile_for(self, cluster: Cluster, config: ParallelConfig | None = None
                     ) -> ActivationProfile:
-        """The activation profile used on ``cluster`` (with the attention storage
-        ``config.attention`` forces, when it is not "auto")."""
-        if self.profile is not None:
-            prof = self.profile
-        else:
-            prof = KORTHIKANTI if on_cuda(cluster.gpu.name) else CPU_EAGER
-        att = getattr(config, "attention", "auto")
-        if att != "auto" and prof.attention != att:
-            prof = replace(prof, name=f"{prof.name}+{att}", attention=att)
-        return prof
+        """The activation profile used on ``cluster`` for ``config``'s attention kernel
+        (:func:`~merak_sim.costs.attention_choice.attention_profile`)."""
+        return attention_profile(self.profile, config, cluster.gpu.name)
 
     @staticmethod
-    def attention_kernel(config: ParallelConfig) -> str:
-        """The attention kernel timed for ``config`` ("auto": the unfused one)."""
-        return "flash" if config.attention == "flash" else "unfused"
+    def attention_kernel(cluster: Cluster, config: ParallelConfig) -> str:
+        """The attention kernel timed for ``config`` on ``cluster``
+        (:func:`~merak_sim.costs.attention_choice.resolve_attention`)."""
+        return resolve_attention(config, cluster.gpu.name)
 
     @staticmethod
     def peak16(cluster: Cluster, config: ParallelConfig) -> float:
@@ -164,7 +162,7 @@ class AnalyticCostModel:
         bw = cluster.gpu.mem_bandwidth_Bps
         parts = config.tp_overlap_parts if (config.tp_overlap == "sub-pipelined"
                                             and config.tp > 1) else 1
-        opts = LayerOptions(attention=self.attention_kernel(config), cp=config.cp,
+        opts = LayerOptions(attention=self.attention_kernel(cluster, config), cp=config.cp,
                             fp8_peak=(cluster.gpu.peak("fp8") if config.dtype == "fp8"
                                       else 0.0), fused_elementwise=config.fused_elementwise,
                             kernels=self.kernels or default_kernels(cluster.gpu.name),
@@ -205,11 +203,11 @@ class AnalyticCostModel:
         }
         rows = {}
         for kind, c in (("embedding", emb), ("layer", lay), ("head", head)):
-            f_comm = self._tp_exposed(c, "fwd", cluster, config, 0,
-                                      c.forward_s if kind == "layer" else 0.0)
-            b_comm = self._tp_exposed(c, "bwd", cluster, config, 0,
-                                      c.backward_input_s + c.backward_weight_s
-                                      if kind == "layer" else 0.0)
+            f_comm = tp_pass(self._comm, c, "fwd", cluster, config, 0,
+                             c.forward_s if kind == "layer" else 0.0)[1]
+            b_comm = tp_pass(self._comm, c, "bwd", cluster, config, 0,
+                             c.backward_input_s + c.backward_weight_s
+                             if kind == "layer" else 0.0)[1]
             rec = c.forward_s if c.recompute_s is None else c.recompute_s
             total = c.forward_s + c.backward_input_s + c.backward_weight_s
             act = acts[kind] if c.activation_bytes is None else c.activation_bytes
@@ -231,42 +229,6 @@ class AnalyticCostModel:
                   cluster: Cluster) -> float:
         """Seconds for ``collective`` of ``nbytes`` among global ``ranks``."""
         return collective_time(collective, nbytes, tuple(ranks), cluster)
-
-    def _tp_exposed(self, lay: LayerCost, which: str, cluster: Cluster, config: ParallelConfig,
-                    pp_rank: int, compute_s: float) -> float:
-        """Exposed TP communication seconds of one pass of ``lay`` (see :meth:`_tp_comm`)."""
-        return self._tp_comm(lay, which, cluster, config, pp_rank, compute_s)[1]
-
-    def _tp_comm(self, lay: LayerCost, which: str, cluster: Cluster, config: ParallelConfig,
-                 pp_rank: int, compute_s: float) -> tuple[float, float, float]:
-        """(total, exposed, bytes sent per GPU) of the TP collectives of one ``which``
-        ("fwd"/"bwd") pass of ``lay`` whose compute takes ``compute_s``. Total: every
-        collective alone and synchronous; exposed: what stays on the critical path
-        under the configured overlap (Merak T3: sub-pipelined hides all but the last
-        all-reduce of the pass, as far as the pass's compute allows)."""
-        if config.tp == 1:
-            return 0.0, 0.0, 0.0
-        nbytes, count = lay.tp_fwd if which == "fwd" else lay.tp_bwd
-        if count == 0:
-            return 0.0, 0.0, 0.0
-        ranks = group_ranks("tp", config, pp_rank)
-        if config.sequence_parallel:
-            one = (self._comm("all-gather", nbytes, ranks, cluster)
-                   + self._comm("reduce-scatter", nbytes, ranks, cluster))
-        else:
-            one = self._comm("all-reduce", nbytes, ranks, cluster)
-        t = config.tp
-        # Ring algorithms: an all-reduce (or all-gather + reduce-scatter) sends
-        # 2 (t-1)/t of its payload from every GPU.
-        sent = count * 2.0 * (t - 1) / t * nbytes
-        total = count * one
-        parts = config.tp_overlap_parts if config.tp_overlap == "sub-pipelined" else 1
-        if parts == 1 or count < 2:
-            return total, total, sent
-        # Sub-pipelined: the last all-reduce of the pass is exposed; the others hide
-        # behind the pass's compute (all but the first part's first sub-layer).
-        hidden_room = compute_s * (1 - 1 / count)
-        return total, one + max(0.0, (count - 1) * one - hidden_room), sent
 
     def check(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig) -> None:
         """Raise a one-line ValueError if ``config`` cannot run ``model`` on ``cluster``."""
@@ -366,8 +328,8 @@ class AnalyticCostModel:
         first, last = g == 0, g == n_st - 1
         tp, mbs, sp, cp = (config.tp, config.micro_batch_size, config.sequence_parallel,
                            config.cp)
-        lay_f = self._tp_comm(lay, "fwd", cluster, config, pp_rank, lay.forward_s)
-        lay_b = self._tp_comm(lay, "bwd", cluster, config, pp_rank,
+        lay_f = tp_pass(self._comm, lay, "fwd", cluster, config, pp_rank, lay.forward_s)
+        lay_b = tp_pass(self._comm, lay, "bwd", cluster, config, pp_rank,
                               lay.backward_input_s + lay.backward_weight_s)
         lay_f_comm, lay_b_comm = lay_f[1], lay_b[1]
         ring = ring_pass(self._comm, cluster, config, pp_rank, lay.cp_kv_bytes,
@@ -385,12 +347,12 @@ class AnalyticCostModel:
         tp_b = [n * lay_b[0], n * lay_b_comm, n * lay_b[2]]
         tp_r = tuple(tp_f)  # the re-forward repeats the layers' collectives
         if first:
-            emb_c = self._tp_comm(emb, "fwd", cluster, config, pp_rank, 0.0)
+            emb_c = tp_pass(self._comm, emb, "fwd", cluster, config, pp_rank, 0.0)
             fwd += emb.forward_s + emb_c[1]
             bw += emb.backward_weight_s
             tp_f = [a + b for a, b in zip(tp_f, emb_c, strict=True)]
         if last:
-            head_c = self._tp_comm(head, "bwd", cluster, config, pp_rank, 0.0)
+            head_c = tp_pass(self._comm, head, "bwd", cluster, config, pp_rank, 0.0)
             fwd += head.forward_s
             bin_ += head.backward_input_s + head_c[1]
             bw += head.backward_weight_s

@@ -16,6 +16,9 @@ planner within the system's restricted search space
   memory allows. Merak's speed-up over them is what its techniques buy beyond turning
   recomputation off (:mod:`merak_sim.experiments.regimes` maps it over memory levels).
 
+Every system computes attention unfused, as the paper's did (``attention="unfused"`` in
+each space and in :func:`hand_configs`), not the simulator's GPU default of flash.
+
 The cluster and shapes are not stated by the paper; :func:`assumptions` lists every
 assumption and the reproduction prints them. The paper's "up to" is read as the larger
 of the speed-ups over the two baselines; the speed-up over the faster baseline is shown
@@ -370,6 +373,6 @@ def hand_configs(model: str, global_batch_size: int = DEFAULT_GLOBAL_BATCH
                     dp=dp, tp=tp, pp=pp, micro_batch_size=mbs,
                     global_batch_size=global_batch_size, schedule=sp.schedules[0],
                     recompute=rc, recompute_c0=0.75, tp_overlap=ov,
-                    zero=sp.zero[-1] if dp > 1 else 0))
+                    zero=sp.zero[-1] if dp > 1 else 0, attention=sp.attention[0]))
         out[sys_key] = cfgs
     return out

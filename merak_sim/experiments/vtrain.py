@@ -11,12 +11,13 @@ training on A100 clusters: 1,440 single-node runs (1-8 GPUs) and 109 multi-node 
 How a row becomes a simulation (assumptions, as stated in vTrain's description of its
 data and the framework that measured it): GPT with the row's layers, hidden size, heads
 and sequence length, fp16; cluster ``vtrain-a100`` (8 A100 per node, vTrain's link
-figures); 1F1B, full recomputation, no overlap of the data-parallel all-reduce. The
-runs were "collected using Megatron-DeepSpeed" (vTrain's data README), whose GPT
-pretraining uses the GPT-2 BPE tokenizer (50,257 tokens) and pads the vocabulary to a
-multiple of 128 x tp (Megatron's ``--make-vocab-size-divisible-by`` default 128, times
-the tensor-parallel size): :func:`padded_vocab`, 50,304 at tp = 1 up to 51,200 at
-tp = 8 and 16.
+figures); 1F1B, full recomputation, unfused attention (``attention="unfused"``:
+Megatron-DeepSpeed's GPT runs the unfused core unless flash attention is asked for), no
+overlap of the data-parallel all-reduce. The runs were "collected using
+Megatron-DeepSpeed" (vTrain's data README), whose GPT pretraining uses the GPT-2 BPE
+tokenizer (50,257 tokens) and pads the vocabulary to a multiple of 128 x tp
+(Megatron's ``--make-vocab-size-divisible-by`` default 128, times the tensor-parallel
+size): :func:`padded_vocab`, 50,304 at tp = 1 up to 51,200 at tp = 8 and 16.
 
 Communication as the runs had it (:data:`merak_sim.costs.nccl.VTRAIN_A100`):
 collectives inside a node priced from vTrain's measured NCCL all-reduce tables (bus
@@ -226,9 +227,12 @@ def row_setup(row: VTrainRow) -> tuple[ModelSpec, Cluster, ParallelConfig]:
                       source=f"vTrain ground truth row (GPT-2 vocabulary padded to {vocab})")
     nodes = max(1, math.ceil(row.gpus / 8))
     cluster = get_cluster("vtrain-a100", nodes=nodes)
+    # Megatron-DeepSpeed's GPT computes attention unfused unless asked otherwise (QK^T,
+    # the softmax of VTRAIN_KERNELS' rule, then x V: scores through HBM), unlike the
+    # GPU default of flash attention, so the kernel is pinned.
     cfg = ParallelConfig(dp=row.dp, tp=row.tp, pp=row.pp, micro_batch_size=row.micro_batch,
                          global_batch_size=row.global_batch, schedule="1f1b",
-                         recompute="full", dtype="fp16")
+                         recompute="full", dtype="fp16", attention="unfused")
     return model, cluster, cfg
 
 
