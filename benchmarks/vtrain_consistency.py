@@ -22,6 +22,7 @@ merak_sim/experiments/vtrain_engine.py); writes benchmarks/results/vtrain_consis
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -31,7 +32,6 @@ from pathlib import Path
 from merak_sim.costs.calibrated import CALIBRATED
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.vtrain import PreparedRow, VTrainRow, load_vtrain
-from merak_sim.hardware import get_cluster
 from merak_sim.experiments.vtrain_consistency import (
     KINDS,
     Limits,
@@ -45,6 +45,7 @@ from merak_sim.experiments.vtrain_consistency import (
     row_shape,
     with_step_cost,
 )
+from merak_sim.hardware import get_cluster
 from merak_sim.io import atomic_write_text
 from merak_sim.memory import peak_memory
 from merak_sim.sim.evaluator import evaluate
@@ -201,6 +202,7 @@ def _gemm_table(eff: Efficiency, fit: Sequence[VTrainRow], fit_errs: Sequence[fl
     out = ["## A layer's GEMMs under the fitted curve, fit vs held-out shapes", "",
            "| rows | hidden | seq | tp | micro-batch | TFLOP/s | of peak | fit rows there: "
            "mean signed error % |", "|---|---|---|---|---|---|---|---|"]
+
     def row(name: str, h: int, sq: int, tp: int, b: int) -> str:
         f = layer_gemm_flops(eff, hidden=h, seq=sq, micro_batch=b, tp=tp, peak_flops=peak)
         es = [e for r, e in zip(fit, fit_errs, strict=True)
@@ -220,11 +222,18 @@ def _gemm_table(eff: Efficiency, fit: Sequence[VTrainRow], fit_errs: Sequence[fl
     return out + [""]
 
 
-def _positive(text: str) -> float:
-    v = float(text)
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
-    return v
+def _at_least(low: float, why: str = ""):
+    """An argparse type: a finite number >= ``low`` (``why`` says what ``low`` means)."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and v >= low):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= {low:g}"
+                                             + why)
+        return v
+    return parse
 
 
 class _Parser(argparse.ArgumentParser):
@@ -242,11 +251,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="folder with ground_truth_single.csv and ground_truth_multi.csv")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results",
                     help="folder for vtrain_consistency.md")
-    ap.add_argument("--slack", type=_positive, default=Limits().slack,
+    ap.add_argument("--slack", type=_at_least(1.0, " (1: the model's own efficiency change)"),
+                    default=Limits().slack,
                     help="multiplier on the model's per-sample efficiency change (>= 1)")
-    ap.add_argument("--c-slack", type=_positive, default=Limits().c_slack,
+    ap.add_argument("--c-slack", type=_at_least(0.0), default=Limits().c_slack,
                     help="multiplier on the model's per-iteration cost")
-    ap.add_argument("--tol", type=_positive, default=Limits().tol,
+    ap.add_argument("--tol", type=_at_least(0.0), default=Limits().tol,
                     help="excess over a bound that flags a row (fraction, 0.01 = 1 %%)")
     ap.add_argument("--no-single", action="store_true",
                     help="skip the single-node fit rows (faster)")
@@ -254,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         args = ap.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    if args.slack < 1:
-        print(f"vtrain_consistency: error: --slack {args.slack:g} must be >= 1 (1: the "
-              "model's own efficiency change)", file=sys.stderr)
+    if args.out.suffix == ".md" and not args.out.is_dir():
+        print(f"vtrain_consistency: error: --out {args.out} looks like a file; pass the "
+              "folder that vtrain_consistency.md goes into", file=sys.stderr)
         return 2
     paths = [args.data_dir / "ground_truth_multi.csv"]
     if not args.no_single:
@@ -266,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vtrain_consistency: error: {p} not found; pass --data-dir or set "
                   "MERAK_VTRAIN_DIR", file=sys.stderr)
             return 2
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"vtrain_consistency: error: cannot write to {args.out} ({e.strerror}); "
+              "pass a writable --out folder", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     limits = Limits(slack=args.slack, c_slack=args.c_slack, tol=args.tol)
     eff = Efficiency(**{**Efficiency().to_dict(), **CALIBRATED["A100"]})
@@ -303,7 +319,6 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(doc)
     print(text)
     try:
-        args.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.out / "vtrain_consistency.md", text + "\n")
     except OSError as e:
         print(f"vtrain_consistency: error: cannot write to {args.out} ({e.strerror}); "

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from merak_sim.costs.base import CostTable, StageCost
-from merak_sim.experiments.vtrain import VTrainRow
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.experiments.vtrain import VTrainRow
 from merak_sim.experiments.vtrain_consistency import (
     Limits,
     RowShape,
@@ -193,12 +193,30 @@ def _bench():
     return mod
 
 
-@pytest.mark.parametrize("argv", [["--tol", "x"], ["--slack", "0.5"], ["--tol", "-1"],
-                                  ["--bogus"]])
-def test_bad_cli_input_is_one_line_exit_2(argv, capsys):
+@pytest.mark.parametrize("argv, says", [
+    (["--tol", "x"], "--tol: 'x' is not a finite number >= 0"),
+    (["--tol", "abc"], "--tol: 'abc' is not a finite number >= 0"),
+    (["--slack", "0.5"], "--slack: '0.5' is not a finite number >= 1"),
+    (["--slack", "-1"], "--slack: '-1' is not a finite number >= 1"),
+    (["--slack", "inf"], "--slack: 'inf' is not a finite number >= 1"),
+    (["--c-slack", "nan"], "--c-slack: 'nan' is not a finite number >= 0"),
+    (["--tol", "-1"], "--tol: '-1' is not a finite number >= 0"),
+    (["--bogus"], "unrecognized arguments: --bogus")])
+def test_bad_cli_input_is_one_line_exit_2(argv, says, capsys):
     assert _bench().main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vtrain_consistency: error:")
+    assert says in err[0]
+
+
+def test_out_naming_a_file_is_one_line_exit_2(tmp_path, capsys):
+    """--out is the folder the report goes into: a path ending in .md is refused before
+    any work, and nothing is created."""
+    out = tmp_path / "x.md"
+    assert _bench().main(["--no-single", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "looks like a file" in err[0]
+    assert not out.exists()
 
 
 def test_missing_data_is_one_line_exit_2(tmp_path, capsys):
