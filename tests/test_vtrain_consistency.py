@@ -125,23 +125,14 @@ def test_split_bound_caps_the_less_split_row():
 
 def test_the_project_model_taken_as_data_meets_every_bound():
     # Any model of the kind the criterion assumes must pass with no slack: the
-    # project's own predictions of the held-out rows, priced as the benchmark does.
-    from merak_sim.costs.calibrated import CALIBRATED
-    from merak_sim.experiments.vtrain import PreparedRow, load_vtrain
-    from merak_sim.sim.evaluator import evaluate
-    from merak_sim.sim.program import compile_program
+    # project's own predictions of the held-out rows, priced by the benchmark.
+    from merak_sim.experiments.vtrain import load_vtrain
 
-    eff = Efficiency(**{**Efficiency().to_dict(), **CALIBRATED["A100"]})
+    bench = _bench()
     rows = [r for r in load_vtrain(_ROOT / "data" / "vtrain" / "ground_truth_multi.csv")
             if r.params_b in (3.6, 39.1)]
-    shapes, errs = [], []
-    for r in rows:
-        p = PreparedRow.of(r)
-        table = p.cost_table(eff)
-        shapes.append(row_shape(table, p.recompute))
-        pred = evaluate(compile_program(p.schedule, table, p.recompute)).makespan
-        errs.append(pred * 1e3 / r.time_ms - 1)
-    assert len(rows) > 50
+    shapes, errs, _ = bench.priced(rows, bench.fitted_efficiency())
+    assert len(rows) > 50 and len(shapes) == len(errs) == len(rows)
     assert model_as_data(rows, shapes, errs) <= 1e-9
     # ... while the measured times break some (the rows the benchmark flags).
     assert flagged(bounds(rows, shapes), 0.01)
