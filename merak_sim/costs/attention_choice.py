@@ -1,5 +1,6 @@
 """Which attention kernel a configuration runs, and the activation storage that goes
-with it: the one place that reads ``ParallelConfig.attention``.
+with it: the one place that turns ``ParallelConfig.attention`` into a kernel and a
+profile (the planner only passes the field on).
 
 :func:`resolve_attention` turns "auto" into a kernel: flash on CUDA presets (what
 current GPU training stacks run: PyTorch's scaled-dot-product attention dispatches
