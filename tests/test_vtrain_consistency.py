@@ -152,7 +152,7 @@ def test_per_step_fit_recovers_a_planted_step_cost():
     assert fit.per_step_s == pytest.approx(2e-3) and fit.intercept_s == pytest.approx(5e-3)
     # Adding the planted cost per step leaves only the intercept.
     fixed = with_step_cost(rows, errs, 2e-3)
-    assert all(e * r.time_ms == pytest.approx(-5.0) for r, e in zip(rows, fixed))
+    assert all(e * r.time_ms == pytest.approx(-5.0) for r, e in zip(rows, fixed, strict=True))
     # pp = 1 rows get nothing unless asked.
     one = [_row(2, 100.0, pp=1)]
     assert with_step_cost(one, [0.0], 1e-3) == [0.0]
