@@ -156,7 +156,10 @@ def test_merak_systems_are_pinned_unfused():
 
 
 def test_attention_label():
-    """Printed form: auto names what it resolved to."""
+    """Printed form: auto names what it resolved to, and on the CPU cluster that the
+    measured profile's storage is not the timed kernel's."""
     assert attention_label(cfg(), "H100-80GB") == "auto (flash)"
-    assert attention_label(cfg(), "CPU-2core") == "auto (unfused)"
+    cpu = get_cluster("local-cpu").gpu.name
+    assert attention_label(cfg(), cpu) == "auto (unfused timed, sdpa-cpu storage)"
+    assert attention_label(cfg(attention="flash"), cpu) == "flash"
     assert attention_label(cfg(attention="unfused"), "H100-80GB") == "unfused"
