@@ -312,9 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         s_shapes, s_errs, _ = priced(single, eff)
         fit_doc = _report("Single-node fit rows (the same check)", single, s_shapes, s_errs,
                           limits, [])
-        fit_slack = needed_slack(single, s_shapes, limits)
+        top = 10.0  # the largest slack searched
+        fit_slack = needed_slack(single, s_shapes, limits, top=top)
         fit_doc.append("The fit rows need an E1 slack of at least "
-                       + (f"{fit_slack:.2f}" if fit_slack else "more than 10")
+                       + (f"{fit_slack:.2f}" if fit_slack else f"more than {top:g}")
                        + " to leave no row flagged (the other allowances as above).")
         fit_doc.append("")
         fit_doc += _per_step(single, s_errs)
