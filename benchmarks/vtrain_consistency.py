@@ -22,6 +22,7 @@ merak_sim/experiments/vtrain_engine.py); writes benchmarks/results/vtrain_consis
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -31,7 +32,6 @@ from pathlib import Path
 from merak_sim.costs.calibrated import CALIBRATED
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.vtrain import PreparedRow, VTrainRow, load_vtrain
-from merak_sim.hardware import get_cluster
 from merak_sim.experiments.vtrain_consistency import (
     KINDS,
     Limits,
@@ -45,6 +45,7 @@ from merak_sim.experiments.vtrain_consistency import (
     row_shape,
     with_step_cost,
 )
+from merak_sim.hardware import get_cluster
 from merak_sim.io import atomic_write_text
 from merak_sim.memory import peak_memory
 from merak_sim.sim.evaluator import evaluate
@@ -58,8 +59,14 @@ def _default_data() -> Path:
     return Path(env) if env else ROOT / "data" / "vtrain"
 
 
-def _priced(rows: Sequence[VTrainRow], eff: Efficiency, memory: bool = False
-            ) -> tuple[list[RowShape], list[float], list[float]]:
+def fitted_efficiency() -> Efficiency:
+    """The committed A100 fit (:data:`merak_sim.costs.calibrated.CALIBRATED`) over the
+    published defaults: the curve every figure here is computed under."""
+    return Efficiency(**{**Efficiency().to_dict(), **CALIBRATED["A100"]})
+
+
+def priced(rows: Sequence[VTrainRow], eff: Efficiency, memory: bool = False
+           ) -> tuple[list[RowShape], list[float], list[float]]:
     """Per row: its shape, the evaluator's relative error and (``memory``) the modelled
     peak GB of its fullest GPU (allocator pressure is a suspect where a bound breaks)."""
     shapes, errs, peaks = [], [], []
@@ -201,6 +208,7 @@ def _gemm_table(eff: Efficiency, fit: Sequence[VTrainRow], fit_errs: Sequence[fl
     out = ["## A layer's GEMMs under the fitted curve, fit vs held-out shapes", "",
            "| rows | hidden | seq | tp | micro-batch | TFLOP/s | of peak | fit rows there: "
            "mean signed error % |", "|---|---|---|---|---|---|---|---|"]
+
     def row(name: str, h: int, sq: int, tp: int, b: int) -> str:
         f = layer_gemm_flops(eff, hidden=h, seq=sq, micro_batch=b, tp=tp, peak_flops=peak)
         es = [e for r, e in zip(fit, fit_errs, strict=True)
@@ -220,11 +228,18 @@ def _gemm_table(eff: Efficiency, fit: Sequence[VTrainRow], fit_errs: Sequence[fl
     return out + [""]
 
 
-def _positive(text: str) -> float:
-    v = float(text)
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
-    return v
+def _at_least(low: float, why: str = ""):
+    """An argparse type: a finite number >= ``low`` (``why`` says what ``low`` means)."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and v >= low):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= {low:g}"
+                                             + why)
+        return v
+    return parse
 
 
 class _Parser(argparse.ArgumentParser):
@@ -242,11 +257,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="folder with ground_truth_single.csv and ground_truth_multi.csv")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results",
                     help="folder for vtrain_consistency.md")
-    ap.add_argument("--slack", type=_positive, default=Limits().slack,
+    ap.add_argument("--slack", type=_at_least(1.0, " (1: the model's own efficiency change)"),
+                    default=Limits().slack,
                     help="multiplier on the model's per-sample efficiency change (>= 1)")
-    ap.add_argument("--c-slack", type=_positive, default=Limits().c_slack,
+    ap.add_argument("--c-slack", type=_at_least(0.0), default=Limits().c_slack,
                     help="multiplier on the model's per-iteration cost")
-    ap.add_argument("--tol", type=_positive, default=Limits().tol,
+    ap.add_argument("--tol", type=_at_least(0.0), default=Limits().tol,
                     help="excess over a bound that flags a row (fraction, 0.01 = 1 %%)")
     ap.add_argument("--no-single", action="store_true",
                     help="skip the single-node fit rows (faster)")
@@ -254,9 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         args = ap.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    if args.slack < 1:
-        print(f"vtrain_consistency: error: --slack {args.slack:g} must be >= 1 (1: the "
-              "model's own efficiency change)", file=sys.stderr)
+    if args.out.suffix == ".md" and not args.out.is_dir():
+        print(f"vtrain_consistency: error: --out {args.out} looks like a file; pass the "
+              "folder that vtrain_consistency.md goes into", file=sys.stderr)
         return 2
     paths = [args.data_dir / "ground_truth_multi.csv"]
     if not args.no_single:
@@ -266,9 +282,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vtrain_consistency: error: {p} not found; pass --data-dir or set "
                   "MERAK_VTRAIN_DIR", file=sys.stderr)
             return 2
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"vtrain_consistency: error: cannot write to {args.out} ({e.strerror}); "
+              "pass a writable --out folder", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     limits = Limits(slack=args.slack, c_slack=args.c_slack, tol=args.tol)
-    eff = Efficiency(**{**Efficiency().to_dict(), **CALIBRATED["A100"]})
+    eff = fitted_efficiency()
     try:
         multi = load_vtrain(paths[0])
         single = load_vtrain(paths[1]) if len(paths) > 1 else []
@@ -276,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vtrain_consistency: error: unreadable vTrain CSV ({e}); pass the "
               "folder of vTrain's ground_truth_*.csv", file=sys.stderr)
         return 2
-    shapes, errs, peaks = _priced(multi, eff, memory=True)
+    shapes, errs, peaks = priced(multi, eff, memory=True)
     doc = ["# vTrain runs against their siblings", "",
            "Generated by `python benchmarks/vtrain_consistency.py` (criterion: "
            "`merak_sim.experiments.vtrain_consistency`). Allowances: per-sample "
@@ -287,12 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     fit_slack = None
     fit_doc: list[str] = []
     if single:
-        s_shapes, s_errs, _ = _priced(single, eff)
+        s_shapes, s_errs, _ = priced(single, eff)
         fit_doc = _report("Single-node fit rows (the same check)", single, s_shapes, s_errs,
                           limits, [])
-        fit_slack = needed_slack(single, s_shapes, limits)
+        top = 10.0  # the largest slack searched
+        fit_slack = needed_slack(single, s_shapes, limits, top=top)
         fit_doc.append("The fit rows need an E1 slack of at least "
-                       + (f"{fit_slack:.2f}" if fit_slack else "more than 10")
+                       + (f"{fit_slack:.2f}" if fit_slack else f"more than {top:g}")
                        + " to leave no row flagged (the other allowances as above).")
         fit_doc.append("")
         fit_doc += _per_step(single, s_errs)
@@ -303,7 +326,6 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(doc)
     print(text)
     try:
-        args.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.out / "vtrain_consistency.md", text + "\n")
     except OSError as e:
         print(f"vtrain_consistency: error: cannot write to {args.out} ({e.strerror}); "

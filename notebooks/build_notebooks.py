@@ -352,8 +352,8 @@ plt.xlabel("pipeline stage"); plt.ylabel("peak GiB"); plt.legend(); plt.show()""
 The same search restricted to the Megatron-LM-like system (1F1B, full recompute,
 synchronous TP, no sequence parallelism). The paper reproduction's system pins unfused
 attention, as the paper's runs had it; here it keeps the full search's attention
-(flash, the GPU default), so the gap is what the schedule and recompute restrictions
-cost."""),
+(flash, the GPU default), so the gap is what the system's restrictions above cost,
+not a difference of attention kernel."""),
     new_code_cell("""\
 meg = search("gpt3-175b", "dgx-a100-80g", 1536, nodes=128, top_k=1,
              space=SYSTEMS["megatron"].with_(attention=("auto",)))

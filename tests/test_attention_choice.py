@@ -16,7 +16,7 @@ from merak_sim.costs.attention_choice import (
     resolve_attention,
 )
 from merak_sim.experiments.merak import PAPER_MODELS, hand_configs
-from merak_sim.experiments.vtrain import load_vtrain, predict_row, row_setup
+from merak_sim.experiments.vtrain import PreparedRow, load_vtrain, predict_row, row_setup
 from merak_sim.hardware import CLUSTER_PRESETS, get_cluster
 from merak_sim.memory import CPU_EAGER, FLASH, KORTHIKANTI, TORCHTITAN, layer_activation_bytes
 from merak_sim.model import get_model
@@ -132,12 +132,17 @@ def test_vtrain_rows_are_pinned_unfused():
     r = rows[0]
     model, cluster, c = row_setup(r)
     cm = AnalyticCostModel()
-    pinned = cm.cost_table(model, cluster, c).stages
-    assert pinned == cm.cost_table(model, cluster, dataclasses.replace(c, attention="unfused")
-                                   ).stages
-    assert pinned != cm.cost_table(model, cluster, dataclasses.replace(c, attention="auto")
-                                   ).stages
-    assert predict_row(r) > 0
+    assert cm.attention_kernel(cluster, c) == "unfused"
+    assert cm.profile_for(cluster, c).attention == "unfused"
+    assert cm.cost_table(model, cluster, c).stages != cm.cost_table(
+        model, cluster, dataclasses.replace(c, attention="auto")).stages
+    # The row's prediction is the pinned configuration's, slower than under the GPU
+    # default of flash.
+    p = PreparedRow.of(r)
+    pinned = p.predict()
+    assert predict_row(r) == pytest.approx(pinned, rel=1e-12)
+    flash = dataclasses.replace(p, config=dataclasses.replace(p.config, attention="auto"))
+    assert flash.predict() < pinned
 
 
 def test_merak_systems_are_pinned_unfused():
@@ -151,7 +156,10 @@ def test_merak_systems_are_pinned_unfused():
 
 
 def test_attention_label():
-    """Printed form: auto names what it resolved to."""
+    """Printed form: auto names what it resolved to, and on the CPU cluster that the
+    measured profile's storage is not the timed kernel's."""
     assert attention_label(cfg(), "H100-80GB") == "auto (flash)"
-    assert attention_label(cfg(), "CPU-2core") == "auto (unfused)"
+    cpu = get_cluster("local-cpu").gpu.name
+    assert attention_label(cfg(), cpu) == "auto (unfused timed, sdpa-cpu storage)"
+    assert attention_label(cfg(attention="flash"), cpu) == "flash"
     assert attention_label(cfg(attention="unfused"), "H100-80GB") == "unfused"

@@ -3,8 +3,8 @@
 import pytest
 
 from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
-from merak_sim.schedule.placement import placed_rank, placed_stage
 from merak_sim.schedule.lowering import lower
+from merak_sim.schedule.placement import placed_rank, placed_stage
 from merak_sim.schedule.posting import channels
 from merak_sim.schedule.validate import validate
 

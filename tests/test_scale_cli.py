@@ -135,3 +135,21 @@ def test_cp_mfu_counts_every_gpu():
                            attention="flash", engine="evaluator", keep_trace=False)
     want = get_model("llama2-7b").training_flops(8)
     assert r.model_flops_per_gpu * 8 * r.iteration_time_s == pytest.approx(want)
+
+
+@pytest.mark.parametrize("att, label", [("auto", "attention=auto (flash)"),
+                                        ("unfused", "attention=unfused")])
+def test_costs_plan_simulate_print_attention_alike(att, label, capsys, tmp_path):
+    """The three commands name the kernel the same way ("auto" with what it resolved
+    to), each exactly once."""
+    gpu = ["--model", "gpt-2.5b", "--cluster", "dgx-a100-80g", "--attention", att]
+    shape = ["--dp", "2", "--tp", "2", "--pp", "2", "--micro-batch-size", "2",
+             "--global-batch-size", "16"]
+    for argv in (["costs", *gpu, *shape],
+                 ["simulate", *gpu, *shape, "--schedule", "1f1b", "--recompute", "none",
+                  "--engine", "evaluator"],
+                 ["plan", *gpu, "--global-batch-size", "16", "--top", "1",
+                  "--out", str(tmp_path / "plan.json")]):
+        assert main(argv) == 0, argv[0]
+        out = capsys.readouterr().out
+        assert out.count("attention=") == 1 and label in out, (argv[0], out)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from merak_sim.costs.base import CostTable, StageCost
-from merak_sim.experiments.vtrain import VTrainRow
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.experiments.vtrain import VTrainRow
 from merak_sim.experiments.vtrain_consistency import (
     Limits,
     RowShape,
@@ -125,23 +125,14 @@ def test_split_bound_caps_the_less_split_row():
 
 def test_the_project_model_taken_as_data_meets_every_bound():
     # Any model of the kind the criterion assumes must pass with no slack: the
-    # project's own predictions of the held-out rows, priced as the benchmark does.
-    from merak_sim.costs.calibrated import CALIBRATED
-    from merak_sim.experiments.vtrain import PreparedRow, load_vtrain
-    from merak_sim.sim.evaluator import evaluate
-    from merak_sim.sim.program import compile_program
+    # project's own predictions of the held-out rows, priced by the benchmark.
+    from merak_sim.experiments.vtrain import load_vtrain
 
-    eff = Efficiency(**{**Efficiency().to_dict(), **CALIBRATED["A100"]})
+    bench = _bench()
     rows = [r for r in load_vtrain(_ROOT / "data" / "vtrain" / "ground_truth_multi.csv")
             if r.params_b in (3.6, 39.1)]
-    shapes, errs = [], []
-    for r in rows:
-        p = PreparedRow.of(r)
-        table = p.cost_table(eff)
-        shapes.append(row_shape(table, p.recompute))
-        pred = evaluate(compile_program(p.schedule, table, p.recompute)).makespan
-        errs.append(pred * 1e3 / r.time_ms - 1)
-    assert len(rows) > 50
+    shapes, errs, _ = bench.priced(rows, bench.fitted_efficiency())
+    assert len(rows) > 50 and len(shapes) == len(errs) == len(rows)
     assert model_as_data(rows, shapes, errs) <= 1e-9
     # ... while the measured times break some (the rows the benchmark flags).
     assert flagged(bounds(rows, shapes), 0.01)
@@ -161,7 +152,7 @@ def test_per_step_fit_recovers_a_planted_step_cost():
     assert fit.per_step_s == pytest.approx(2e-3) and fit.intercept_s == pytest.approx(5e-3)
     # Adding the planted cost per step leaves only the intercept.
     fixed = with_step_cost(rows, errs, 2e-3)
-    assert all(e * r.time_ms == pytest.approx(-5.0) for r, e in zip(rows, fixed))
+    assert all(e * r.time_ms == pytest.approx(-5.0) for r, e in zip(rows, fixed, strict=True))
     # pp = 1 rows get nothing unless asked.
     one = [_row(2, 100.0, pp=1)]
     assert with_step_cost(one, [0.0], 1e-3) == [0.0]
@@ -193,12 +184,30 @@ def _bench():
     return mod
 
 
-@pytest.mark.parametrize("argv", [["--tol", "x"], ["--slack", "0.5"], ["--tol", "-1"],
-                                  ["--bogus"]])
-def test_bad_cli_input_is_one_line_exit_2(argv, capsys):
+@pytest.mark.parametrize("argv, says", [
+    (["--tol", "x"], "--tol: 'x' is not a finite number >= 0"),
+    (["--tol", "abc"], "--tol: 'abc' is not a finite number >= 0"),
+    (["--slack", "0.5"], "--slack: '0.5' is not a finite number >= 1"),
+    (["--slack", "-1"], "--slack: '-1' is not a finite number >= 1"),
+    (["--slack", "inf"], "--slack: 'inf' is not a finite number >= 1"),
+    (["--c-slack", "nan"], "--c-slack: 'nan' is not a finite number >= 0"),
+    (["--tol", "-1"], "--tol: '-1' is not a finite number >= 0"),
+    (["--bogus"], "unrecognized arguments: --bogus")])
+def test_bad_cli_input_is_one_line_exit_2(argv, says, capsys):
     assert _bench().main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vtrain_consistency: error:")
+    assert says in err[0]
+
+
+def test_out_naming_a_file_is_one_line_exit_2(tmp_path, capsys):
+    """--out is the folder the report goes into: a path ending in .md is refused before
+    any work, and nothing is created."""
+    out = tmp_path / "x.md"
+    assert _bench().main(["--no-single", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "looks like a file" in err[0]
+    assert not out.exists()
 
 
 def test_missing_data_is_one_line_exit_2(tmp_path, capsys):

@@ -199,7 +199,12 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
         res.plot_memory(memory_png)
     emit_json(res.to_dict(), as_json, json_out)
     if not as_json:
+        from merak_sim.costs.attention_choice import attention_label
+        from merak_sim.resolve import resolve_cluster
+
         click.echo(res.summary())
+        # The kernel "auto" resolved to, printed as costs and plan print it.
+        click.echo(f"note: attention={attention_label(cfg, resolve_cluster(cluster).gpu.name)}")
         for what, path in (("Chrome trace", chrome_trace), ("Gantt chart", plot),
                            ("JSON", json_out)):
             if path:

@@ -1,5 +1,6 @@
 """Which attention kernel a configuration runs, and the activation storage that goes
-with it: the one place that reads ``ParallelConfig.attention``.
+with it: the one place that turns ``ParallelConfig.attention`` into a kernel and a
+profile (the planner only passes the field on).
 
 :func:`resolve_attention` turns "auto" into a kernel: flash on CUDA presets (what
 current GPU training stacks run: PyTorch's scaled-dot-product attention dispatches
@@ -62,7 +63,10 @@ def attention_profile(profile: ActivationProfile | None, config: ParallelConfig 
 
 def attention_label(config: ParallelConfig, gpu_name: str) -> str:
     """``config.attention`` as printed: "auto" names the kernel it resolves to
-    ("auto (flash)")."""
+    ("auto (flash)"), and the storage where the default profile keeps another (the CPU
+    cluster: "auto (unfused timed, sdpa-cpu storage)")."""
     if config.attention != "auto":
         return config.attention
-    return f"auto ({resolve_attention(config, gpu_name)})"
+    kernel = resolve_attention(config, gpu_name)
+    storage = attention_profile(None, config, gpu_name).attention
+    return f"auto ({kernel})" if storage == kernel else f"auto ({kernel} timed, {storage} storage)"

@@ -73,11 +73,10 @@ from pathlib import Path
 
 from merak_sim.allocator_memory import MEGATRON, TORCHTITAN_STACK, rank_stages, reserved_bytes
 from merak_sim.config import ParallelConfig
+from merak_sim.costs.attention_choice import attention_profile
 from merak_sim.costs.base import CostTable
 from merak_sim.hardware import Cluster, get_cluster
 from merak_sim.memory import (
-    FLASH,
-    KORTHIKANTI,
     TORCHTITAN,
     TORCHTITAN_COMPILED,
     TORCHTITAN_COMPILED_LOSS,
@@ -262,8 +261,7 @@ def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: Pa
       allocator (:func:`merak_sim.runtime_memory.runtime_memory_bytes`).
     Fragmentation beyond those terms is not modelled (torchtitan runs with expandable
     segments; nothing is fitted to the memory columns)."""
-    prof = activation_profile(row) or (FLASH if cfg.attention == "flash" else KORTHIKANTI)
-    prof = prof if prof.attention == cfg.attention else replace(prof, attention=cfg.attention)
+    prof = attention_profile(activation_profile(row), cfg, cluster.gpu.name)
     titan = "torchtitan" in row.get("framework", "").lower()
     fp32_accum = titan and cfg.pp > 1 and cfg.zero > 0
     no_fp8_copy = titan and cfg.dtype == "fp8"

@@ -227,9 +227,8 @@ def row_setup(row: VTrainRow) -> tuple[ModelSpec, Cluster, ParallelConfig]:
                       source=f"vTrain ground truth row (GPT-2 vocabulary padded to {vocab})")
     nodes = max(1, math.ceil(row.gpus / 8))
     cluster = get_cluster("vtrain-a100", nodes=nodes)
-    # Megatron-DeepSpeed's GPT computes attention unfused unless asked otherwise (QK^T,
-    # the softmax of VTRAIN_KERNELS' rule, then x V: scores through HBM), unlike the
-    # GPU default of flash attention, so the kernel is pinned.
+    # Pinned: the runs' attention was unfused, not the GPU default of flash (module
+    # docstring).
     cfg = ParallelConfig(dp=row.dp, tp=row.tp, pp=row.pp, micro_batch_size=row.micro_batch,
                          global_batch_size=row.global_batch, schedule="1f1b",
                          recompute="full", dtype="fp16", attention="unfused")

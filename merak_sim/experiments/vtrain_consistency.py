@@ -13,7 +13,7 @@ durations are per-GPU work and blocking communication):
   monotone in every duration.
 - T2. Hence, with m micro-batches on p stages, stage g taking f_g (forward) and
   b_g (recompute + backward) per micro-batch, t_g = f_g + b_g, tau = max_g t_g at
-  stage k, lambda = sum_{g<k} t_g / tau (stages k waits for before its first forward
+  stage k, lambda = sum_{g<k} t_g / tau (the stages k waits for before its first forward
   and after its last backward) and t* = max_g f_g + max_g b_g, rho = t* / tau:
   ``(m + lambda) tau <= T - C <= (m + p - 1) t*``. The lower bound is the path
   through stage k; the upper bound is 1F1B with every stage raised to the slowest
@@ -43,8 +43,9 @@ Assumptions on how durations scale between two runs (E1-E3):
   model's data-parallel all-reduce and optimizer step of the row, default 3x, plus
   100 ms of host step work).
 
-Bounds (each on one row, from one sibling; ``T <= F * T_other + max(0, 1 - F) * C``
-at the worst C, which is 0 when F >= 1 and C_max otherwise):
+Bounds (each on one row, from one sibling; in a family, whose rows share C,
+``T <= F * T_other + max(0, 1 - F) * C`` at the worst C, which is 0 when F >= 1 and
+C_max otherwise; across families ``split`` below):
 
 - ``bubble``: in a family, the larger micro-batch j is bounded by the smaller i:
   ``F = H rho_i (m_i + r (p - 1)) / (m_i + lambda_i)``. With uniform stages and H = 1
@@ -284,7 +285,8 @@ class StepFit:
     r2: float
 
 
-def per_step_fit(rows: Sequence[VTrainRow], errs: Sequence[float]) -> dict[tuple[int, int], StepFit]:
+def per_step_fit(rows: Sequence[VTrainRow], errs: Sequence[float]
+                 ) -> dict[tuple[int, int], StepFit]:
     """Per (tp, pp) group, the residual's line against the pipeline steps (the lead a
     per-instruction host cost would leave: :mod:`merak_sim.experiments.vtrain_engine`);
     ``errs`` are relative prediction errors in the rows' order."""

@@ -86,9 +86,10 @@ entropy single-node 6.71 %, multi-node 7.48 %, signed -6.35 %, tp=2 17.53 %; it 
 gemm_dim_half from 50 to 28 and kernel_overhead_s to its 10 us bound (the constants
 of both together).
 
-Checked on the fit rows with the constants above and left out (no refit; errors are
-evaluator predictions against the 1,440 single-node rows, 6.35 % MAPE as fitted;
-``python benchmarks/vtrain_consistency.py`` prints the per-step figures):
+Two further mechanisms, checked on the fit rows with the constants above and not
+adopted (no refit; errors are evaluator predictions against the 1,440 single-node
+rows, 6.35 % MAPE as fitted; ``python benchmarks/vtrain_consistency.py`` prints the
+figures below):
 
 - Per-instruction host work of the ``PipelineEngine``. The residual (measured minus
   predicted) of the tp=1 rows grows with the pipeline steps m + p - 1 by 1.3 ms per

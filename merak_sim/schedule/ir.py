@@ -75,7 +75,6 @@ __all__ = ["Kind", "Action", "ActionTwin", "make_action", "Fused", "FusedTwin",
            "format_program", "iter_actions"]
 
 
-
 class ScheduleError(ValueError):
     """A schedule, token or generator argument is invalid (message names the problem)."""
 
@@ -299,9 +298,8 @@ class Schedule:
         no_recompute_stages: ranks whose forwards keep all activations whatever the
             recompute policy says (Merak's last stage never recomputes).
         lowered: whether communication actions have been added.
-        placement: where model stage g lives (:data:`PLACEMENTS`): ``"loop"``
-            (chunk c of rank r is g = c*S + r) or ``"v"`` (two chunks: g = r for chunk
-            0, g = 2S-1-r for chunk 1).
+        placement: where model stage g lives, ``"loop"`` or ``"v"``
+            (:data:`~merak_sim.schedule.placement.PLACEMENTS`).
     """
 
     name: str
@@ -346,8 +344,8 @@ class Schedule:
         return self.stage_of(a.stage, a.chunk)
 
     def stage_of(self, rank: int, chunk: int) -> int:
-        """Model stage held by chunk ``chunk`` of ``rank``: ``chunk * S + rank`` under
-        ``"loop"``; ``rank`` for chunk 0 and ``2S-1-rank`` for chunk 1 under ``"v"``."""
+        """Model stage held by chunk ``chunk`` of ``rank`` under the schedule's placement
+        (:func:`~merak_sim.schedule.placement.placed_stage`)."""
         return placed_stage(self.placement, self.num_stages, rank, chunk)
 
     def rank_of(self, model_stage: int) -> tuple[int, int]:

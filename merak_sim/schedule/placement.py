@@ -1,5 +1,6 @@
-"""Where model stages sit on pipeline ranks: the placements a :class:`~merak_sim.schedule.ir.Schedule`
-may use and the maps between a model stage and its (rank, chunk).
+"""Where model stages sit on pipeline ranks: the placements a
+:class:`~merak_sim.schedule.ir.Schedule` may use and the maps between a model stage and
+its (rank, chunk).
 
 Kept apart from the IR so consumers that hold only a configuration (the planner's stage
 grids, ``ParallelConfig``, the torch order bridge) read the same rule without a schedule.
@@ -17,8 +18,7 @@ PLACEMENTS = ("loop", "v")
 
 def placed_stage(placement: str, num_stages: int, rank: int, chunk: int) -> int:
     """Model stage of (``rank``, ``chunk``) with ``num_stages`` ranks under
-    ``placement`` (see :meth:`Schedule.stage_of`); for consumers holding only a
-    configuration, not a :class:`Schedule`."""
+    ``placement`` (:data:`PLACEMENTS`)."""
     if placement == "v":
         return rank if chunk == 0 else 2 * num_stages - 1 - rank
     return chunk * num_stages + rank
