@@ -342,6 +342,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def recorded_command(argv: list[str]) -> str:
+    """The command as the report and the history record it: a path outside the
+    repository (a scratch ``--out``) is written ``DIR``, so the committed record names
+    nothing beyond the repository."""
+    root = Path(__file__).resolve().parent.parent
+
+    def shown(arg: str) -> str:
+        p = Path(arg)
+        if p.is_absolute() and not p.resolve().is_relative_to(root):
+            return "DIR"
+        return arg
+    return " ".join(["python benchmarks/cpu_validation.py", *map(shown, argv)]).strip()
+
+
 def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
     """Measure (unless ``--no-measure``), validate and write the report."""
     out = Path(a.out)
@@ -356,8 +370,7 @@ def _run(a: argparse.Namespace, argv: list[str] | None) -> int:
                       timeout_s=1800 * max(1.0, work))
     secs = time.perf_counter() - t
     load.append(os.getloadavg()[0])
-    cmd = "python benchmarks/cpu_validation.py " + " ".join(argv if argv is not None
-                                                             else sys.argv[1:])
+    cmd = recorded_command(argv if argv is not None else sys.argv[1:])
     # Where the measurement was taken: kept with the runs, so re-validating them
     # (--no-measure) reports the measuring command, its time and the machine's load.
     record = runs / "suite.json"

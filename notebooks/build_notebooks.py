@@ -12,6 +12,7 @@ says so in that line (``"quick": true``); ``make notebooks`` runs the full setti
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import nbformat
@@ -339,7 +340,7 @@ res.save(path)
 plan = Plan.load(path)
 files = write_launch(plan, "slurm", nodes=128, gpus_per_node=8, out_dir=f"{OUT}/dispatch",
                      force=True)  # a simulated plan: it may use options merak-exec lacks
-print(open(files.launcher).read()[:600])
+print(open(files.launcher).read()[:600].replace(OUT, "OUT"))  # OUT: the scratch folder
 assert plan.parallel == res.best_config and plan.parallel.world_size == 1024
 assert res.best_result.fits_in_memory"""),
     new_code_cell("""\
@@ -478,5 +479,10 @@ def build(out_dir: Path = HERE) -> list[Path]:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:]:
+        print("build_notebooks.py takes no arguments; run it as `python "
+              "notebooks/build_notebooks.py` (make notebooks also executes them)",
+              file=sys.stderr)
+        sys.exit(2)
     for p in build():
-        print(f"wrote {p}")
+        print(f"wrote {p.relative_to(HERE.parent)}")

@@ -31,5 +31,10 @@ def run(path: Path, timeout_s: int = 600) -> float:
 
 if __name__ == "__main__":
     names = sys.argv[1:] or sorted(p.name for p in HERE.glob("*.ipynb"))
+    unknown = [n for n in names if not (HERE / n).is_file() or not n.endswith(".ipynb")]
+    if unknown:
+        print(f"run_notebooks.py: no notebook {unknown[0]!r} in notebooks/; give names "
+              "like 03_planner_175b.ipynb, or none for every notebook", file=sys.stderr)
+        sys.exit(2)
     for name in names:
         print(f"{name}: executed in {run(HERE / name):.0f} s", flush=True)

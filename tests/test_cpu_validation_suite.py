@@ -115,3 +115,11 @@ def test_revalidating_where_nothing_was_measured_is_a_one_line_error(suite_mod, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("cpu_validation.py: error: run directory") and "\n" not in err
     assert not (tmp_path / "cpu_validation.md").exists()
+
+
+def test_recorded_command_hides_scratch_paths_outside_the_repository(suite_mod, tmp_path):
+    cmd = suite_mod.recorded_command(["--out", str(tmp_path / "v5"), "--quick"])
+    assert cmd == "python benchmarks/cpu_validation.py --out DIR --quick"
+    # relative paths and paths inside the repository are kept as given
+    assert suite_mod.recorded_command(["--out", "benchmarks/results"]).endswith(
+        "--out benchmarks/results")
