@@ -63,7 +63,8 @@ def test_real_stacks_see_only_their_inputs():
     a Megatron-only one does not reach llm-foundry's, while each moves its own."""
     vt = aj.vtrain_stack(vtrain.load_vtrain(DATA / "vtrain" / "ground_truth_single.csv")[:4])
     data = {"public-runs/llmfoundry": load_rows(DATA / "public-runs" / "llmfoundry.csv")}
-    pt = aj.pytorch_stack(hopper_fit.fit_rows(data, aj.PYTORCH_PROFILE)[:2])
+    pt_rows = hopper_fit.fit_rows(data, aj.PYTORCH_PROFILE)[:2]
+    pt = aj.pytorch_stack(pt_rows)
     obj = aj.JointObjective([vt, pt], aj.SHARED)
     x = {**aj.declared_start(), **{vt.key(p): v for p, v in vt.start.items()},
          **{pt.key(p): v for p, v in pt.start.items()}}
@@ -74,10 +75,8 @@ def test_real_stacks_see_only_their_inputs():
     assert obj.stack_loss(pt, xv) == lp and obj.stack_loss(vt, xv) != lv
     assert obj.evaluations == {"vtrain": 2, "pytorch": 2}
     # The PyTorch loss is hopper_fit's own measure of those rows.
-    assert lp == pytest.approx(hopper_fit.mean_log_error(
-        pt_rows := hopper_fit.fit_rows(data, aj.PYTORCH_PROFILE)[:2],
-        hopper_fit.HopperParams(pt.inputs(x, aj.SHARED), aj.PYTORCH_PROFILE)))
-    assert len(pt_rows) == 2
+    assert len(pt_rows) == 2 and lp == pytest.approx(hopper_fit.mean_log_error(
+        pt_rows, hopper_fit.HopperParams(pt.inputs(x, aj.SHARED), aj.PYTORCH_PROFILE)))
 
 
 def test_each_set_weighs_the_same_whatever_its_rows():

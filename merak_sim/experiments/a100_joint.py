@@ -26,11 +26,12 @@ declared starts, never an earlier fit (:func:`declared_start`: vTrain's
 parameters; for the PyTorch parameters the published A100 defaults, the start
 hopper_fit's cross-validation uses, :func:`~merak_sim.experiments.hopper_fit.published_values`,
 clipped into their bounds). Search and stopping rule: vTrain's
-(:data:`~merak_sim.experiments.vtrain.SEARCH`, :func:`merak_sim.experiments.fitting.coordinate_search`).
+(:data:`~merak_sim.experiments.vtrain.SEARCH`,
+:func:`merak_sim.experiments.fitting.coordinate_search`).
 
 A stack's loss depends only on the shared parameters and its own, so each is memoised
 on exactly those inputs (:class:`Stack`, :func:`joint_search`): a step on a PyTorch
-parameter does not reprice the 1,440 vTrain rows (about 1 s per evaluation), and a step
+parameter does not reprice the 1,440 vTrain rows (0.4-1.2 s per evaluation here), and a step
 on a Megatron parameter does not reprice the llm-foundry rows.
 
 Nothing here changes the committed constants: ``benchmarks/a100_joint_fit.py`` runs the
@@ -49,7 +50,8 @@ from merak_sim.experiments import hopper_fit, vtrain
 from merak_sim.experiments.fitting import SearchResult, coordinate_search
 
 __all__ = ["SHARED", "VTRAIN_OWN", "PYTORCH_OWN", "PYTORCH_PROFILE", "ADOPTION",
-           "ADOPTION_POINTS", "Stack", "JointObjective", "JointResult", "shared_bounds", "declared_start",
+           "ADOPTION_POINTS", "Stack", "JointObjective", "JointResult", "shared_bounds",
+           "declared_start",
            "joint_loss", "joint_search", "vtrain_stack", "pytorch_stack", "pytorch_start",
            "vtrain_efficiency", "pytorch_params", "error_stats", "adoption_holds"]
 
