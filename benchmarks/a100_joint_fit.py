@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/a100_joint_fit.py             # the full joint fit
     .venv/bin/python benchmarks/a100_joint_fit.py --rounds 3  # capped at 3 rounds
+    .venv/bin/python benchmarks/a100_joint_fit.py --fix gemm_dim_half=27.8 --out X.md
+                                     # a diagnostic: one shared parameter held fixed
 
 Fits gemm_max, gemm_dim_half and gemm_flops_half jointly to vTrain's 1,440 single-node
 Megatron rows and llm-foundry's 36 A100 rows of MPT-1b / 7b, each stack keeping its
@@ -18,6 +20,7 @@ predicts them). Changes no committed constant.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -64,6 +67,23 @@ SHAPES = (("vTrain single h1024 tp1 mbs2 s1024", (2048, 4096, 1024)),
           ("MPT-7b h4096 tp1 mbs4 s2048", (8192, 16384, 4096)))
 
 
+def _fix(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    bounds = aj.shared_bounds()
+    if name not in bounds:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: name one of {', '.join(aj.SHARED)} as NAME=VALUE")
+    try:
+        v = float(value)
+    except ValueError:
+        v = math.nan
+    lo, hi = bounds[name]
+    if not lo <= v <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: the value must be a number in "
+                                         f"[{lo:g}, {hi:g}]")
+    return name, v
+
+
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.4g}"
 
@@ -108,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=_rounds, default=int(SEARCH["rounds"]),
                     help=f"cap on the search's rounds (default {int(SEARCH['rounds'])}, "
                          "vTrain's stopping rule)")
+    ap.add_argument("--fix", type=_fix, action="append", default=[], metavar="NAME=VALUE",
+                    help="hold a shared parameter at VALUE (a diagnostic of how well the "
+                         "fit sets pin it; repeatable)")
     ap.add_argument("--out", type=Path,
                     default=ROOT / "benchmarks" / "results" / f"{NAME}.md",
                     help="markdown file written")
@@ -136,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             for p in sorted((args.data / "public-runs").glob("*.csv"))}
     pt_rows = fit_rows(data, aj.PYTORCH_PROFILE)
     vt, pt = aj.vtrain_stack(single), aj.pytorch_stack(pt_rows)
-    start = aj.declared_start()
-    bounds = aj.shared_bounds()
+    fixed = dict(args.fix)
+    start = {**aj.declared_start(), **fixed}
+    bounds = {**aj.shared_bounds(), **{n: (v, v) for n, v in fixed.items()}}
 
     # One loss evaluation of each set, timed, before the fit.
     x0 = {**start, **vt.start}
@@ -197,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         "# A100: separate fits against one joint fit with a shared GEMM curve",
         "",
         f"Command: `.venv/bin/python benchmarks/a100_joint_fit.py"
-        f"{'' if args.rounds == int(SEARCH['rounds']) else f' --rounds {args.rounds}'}` "
+        f"{'' if args.rounds == int(SEARCH['rounds']) else f' --rounds {args.rounds}'}"
+        + "".join(f" --fix {n}={v:g}" for n, v in fixed.items()) + "` "
         f"({time.strftime('%Y-%m-%d')}, {time.perf_counter() - t0:.0f} s: fit {fit_s:.0f} s, "
         f"held-out vTrain rows {held_s:.1f} s). An experiment "
         "(merak_sim/experiments/a100_joint.py); "
@@ -210,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         "set weighted equally. Start: the declared starts (vTrain's START; the PyTorch "
         "parameters at their published A100 defaults, clipped into bounds), never an "
         f"earlier fit. Search: vTrain's stopping rule {dict(SEARCH)}, round cap "
-        f"{args.rounds}: {res.search.stop_reason}; joint loss {res.search.loss:.5f} "
+        f"{args.rounds}"
+        + ("" if not fixed else "; held fixed: " + ", ".join(f"{n} = {v:g}"
+                                                             for n, v in fixed.items()))
+        + f": {res.search.stop_reason}; joint loss {res.search.loss:.5f} "
         f"(vTrain {res.losses['vtrain']:.5f}, llm-foundry {res.losses['pytorch']:.5f}). "
         f"One loss evaluation: vTrain {t_vt:.2f} s, llm-foundry {t_pt:.2f} s; evaluations "
         f"made: vTrain {res.evaluations['vtrain']}, llm-foundry "

@@ -168,6 +168,9 @@ def test_adoption_rule():
     (["--rounds", "0"], "--rounds: '0' is not a whole number >= 1"),
     (["--rounds", "x"], "--rounds: 'x' is not a whole number >= 1"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--fix", "bogus=1"], "--fix: 'bogus=1': name one of gemm_max"),
+    (["--fix", "gemm_dim_half=1000"], "the value must be a number in [1, 256]"),
+    (["--fix", "gemm_max"], "'gemm_max': the value must be a number in [0.3, 0.8]"),
     (["--data", "/nonexistent-merak-data"], "not found; pass --data")])
 def test_bad_cli_input_is_one_line_exit_2(argv, says, capsys, load_benchmark):
     assert load_benchmark("a100_joint_fit").main(argv) == 2
