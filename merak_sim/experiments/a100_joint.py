@@ -52,7 +52,6 @@ adoption criterion, :data:`ADOPTION`) and, after the fit, on the held-out rows.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -214,25 +213,11 @@ def joint_search(stacks: Sequence[Stack], shared_start: Mapping[str, float],
                        objective.evaluations)
 
 
-def _mean_abs_log(pred: Sequence[float], meas: Sequence[float]) -> float:
-    return sum(abs(math.log(p / m)) for p, m in zip(pred, meas, strict=True)) / len(meas)
-
-
 def vtrain_stack(rows: Sequence[vtrain.VTrainRow]) -> Stack:
     """The Megatron stack on vTrain rows (the single-node fit rows): each row prepared
     once (:class:`~merak_sim.experiments.vtrain.PreparedRow`), priced as the vTrain fit
     prices it, from its declared start."""
-    prepared = [vtrain.PreparedRow.of(r) for r in rows]
-    meas = [r.time_ms / 1e3 for r in rows]
-    base = vtrain.start_efficiency()
-
-    def loss(x: dict[str, float]) -> float:
-        try:
-            e = base.with_(**x)
-        except ValueError:  # a combination Efficiency rejects: never chosen
-            return math.inf
-        return _mean_abs_log([p.predict(e) for p in prepared], meas)
-
+    loss = vtrain.fit_loss(rows, vtrain.start_efficiency())
     return Stack("vtrain", VTRAIN_OWN, {p: vtrain.BOUNDS[p] for p in VTRAIN_OWN},
                  {p: vtrain.START[p] for p in VTRAIN_OWN}, loss)
 

@@ -124,7 +124,7 @@ from merak_sim.sim.program import compile_program
 
 __all__ = ["BOUNDS", "FIT_PARAMS", "GPT2_VOCAB", "PIPELINE_MODES", "SEARCH", "START",
            "PreparedRow", "VOCAB_MULTIPLE", "VTRAIN_KERNELS", "VTRAIN_PIPELINE", "VTrainRow", "fit",
-           "load_vtrain", "padded_vocab", "predict_row", "row_setup", "start_efficiency",
+           "fit_loss", "load_vtrain", "padded_vocab", "predict_row", "row_setup", "start_efficiency",
            "vtrain_cost_model"]
 
 #: Efficiency parameters the fit may move (the others keep their published defaults).
@@ -297,6 +297,23 @@ def _loss(pred: Sequence[float], meas: Sequence[float]) -> float:
     return sum(abs(math.log(p / m)) for p, m in zip(pred, meas, strict=True)) / len(meas)
 
 
+def fit_loss(rows: Sequence[VTrainRow], base: Efficiency
+             ) -> Callable[[dict[str, float]], float]:
+    """The fit's loss on ``rows``: parameter changes to ``base`` -> mean absolute log
+    error of the predicted iteration times (each row prepared once; a combination
+    :class:`Efficiency` rejects scores infinity, so the search never picks it)."""
+    prepared = [PreparedRow.of(r) for r in rows]
+    meas = [r.time_ms / 1e3 for r in rows]
+
+    def loss_of(x: dict[str, float]) -> float:
+        try:
+            e = base.with_(**x)
+        except ValueError:
+            return math.inf
+        return _loss([p.predict(e) for p in prepared], meas)
+    return loss_of
+
+
 def start_efficiency() -> Efficiency:
     """The fit's declared starting point (:data:`START` over the published defaults)."""
     return Efficiency(**{**Efficiency().to_dict(), **START})
@@ -313,17 +330,7 @@ def fit(rows: Sequence[VTrainRow], start: Efficiency | None = None, *,
     ``params`` and the mean absolute log error as its ``loss`` (it unpacks as that
     pair), and whether the rule or the round cap ended it."""
     eff = start or start_efficiency()
-    prepared = [PreparedRow.of(r) for r in rows]
-    meas = [r.time_ms / 1e3 for r in rows]
-
-    def loss_of(x: dict[str, float]) -> float:
-        try:
-            e = eff.with_(**x)
-        except ValueError:  # a combination Efficiency rejects: never chosen
-            return math.inf
-        return _loss([p.predict(e) for p in prepared], meas)
-
-    res = coordinate_search(loss_of, {k: getattr(eff, k) for k in params},
+    res = coordinate_search(fit_loss(rows, eff), {k: getattr(eff, k) for k in params},
                             {k: BOUNDS[k] for k in params}, rounds=rounds, step=step,
                             tol=tol, min_step=min_step, pattern=pattern, log=log)
     return replace(res, params=eff.with_(**res.params))
