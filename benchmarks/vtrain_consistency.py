@@ -11,12 +11,16 @@ more than the tolerance is flagged. This is a diagnostic: the validation targets
 still count every row. Stage balance, the per-sample efficiency ratios of E1 and the
 per-iteration cost come from the committed A100 constants (costs.calibrated); the
 predictions are the exact evaluator's, as in benchmarks/vtrain_validation.py.
-Prints the flagged held-out rows, the error figures on flagged and passing rows,
+Prints the flagged held-out rows, the error figures on flagged and passing rows and
+against the consistent floor (the measured times lowered until no bound is broken),
 the same check on the single-node fit rows, and how the count moves with the
 allowances; then, on the fit rows, the residual per pipeline step and the fit with a
-cost added per step (per-instruction host work), and a layer's GEMM rate under the
+cost added per step (per-instruction host work), a layer's GEMM rate under the
 fitted curve at the fit and held-out shapes (the two hypotheses of
-merak_sim/experiments/vtrain_engine.py); writes benchmarks/results/vtrain_consistency.md.
+merak_sim/experiments/vtrain_engine.py), and the fit rows as lines in the layer count
+(per-layer against per-run part, measured and predicted) with the held-out error their
+measured per-layer part would give (merak_sim/experiments/vtrain_layers.py); writes
+benchmarks/results/vtrain_consistency.md.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -32,11 +37,18 @@ from pathlib import Path
 from merak_sim.costs.calibrated import CALIBRATED
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.vtrain import PreparedRow, VTrainRow, load_vtrain
+from merak_sim.experiments.vtrain_layers import (
+    layer_lines,
+    layer_splits,
+    predict_scaled,
+    slope_ratio_by_tp,
+)
 from merak_sim.experiments.vtrain_consistency import (
     KINDS,
     Limits,
     RowShape,
     bounds,
+    consistent_floor,
     flagged,
     layer_gemm_flops,
     model_as_data,
@@ -147,11 +159,19 @@ def _report(name: str, rows: Sequence[VTrainRow], shapes: Sequence[RowShape],
               (1 + e) * rows[i].time_ms / (1e3 * bad[i].limit_s) - 1
               for i, e in enumerate(errs)]
     out.append(f"flagged rows at their siblings' limit (diagnostic)  {_stats(capped)}")
+    # The iterated caps: a set of times no bound contradicts, none above the measured.
+    floor, passes = consistent_floor(rows, bds, limits.tol)
+    dist = [f * 1e3 / r.time_ms - 1 for f, r in zip(floor, rows, strict=True)]
+    vs_floor = [(1 + e) * r.time_ms / (1e3 * f) - 1
+                for e, f, r in zip(errs, floor, rows, strict=True)]
+    out.append(f"consistent floor ({passes} passes) against the measured  {_stats(dist)}")
+    out.append(f"predictions against the consistent floor  {_stats(vs_floor)}")
     for tp in sorted({r.tp for r in rows}):
         g = [i for i, r in enumerate(rows) if r.tp == tp]
         out.append(f"tp={tp:<2d} all {_stats([errs[i] for i in g])} | passing "
                    f"{_stats([errs[i] for i in g if i not in bad])} | flagged "
-                   f"{sum(i in bad for i in g)}")
+                   f"{sum(i in bad for i in g)} | floor vs measured "
+                   f"{_stats([dist[i] for i in g])}")
     out += ["```", ""]
     return out
 
@@ -226,6 +246,58 @@ def _gemm_table(eff: Efficiency, fit: Sequence[VTrainRow], fit_errs: Sequence[fl
     for h, sq, tp in sorted({(r.hidden, r.seq_len, r.tp) for r in held}):
         out.append(row("held out", h, sq, tp, 2))
     return out + [""]
+
+
+def _layers(eff: Efficiency, fit: Sequence[VTrainRow], fit_errs: Sequence[float],
+            held: Sequence[VTrainRow], held_errs: Sequence[float]) -> list[str]:
+    """The fit rows' per-layer and per-run parts, measured against predicted, and what
+    the measured per-layer part would do to the held-out rows
+    (merak_sim/experiments/vtrain_layers.py)."""
+    meas = [r.time_ms / 1e3 for r in fit]
+    pred = [(1 + e) * t for e, t in zip(fit_errs, meas, strict=True)]
+    lines = layer_lines(fit, meas)
+    splits = layer_splits(fit, meas, pred)
+    res = sorted(ln.max_residual for ln in lines.values())
+    out = ["## Fit rows: per-layer and per-run parts (lines in the layer count)", "",
+           f"- {len(lines)} groups of rows equal but for the layer count "
+           f"({', '.join(str(n) for n in sorted({n for ln in lines.values() for n in ln.layers}))}"
+           " layers); largest deviation of a measured time from its group's line: median "
+           f"{100 * statistics.median(res):.4f} %, 90th percentile "
+           f"{100 * res[int(0.9 * (len(res) - 1))]:.4f} %, worst {100 * res[-1]:.2f} %",
+           f"- groups whose successive differences T(L + 4) - T(L) agree within 1 us: "
+           f"{sum(ln.equal_steps for ln in lines.values())} of {len(lines)}", "",
+           "| hidden | tp | groups | measured per-layer ms (median) | predicted / measured "
+           "per-layer: median (min-max) | measured per-run ms (median) | predicted per-run "
+           "ms (median) |", "|---|---|---|---|---|---|---|"]
+    by: dict[tuple[int, int], list] = {}
+    for sp in splits:
+        by.setdefault((sp.measured.key[0], sp.measured.key[3]), []).append(sp)
+    for (h, tp), sps in sorted(by.items()):
+        ratios = [x.slope_ratio for x in sps]
+        out.append(f"| {h} | {tp} | {len(sps)} | "
+                   f"{1e3 * statistics.median(x.measured.slope_s for x in sps):.2f} | "
+                   f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) | "
+                   f"{1e3 * statistics.median(x.measured.intercept_s for x in sps):.1f} | "
+                   f"{1e3 * statistics.median(x.predicted.intercept_s for x in sps):.1f} |")
+    out += ["", "Held-out rows re-evaluated with each row's compute scaled by the fit rows' "
+            "measured / predicted per-layer part of its tp (median over the groups named; "
+            "tp=16 has no fit rows and keeps 1):", "",
+            "| per-layer ratio from | tp=1 | tp=2 | tp=4 | tp=8 | held-out MAPE % | "
+            "mean signed % |", "|---|---|---|---|---|---|---|"]
+    prepared = [PreparedRow.of(r) for r in held]
+    out.append(f"| (as fitted) | 1 | 1 | 1 | 1 | {100 * _mean_abs(held_errs):.2f} | "
+               f"{100 * sum(held_errs) / len(held_errs):+.2f} |")
+    for name, hidden in (("hidden 2048 groups", 2048), ("all groups", None)):
+        ratio = slope_ratio_by_tp(splits, hidden)
+        es = [predict_scaled(p, eff, 1.0 / ratio.get(p.row.tp, 1.0)) * 1e3 / p.row.time_ms - 1
+              for p in prepared]
+        out.append(f"| {name} | " + " | ".join(f"{ratio.get(t, 1.0):.3f}" for t in (1, 2, 4, 8))
+                   + f" | {100 * _mean_abs(es):.2f} | {100 * sum(es) / len(es):+.2f} |")
+    return out + [""]
+
+
+def _mean_abs(es: Sequence[float]) -> float:
+    return sum(abs(e) for e in es) / len(es)
 
 
 def _at_least(low: float, why: str = ""):
@@ -320,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         fit_doc.append("")
         fit_doc += _per_step(single, s_errs)
         fit_doc += _gemm_table(eff, single, s_errs, multi)
+        fit_doc += _layers(eff, single, s_errs, multi, errs)
     doc += _report("Held-out multi-node rows", multi, shapes, errs, limits, peaks)
     doc += _sensitivity(multi, shapes, errs, limits, fit_slack)
     doc += fit_doc

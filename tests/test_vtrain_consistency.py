@@ -14,6 +14,7 @@ from merak_sim.experiments.vtrain_consistency import (
     Limits,
     RowShape,
     bounds,
+    consistent_floor,
     flagged,
     layer_gemm_flops,
     model_as_data,
@@ -81,6 +82,27 @@ def test_a_consistent_family_passes_and_a_slow_row_is_flagged():
     slow2 = [replace(rows[0], time_ms=rows[0].time_ms * 1.10), *rows[1:]]
     bad2 = flagged(bounds(slow2, shapes, lim), 0.01)
     assert set(bad2) == {0} and bad2[0].kind == "gain"
+
+
+def test_consistent_floor_lowers_only_the_contradicted_rows_to_their_caps():
+    pairs = [_uniform(_row(b, 0.0), 0.05, 0.2) for b in (1, 2, 4, 8)]
+    rows, shapes = [p[0] for p in pairs], [p[1] for p in pairs]
+    lim = Limits(slack=1.0, tol=0.0)
+    # A consistent family is its own floor, reached in one pass.
+    t, passes = consistent_floor(rows, bounds(rows, shapes, lim), 0.0)
+    assert passes == 1 and t == pytest.approx([r.time_ms / 1e3 for r in rows])
+    # mbs 8 taking 10 % longer than its bubble allows comes down to its tightest cap
+    # (plus the tolerance; its siblings are untouched), and the floor then meets every
+    # bound.
+    slow = rows[:3] + [replace(rows[3], time_ms=rows[3].time_ms * 1.10)]
+    bd = bounds(slow, shapes, lim)
+    t, passes = consistent_floor(slow, bd, 0.01)
+    assert t[:3] == [r.time_ms / 1e3 for r in slow[:3]]
+    cap = min(1.01 * b.limit_s for b in bd if b.row == 3)
+    assert t[3] == pytest.approx(cap) and t[3] < slow[3].time_ms / 1e3
+    assert passes >= 2
+    floored = [replace(r, time_ms=1e3 * x) for r, x in zip(slow, t, strict=True)]
+    assert max(b.excess for b in bounds(floored, shapes, lim)) <= 0.01 + 1e-12
 
 
 def test_efficiency_slack_loosens_the_gain_bound():

@@ -80,8 +80,8 @@ from merak_sim.costs.base import CostTable
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.vtrain import VTrainRow
 
-__all__ = ["KINDS", "Bound", "Limits", "RowShape", "StepFit", "bounds", "flagged",
-           "layer_gemm_flops", "model_as_data", "needed_slack", "per_step_fit", "row_shape",
+__all__ = ["KINDS", "Bound", "Limits", "RowShape", "StepFit", "bounds", "consistent_floor",
+           "flagged", "layer_gemm_flops", "model_as_data", "needed_slack", "per_step_fit", "row_shape",
            "with_step_cost"]
 
 #: The bound kinds (module docstring).
@@ -236,6 +236,31 @@ def flagged(all_bounds: Sequence[Bound], tol: float) -> Mapping[int, Bound]:
         if bd.excess > tol and (bd.row not in out or bd.excess > out[bd.row].excess):
             out[bd.row] = bd
     return out
+
+
+def consistent_floor(rows: Sequence[VTrainRow], all_bounds: Sequence[Bound], tol: float,
+                     rounds: int = 100) -> tuple[list[float], int]:
+    """The largest times (seconds), none above its row's measurement, that exceed no
+    bound of ``all_bounds`` by more than ``tol``: each row capped at its bounds' limits,
+    the limits recomputed from the capped siblings, until nothing moves (at most
+    ``rounds`` passes; returns the times and the passes taken). A set of runs no
+    sibling contradicts, as near the data as lowering the flagged rows gets: the bounds
+    alone cannot hold a model of the criterion's kind further from the data than the
+    floor is (the floor meets them all; a nearer set may exist)."""
+    t = [r.time_ms / 1e3 for r in rows]
+    meas = list(t)
+    # Each bound is factor * T_other + constant in the sibling's time.
+    lin = [(b.row, b.other, b.factor, b.limit_s - b.factor * meas[b.other]) for b in all_bounds]
+    for n in range(1, rounds + 1):
+        moved = False
+        for row, other, f, c in lin:
+            cap = (1.0 + tol) * (f * t[other] + c)
+            if cap < t[row] * (1.0 - 1e-12):
+                t[row] = cap
+                moved = True
+        if not moved:
+            return t, n
+    return t, rounds
 
 
 def model_as_data(rows: Sequence[VTrainRow], shapes: Sequence[RowShape],
