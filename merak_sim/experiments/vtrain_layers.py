@@ -21,8 +21,8 @@ What the lines say (``python benchmarks/vtrain_consistency.py`` prints the figur
 - The model's per-layer part is above the data's and its per-run part below: the fit
   matches the totals by making the layers slower than the rows show. Extrapolating
   to the held-out multi-node rows rests on the per-layer part (30-96 layers against the
-  fit rows' 12-24), so :func:`scale_compute` asks what the fit rows' own slope would do
-  there: it scales each held-out row's per-GPU compute by the fit rows' measured /
+  fit rows' 12-24), so :func:`predict_scaled` asks what the fit rows' own slope would
+  do there: it scales each held-out row's per-GPU compute by the fit rows' measured /
   predicted slope of its tensor-parallel size and re-evaluates the row exactly.
 """
 
