@@ -81,8 +81,8 @@ from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.vtrain import VTrainRow
 
 __all__ = ["KINDS", "Bound", "Limits", "RowShape", "StepFit", "bounds", "consistent_floor",
-           "flagged", "layer_gemm_flops", "model_as_data", "needed_slack", "per_step_fit", "row_shape",
-           "with_step_cost"]
+           "flagged", "layer_gemm_flops", "model_as_data", "needed_slack", "per_step_fit",
+           "row_shape", "with_step_cost"]
 
 #: The bound kinds (module docstring).
 KINDS = ("bubble", "gain", "split")
