@@ -65,6 +65,10 @@ the one the bound caps. Not modelled, and so the natural suspects where a bound
 breaks: allocator pressure near memory capacity, stragglers, a run-to-run change of
 placement or software.
 
+:func:`consistent_floor` lowers the flagged rows, and the rows their caps depend on,
+until no bound breaks: a set of runs the criterion accepts, and how near the data such
+a set lies (so whether the bounds alone keep a model away from the targets).
+
 Also here, for the fit-row checks of two further hypotheses recorded in
 :mod:`merak_sim.experiments.vtrain_engine`: :func:`per_step_fit` and
 :func:`with_step_cost` (a cost per pipeline step, as per-instruction host work would
