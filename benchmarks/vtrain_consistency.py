@@ -37,12 +37,6 @@ from pathlib import Path
 from merak_sim.costs.calibrated import CALIBRATED
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.experiments.vtrain import PreparedRow, VTrainRow, load_vtrain
-from merak_sim.experiments.vtrain_layers import (
-    layer_lines,
-    layer_splits,
-    predict_scaled,
-    slope_ratio_by_tp,
-)
 from merak_sim.experiments.vtrain_consistency import (
     KINDS,
     Limits,
@@ -56,6 +50,11 @@ from merak_sim.experiments.vtrain_consistency import (
     per_step_fit,
     row_shape,
     with_step_cost,
+)
+from merak_sim.experiments.vtrain_layers import (
+    layer_splits,
+    predict_scaled,
+    slope_ratio_by_tp,
 )
 from merak_sim.hardware import get_cluster
 from merak_sim.io import atomic_write_text
@@ -77,13 +76,15 @@ def fitted_efficiency() -> Efficiency:
     return Efficiency(**{**Efficiency().to_dict(), **CALIBRATED["A100"]})
 
 
-def priced(rows: Sequence[VTrainRow], eff: Efficiency, memory: bool = False
+def priced(rows: Sequence[VTrainRow], eff: Efficiency, memory: bool = False,
+           prepared: Sequence[PreparedRow] | None = None
            ) -> tuple[list[RowShape], list[float], list[float]]:
     """Per row: its shape, the evaluator's relative error and (``memory``) the modelled
-    peak GB of its fullest GPU (allocator pressure is a suspect where a bound breaks)."""
+    peak GB of its fullest GPU (allocator pressure is a suspect where a bound breaks);
+    ``prepared``: the rows already prepared, in the same order."""
     shapes, errs, peaks = [], [], []
-    for r in rows:
-        p = PreparedRow.of(r)
+    for i, r in enumerate(rows):
+        p = prepared[i] if prepared is not None else PreparedRow.of(r)
         table = p.cost_table(eff)
         shapes.append(row_shape(table, p.recompute))
         pred = evaluate(compile_program(p.schedule, table, p.recompute)).makespan
@@ -249,23 +250,23 @@ def _gemm_table(eff: Efficiency, fit: Sequence[VTrainRow], fit_errs: Sequence[fl
 
 
 def _layers(eff: Efficiency, fit: Sequence[VTrainRow], fit_errs: Sequence[float],
-            held: Sequence[VTrainRow], held_errs: Sequence[float]) -> list[str]:
+            held: Sequence[PreparedRow], held_errs: Sequence[float]) -> list[str]:
     """The fit rows' per-layer and per-run parts, measured against predicted, and what
     the measured per-layer part would do to the held-out rows
     (merak_sim/experiments/vtrain_layers.py)."""
     meas = [r.time_ms / 1e3 for r in fit]
     pred = [(1 + e) * t for e, t in zip(fit_errs, meas, strict=True)]
-    lines = layer_lines(fit, meas)
     splits = layer_splits(fit, meas, pred)
-    res = sorted(ln.max_residual for ln in lines.values())
+    lines = [sp.measured for sp in splits]
+    res = sorted(ln.max_residual for ln in lines)
     out = ["## Fit rows: per-layer and per-run parts (lines in the layer count)", "",
            f"- {len(lines)} groups of rows equal but for the layer count "
-           f"({', '.join(str(n) for n in sorted({n for ln in lines.values() for n in ln.layers}))}"
+           f"({', '.join(str(n) for n in sorted({n for ln in lines for n in ln.layers}))}"
            " layers); largest deviation of a measured time from its group's line: median "
            f"{100 * statistics.median(res):.4f} %, 90th percentile "
            f"{100 * res[int(0.9 * (len(res) - 1))]:.4f} %, worst {100 * res[-1]:.2f} %",
            f"- groups whose successive differences T(L + 4) - T(L) agree within 1 us: "
-           f"{sum(ln.equal_steps for ln in lines.values())} of {len(lines)}", "",
+           f"{sum(ln.equal_steps for ln in lines)} of {len(lines)}", "",
            "| hidden | tp | groups | measured per-layer ms (median) | predicted / measured "
            "per-layer: median (min-max) | measured per-run ms (median) | predicted per-run "
            "ms (median) |", "|---|---|---|---|---|---|---|"]
@@ -284,13 +285,12 @@ def _layers(eff: Efficiency, fit: Sequence[VTrainRow], fit_errs: Sequence[float]
             "tp=16 has no fit rows and keeps 1):", "",
             "| per-layer ratio from | tp=1 | tp=2 | tp=4 | tp=8 | held-out MAPE % | "
             "mean signed % |", "|---|---|---|---|---|---|---|"]
-    prepared = [PreparedRow.of(r) for r in held]
     out.append(f"| (as fitted) | 1 | 1 | 1 | 1 | {100 * _mean_abs(held_errs):.2f} | "
                f"{100 * sum(held_errs) / len(held_errs):+.2f} |")
     for name, hidden in (("hidden 2048 groups", 2048), ("all groups", None)):
         ratio = slope_ratio_by_tp(splits, hidden)
         es = [predict_scaled(p, eff, 1.0 / ratio.get(p.row.tp, 1.0)) * 1e3 / p.row.time_ms - 1
-              for p in prepared]
+              for p in held]
         out.append(f"| {name} | " + " | ".join(f"{ratio.get(t, 1.0):.3f}" for t in (1, 2, 4, 8))
                    + f" | {100 * _mean_abs(es):.2f} | {100 * sum(es) / len(es):+.2f} |")
     return out + [""]
@@ -370,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vtrain_consistency: error: unreadable vTrain CSV ({e}); pass the "
               "folder of vTrain's ground_truth_*.csv", file=sys.stderr)
         return 2
-    shapes, errs, peaks = priced(multi, eff, memory=True)
+    held = [PreparedRow.of(r) for r in multi]
+    shapes, errs, peaks = priced(multi, eff, memory=True, prepared=held)
     doc = ["# vTrain runs against their siblings", "",
            "Generated by `python benchmarks/vtrain_consistency.py` (criterion: "
            "`merak_sim.experiments.vtrain_consistency`). Allowances: per-sample "
@@ -392,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         fit_doc.append("")
         fit_doc += _per_step(single, s_errs)
         fit_doc += _gemm_table(eff, single, s_errs, multi)
-        fit_doc += _layers(eff, single, s_errs, multi, errs)
+        fit_doc += _layers(eff, single, s_errs, held, errs)
     doc += _report("Held-out multi-node rows", multi, shapes, errs, limits, peaks)
     doc += _sensitivity(multi, shapes, errs, limits, fit_slack)
     doc += fit_doc

@@ -114,7 +114,7 @@ from merak_sim.costs.efficiency import Efficiency
 from merak_sim.costs.framework import MEGATRON
 from merak_sim.costs.nccl import VTRAIN_A100
 from merak_sim.experiments.fitting import SearchResult, coordinate_search
-from merak_sim.experiments.vtrain_engine import DeepSpeedPipelineModel
+from merak_sim.experiments.vtrain_engine import DeepSpeedPipelineModel, StageExchange
 from merak_sim.hardware import Cluster, get_cluster
 from merak_sim.model import ModelSpec
 from merak_sim.schedule.ir import Schedule
@@ -235,14 +235,20 @@ def row_setup(row: VTrainRow) -> tuple[ModelSpec, Cluster, ParallelConfig]:
     return model, cluster, cfg
 
 
+def _engine_model(efficiency: Efficiency | None) -> DeepSpeedPipelineModel:
+    # The rows' own pricing: DeepSpeed's pipeline engine (VTRAIN_PIPELINE).
+    comm = measured_collectives(VTRAIN_A100)
+    return DeepSpeedPipelineModel(AnalyticCostModel(
+        efficiency=efficiency, collectives=comm, framework=VTRAIN_KERNELS), comm)
+
+
 def vtrain_cost_model(efficiency: Efficiency | None = None,
                       pipeline_send: str = VTRAIN_PIPELINE) -> CostModel:
     """The analytic model as the vTrain rows are priced (module docstring: Megatron's
     kernels, :data:`VTRAIN_KERNELS`); ``pipeline_send`` one of :data:`PIPELINE_MODES`."""
-    comm = measured_collectives(VTRAIN_A100)
     if pipeline_send == VTRAIN_PIPELINE:
-        return DeepSpeedPipelineModel(AnalyticCostModel(
-            efficiency=efficiency, collectives=comm, framework=VTRAIN_KERNELS), comm)
+        return _engine_model(efficiency)
+    comm = measured_collectives(VTRAIN_A100)
     if pipeline_send not in PIPELINE_SENDS:
         raise CostModelError(f"unknown pipeline send {pipeline_send!r}; choose one of: "
                              f"{', '.join(PIPELINE_MODES)}")
@@ -285,6 +291,16 @@ class PreparedRow:
         """The row's cost table under ``efficiency`` (the calibrated A100 model)."""
         return vtrain_cost_model(efficiency, pipeline_send).cost_table(
             self.model, self.cluster, self.config)
+
+    def cost_table_and_exchange(self, efficiency: Efficiency | None = None
+                                ) -> tuple[CostTable, tuple[StageExchange, ...]]:
+        """The row's cost table as :meth:`cost_table` prices it (DeepSpeed's pipeline
+        engine, :data:`VTRAIN_PIPELINE`) and the exchange waits inside it:
+        :func:`~merak_sim.experiments.vtrain_engine.without_exchange` of the two is the
+        table with no pipeline communication."""
+        cm = _engine_model(efficiency)
+        table = cm.cost_table(self.model, self.cluster, self.config)
+        return table, cm.exchange(table, self.cluster, self.config)
 
     def predict(self, efficiency: Efficiency | None = None,
                 pipeline_send: str = VTRAIN_PIPELINE) -> float:

@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.vtrain import PreparedRow, vtrain_cost_model
-from merak_sim.experiments.vtrain_engine import DeepSpeedPipelineModel, without_exchange
+from merak_sim.experiments.vtrain import PreparedRow
+from merak_sim.experiments.vtrain_engine import without_exchange
 from merak_sim.sim.evaluator import evaluate
 from merak_sim.sim.program import compile_program
 
@@ -90,12 +90,10 @@ def row_breakdown(prepared: PreparedRow, efficiency: Efficiency | None = None
                   ) -> RowBreakdown:
     """The breakdown of ``prepared``'s prediction with ``efficiency`` (module
     docstring); ``predicted_s`` equals :meth:`PreparedRow.predict`."""
-    table = prepared.cost_table(efficiency)
-    cm = vtrain_cost_model(efficiency)
+    table, exchange = prepared.cost_table_and_exchange(efficiency)
     # The table without pipeline communication: DeepSpeed's exchange waits taken out
     # of forward and backward, the separate transfers set to zero.
-    no_pp = (without_exchange(table, cm.exchange(table, prepared.cluster, prepared.config))
-             if isinstance(cm, DeepSpeedPipelineModel) else table)
+    no_pp = without_exchange(table, exchange)
     no_pp = replace(no_pp, stages=tuple(_no_pp(s) for s in no_pp.stages))
 
     def span(*drop, base: CostTable = table) -> float:

@@ -82,6 +82,7 @@ from dataclasses import dataclass, replace
 
 from merak_sim.costs.base import CostTable
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.experiments.fitting import least_squares_line
 from merak_sim.experiments.vtrain import VTrainRow
 
 __all__ = ["KINDS", "Bound", "Limits", "RowShape", "StepFit", "bounds", "consistent_floor",
@@ -324,15 +325,8 @@ def per_step_fit(rows: Sequence[VTrainRow], errs: Sequence[float]
         groups.setdefault((r.tp, r.pp), []).append((_steps(r), -e * r.time_ms / 1e3))
     out = {}
     for key, pts in groups.items():
-        n = len(pts)
-        mx = sum(x for x, _ in pts) / n
-        my = sum(y for _, y in pts) / n
-        sxx = sum((x - mx) ** 2 for x, _ in pts)
-        sxy = sum((x - mx) * (y - my) for x, y in pts)
-        syy = sum((y - my) ** 2 for _, y in pts)
-        b = sxy / sxx if sxx else 0.0
-        r2 = sxy * sxy / (sxx * syy) if sxx and syy else 0.0
-        out[key] = StepFit(n, my - b * mx, b, r2)
+        a, b, r2 = least_squares_line([x for x, _ in pts], [y for _, y in pts])
+        out[key] = StepFit(len(pts), a, b, r2)
     return out
 
 

@@ -34,12 +34,9 @@ from dataclasses import dataclass, replace
 
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.vtrain import PreparedRow, VTrainRow, vtrain_cost_model
-from merak_sim.experiments.vtrain_engine import (
-    DeepSpeedPipelineModel,
-    with_exchange,
-    without_exchange,
-)
+from merak_sim.experiments.fitting import least_squares_line
+from merak_sim.experiments.vtrain import PreparedRow, VTrainRow
+from merak_sim.experiments.vtrain_engine import with_exchange, without_exchange
 from merak_sim.sim.evaluator import evaluate
 from merak_sim.sim.program import compile_program
 
@@ -77,14 +74,6 @@ class LayerLine:
     equal_steps: bool
 
 
-def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    return my - b * mx, b
-
-
 def layer_lines(rows: Sequence[VTrainRow], times_s: Sequence[float],
                 step_tol_s: float = 1e-6) -> dict[GroupKey, LayerLine]:
     """The line of every group of ``rows`` with at least three distinct layer counts
@@ -107,7 +96,7 @@ def layer_lines(rows: Sequence[VTrainRow], times_s: Sequence[float],
             continue
         ls = sorted(pts)
         ts = [pts[n] for n in ls]
-        a, b = _line(ls, ts)
+        a, b, _r2 = least_squares_line(ls, ts)
         resid = max(abs(t - (a + b * n)) / t for n, t in zip(ls, ts, strict=True))
         gaps = {ls[i + 1] - ls[i] for i in range(len(ls) - 1)}
         diffs = [ts[i + 1] - ts[i] for i in range(len(ts) - 1)]
@@ -185,10 +174,6 @@ def predict_scaled(prepared: PreparedRow, efficiency: Efficiency, factor: float)
     ``factor`` (:func:`scale_compute`), DeepSpeed's pipeline exchange waits taken out
     before the scaling and put back after it, so only compute changes; ``factor`` 1
     gives :meth:`PreparedRow.predict`."""
-    table = prepared.cost_table(efficiency)
-    cm = vtrain_cost_model(efficiency)
-    if not isinstance(cm, DeepSpeedPipelineModel):  # the default pricing always is
-        raise TypeError("the vTrain rows are priced with DeepSpeed's pipeline engine")
-    ex = cm.exchange(table, prepared.cluster, prepared.config)
+    table, ex = prepared.cost_table_and_exchange(efficiency)
     table = with_exchange(scale_compute(without_exchange(table, ex), factor), ex)
     return evaluate(compile_program(prepared.schedule, table, prepared.recompute)).makespan
