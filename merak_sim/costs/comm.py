@@ -7,9 +7,19 @@ reduce-scatter and all-gather (p-1) steps moving (p-1)/p. Across nodes the bette
 flat ring and the hierarchical algorithm (intra-node reduce-scatter, inter-node
 all-reduce of 1/l of the data among the nodes, intra-node all-gather), with each GPU
 getting 1/gpus_per_node of its node's network bandwidth (every data-parallel group
-communicates at once in training). Ranks are placed by :class:`merak_sim.layout.RankLayout`
-(Megatron's order: tp fastest, then dp, then pp), so TP groups stay in a node when
-tp <= gpus_per_node.
+communicates at once in training). All-reduce across nodes may also take NCCL's
+double binary tree between the nodes (in the hierarchical algorithm's place of the
+inter-node ring): 2 ceil(log2 k) latency steps among k nodes instead of the ring's
+2 (k - 1), each node sending and receiving 2 x the bytes instead of 2 (k - 1) / k x
+(Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA
+Developer Blog 2019: trees since NCCL 2.4, for all-reduce; full bandwidth, logarithmic
+latency). NCCL's tuner picks the algorithm from its own time model by node count,
+GPUs per node, message size and bandwidths (NVIDIA/nccl issue #754); here, likewise,
+the fastest of the three is the price (:func:`collective_algorithm` names it): the
+tree wins at small and medium messages over many nodes, the ring at large ones.
+Ranks are placed by :class:`merak_sim.layout.RankLayout`
+(Megatron's order by default: tp fastest, then cp, then dp, then pp, so TP groups stay
+in a node when tp <= gpus_per_node; ``ParallelConfig.order`` gives another).
 
 Measured collectives (``intra_table``, :func:`measured_collectives`): where a cluster has
 a measured NCCL table (:mod:`merak_sim.costs.nccl`), every collective inside one node,
@@ -28,6 +38,7 @@ the receiving TP group (NVLink when the group is in a node).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import lru_cache, partial
 from typing import Any
@@ -35,10 +46,11 @@ from typing import Any
 from merak_sim.costs.nccl import NcclTable
 from merak_sim.costs.ring import clear_ring_cache
 from merak_sim.hardware import Cluster
-from merak_sim.layout import RankLayout, node_of
+from merak_sim.layout import DEFAULT_ORDER, RankLayout, node_of
 from merak_sim.memo import PROCESS_MEMO_ENTRIES, IdentityMemo
 
-__all__ = ["COLLECTIVES", "PIPELINE_SENDS", "CostModelError", "clear_caches", "collective_time",
+__all__ = ["COLLECTIVES", "PIPELINE_SENDS", "CostModelError", "clear_caches",
+           "collective_algorithm", "collective_time",
            "group_ranks", "group_shape", "inter_bandwidth_per_gpu", "measured_collectives",
            "pipeline_send_time", "stage_placement"]
 
@@ -57,17 +69,18 @@ def group_ranks(kind: str, config: Any, pp_rank: int = 0, dp_rank: int = 0,
     :class:`~merak_sim.layout.RankLayout` containing the given coordinates."""
     key = (config.dp, config.tp, config.pp, getattr(config, "cp", 1), pp_rank, dp_rank,
            tp_rank)
-    if all(type(x) is int for x in key):
+    order = getattr(config, "order", DEFAULT_ORDER)
+    if all(type(x) is int for x in key) and type(order) is str:
         # Memoised on the values (a cost table asks for the same groups per stage);
-        # only plain ints, so a value the layout rejects is never answered from it.
-        return _group_ranks(kind, *key)
-    return _group_ranks.__wrapped__(kind, *key)
+        # only plain values, so one the layout rejects is never answered from it.
+        return _group_ranks(kind, *key, order)
+    return _group_ranks.__wrapped__(kind, *key, order)
 
 
 @lru_cache(maxsize=65536)
 def _group_ranks(kind: str, dp: int, tp: int, pp: int, cp: int, pp_rank: int,
-                 dp_rank: int, tp_rank: int) -> tuple[int, ...]:
-    layout = RankLayout(dp, tp, pp, cp)
+                 dp_rank: int, tp_rank: int, order: str) -> tuple[int, ...]:
+    layout = RankLayout(dp, tp, pp, cp, order)
     try:
         return layout.group(kind, layout.rank(pp_rank, dp_rank, tp_rank))
     except ValueError as e:
@@ -191,41 +204,63 @@ def _intra(kind: str, nbytes: float, p: int, cluster: Cluster,
     return _ring(kind, nbytes, p, cluster.intra.bandwidth_Bps, cluster.intra.latency_s)
 
 
+def _tree_allreduce(nbytes: float, n_nodes: int, bw: float, lat: float) -> float:
+    # Double binary tree over the nodes: 2 ceil(log2 k) latency steps, 2 x bytes per
+    # node each way (module docstring).
+    return 2 * math.ceil(math.log2(n_nodes)) * lat + 2 * nbytes / bw
+
+
+def collective_algorithm(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Cluster,
+                         intra_table: NcclTable | None = None) -> str:
+    """Which algorithm :func:`collective_time` priced the collective with: "intra-node",
+    "ring", "hierarchical ring" or "hierarchical tree" (module docstring)."""
+    _check(kind, nbytes)
+    if kind == "p2p":
+        raise CostModelError("p2p is a single transfer, not a collective algorithm")
+    return _priced(kind, float(nbytes), group_shape(ranks, cluster), cluster, intra_table)[1]
+
+
 @lru_cache(maxsize=65536)
 def _collective_cached(kind: str, nbytes: float, shape: tuple[int, int],
                        cluster: Cluster, table: NcclTable | None) -> float:
+    return _priced(kind, nbytes, shape, cluster, table)[0]
+
+
+def _priced(kind: str, nbytes: float, shape: tuple[int, int], cluster: Cluster,
+            table: NcclTable | None) -> tuple[float, str]:
     n_nodes, local = shape
     intra, inter = cluster.intra, cluster.inter
     p = n_nodes * local
     if n_nodes == 1:
-        return _intra(kind, nbytes, local, cluster, table)
+        return _intra(kind, nbytes, local, cluster, table), "intra-node"
     bw_g = inter_bandwidth_per_gpu(cluster, table)
     # Flat ring over all p ranks: the node-crossing edges are the bottleneck; NCCL's
     # parallel rings let the group's l GPUs per node use l shares of the network.
     flat = _ring(kind, nbytes, p, min(intra.bandwidth_Bps, bw_g * local),
                  max(intra.latency_s, inter.latency_s))
     half = "reduce-scatter" if kind in ("all-reduce", "reduce-scatter") else "all-gather"
-    hier = _ring(kind, nbytes / local, n_nodes, bw_g, inter.latency_s)
     if kind == "all-reduce":
-        hier += 2 * _intra(half, nbytes, local, cluster, table)
+        inside = 2 * _intra(half, nbytes, local, cluster, table)
+        tree = inside + _tree_allreduce(nbytes / local, n_nodes, bw_g, inter.latency_s)
     else:
-        hier += _intra(half, nbytes, local, cluster, table)
-    return min(flat, hier)
+        inside = _intra(half, nbytes, local, cluster, table)
+        tree = math.inf  # NCCL's trees serve all-reduce only
+    hier = inside + _ring(kind, nbytes / local, n_nodes, bw_g, inter.latency_s)
+    return min((flat, "ring"), (hier, "hierarchical ring"), (tree, "hierarchical tree"))
 
 
 @lru_cache(maxsize=65536)
-def stage_placement(cluster: Cluster, dp: int, tp: int, pp: int, pp_rank: int,
+def stage_placement(cluster: Cluster, layout: RankLayout, pp_rank: int,
                     last: bool) -> tuple:
     """What a stage's communication depends on: node shape of its TP and DP groups
     and whether its send to the next stage stays in a node."""
-    layout = RankLayout(dp, tp, pp)
     base = layout.rank(pp_rank)
     tp_shape = group_shape(layout.group("tp", base), cluster)
     dp_shape = group_shape(layout.group("dp", base), cluster)
     if last:
         send = None
     else:
-        nxt = layout.rank((pp_rank + 1) % pp)
+        nxt = layout.rank((pp_rank + 1) % layout.pp)
         send = None if nxt == base else cluster.same_node(base, nxt)
     return tp_shape, dp_shape, send
 
