@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from merak_sim.layout import DEFAULT_ORDER, RankLayout
 from merak_sim.schedule import SCHEDULES, generate
 from merak_sim.schedule.ir import Schedule
 from merak_sim.schedule.placement import placed_rank
@@ -65,6 +66,8 @@ class ParallelConfig:
         fused_elementwise: the norms, rotary embedding and activation run as fused
             kernels (Megatron, Transformer Engine, torch.compile); False: one eager
             PyTorch kernel per op (:mod:`merak_sim.costs.fusion`).
+        order: placement of ranks, the four axes fastest varying first
+            (:class:`merak_sim.layout.RankLayout`; Megatron's "tp-cp-dp-pp" by default).
     """
 
     dp: int = 1
@@ -87,6 +90,7 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     dtype: str = "bf16"
     fused_elementwise: bool = True
+    order: str = DEFAULT_ORDER
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -175,6 +179,10 @@ class ParallelConfig:
         if not isinstance(self.fused_elementwise, bool):
             raise ValueError(f"fused_elementwise must be true or false, got "
                              f"{self.fused_elementwise!r}")
+        if not isinstance(self.order, str):
+            raise ValueError(f"order must be a string such as {DEFAULT_ORDER!r}, got "
+                             f"{self.order!r}")
+        RankLayout(self.dp, self.tp, self.pp, self.cp, self.order)  # names a bad order
         if self.virtual_stages > 1 and not SCHEDULES[self.schedule].interleaved:
             interleaving = ", ".join(n for n, s in SCHEDULES.items() if s.interleaved)
             raise ValueError(

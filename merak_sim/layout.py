@@ -10,6 +10,13 @@ written fastest first: ``"tp-cp-dp-pp"``: tensor-parallel peers are consecutive 
 
 With ``cp = 1`` this is ``(pp_idx * dp + dp_idx) * tp + tp_idx``.
 
+Another order (``ParallelConfig.order``, ``--order`` on the command line) puts other
+peers side by side: ``"dp-tp-cp-pp"`` keeps data-parallel replicas in a node and spreads
+each tensor-parallel group over nodes. The cost models price each group kind of a stage
+by the group of the stage's first rank; with degrees and GPUs per node that are powers
+of two, every group of one kind then spans the same number of nodes with the same GPUs
+per node, so that group stands for all of them.
+
 Groups: the ranks that differ only in one coordinate ("tp", "cp", "dp", "pp"), and
 "tied": the first and the last pipeline rank of one (dp, cp, tp) slice, which hold the
 two copies of a tied word embedding. Every group lists its ranks in increasing order of
@@ -26,10 +33,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["AXES", "GROUP_KINDS", "Coords", "RankLayout", "node_of"]
+__all__ = ["AXES", "DEFAULT_ORDER", "GROUP_KINDS", "Coords", "RankLayout", "node_of"]
 
 AXES = ("tp", "cp", "dp", "pp")
 GROUP_KINDS = (*AXES, "tied")
+#: Megatron's placement, fastest varying first (module docstring).
+DEFAULT_ORDER = "tp-cp-dp-pp"
 
 
 class Coords(NamedTuple):
@@ -63,7 +72,7 @@ class RankLayout:
     tp: int
     pp: int
     cp: int = 1
-    order: str = "tp-cp-dp-pp"
+    order: str = DEFAULT_ORDER
     _stride: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -74,7 +83,7 @@ class RankLayout:
         axes = self.order.split("-")
         if len(axes) != len(AXES) or set(axes) != degrees.keys():
             raise ValueError(f"order must list tp, cp, dp and pp once each joined by '-' "
-                             f"(fastest first), got {self.order!r}")
+                             f"(fastest first, e.g. {DEFAULT_ORDER!r}), got {self.order!r}")
         stride, step = {}, 1
         for a in axes:
             stride[a] = step
@@ -86,8 +95,9 @@ class RankLayout:
     @classmethod
     def of(cls, config: Any) -> RankLayout:
         """The layout of a :class:`merak_sim.config.ParallelConfig` (or any object with
-        ``dp``, ``tp`` and ``pp``, and optionally ``cp``)."""
-        return cls(config.dp, config.tp, config.pp, getattr(config, "cp", 1))
+        ``dp``, ``tp`` and ``pp``, and optionally ``cp`` and ``order``)."""
+        return cls(config.dp, config.tp, config.pp, getattr(config, "cp", 1),
+                   getattr(config, "order", DEFAULT_ORDER))
 
     @property
     def world_size(self) -> int:

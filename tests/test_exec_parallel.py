@@ -1,4 +1,4 @@
-"""Multi-process equivalence: every layout / schedule / recompute / TP-overlap value,
+"""Multi-process equivalence: every layout and rank order / schedule / recompute / TP-overlap value,
 and every pair of dimensions, trains exactly like a single process (gloo, CPU).
 
 Models: the built-in GPT, HuggingFace GPT-2 and LLaMA, and a model captured by
@@ -104,6 +104,9 @@ FOUR = [
     C("pp2xdp2 zero1 1f1b none", pp=2, dp=2, zero=1),
     C("tp2xdp2 zero1 sub none", tp=2, dp=2, zero=1, **SUB),
     C("pp2xtp2 sp selective", pp=2, tp=2, sequence_parallel=True, recompute="selective"),
+    # other rank orders: pipeline peers side by side, tensor peers two ranks apart
+    C("pp2xdp2 order pp-dp-tp-cp", pp=2, dp=2, order="pp-dp-tp-cp"),
+    C("pp2xtp2 order dp-pp-cp-tp zb-h1", pp=2, tp=2, order="dp-pp-cp-tp", schedule="zb-h1"),
     C("hf-gpt2 pp4 zb-h2 none", "gpt2", pp=4, schedule="zb-h2"),
     C("hf-gpt2 pp4 zb-auto none", "gpt2", pp=4, schedule="zb-auto"),
     C("hf-gpt2 pp4 1f1b-split none", "gpt2", pp=4, schedule="1f1b-split"),

@@ -19,11 +19,13 @@ from merak_sim.config import ATTENTIONS, DTYPES, TP_OVERLAPS, ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.attention_choice import attention_label
 from merak_sim.hardware import get_cluster
+from merak_sim.layout import DEFAULT_ORDER
 from merak_sim.memory import peak_memory
 from merak_sim.model import ModelSpec, get_model
 from merak_sim.schedule import SCHEDULES
 
 from .options import (
+    ORDER_HELP,
     POSITIVE,
     AliasOption,
     check_work,
@@ -119,6 +121,7 @@ def _wrapped(text: str, width: int) -> str:
               show_default=True,
               help="HSDP shard-group size (0: shard over all data-parallel ranks).")
 @click.option("--cp", type=POSITIVE, default=1, show_default=True, help="Context parallelism.")
+@click.option("--order", default=DEFAULT_ORDER, show_default=True, help=ORDER_HELP)
 @click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
               show_default=True, help="Attention kernel (auto: flash on GPU presets, the "
                                       "measured profile on CPU).")
@@ -131,8 +134,8 @@ def _wrapped(text: str, width: int) -> str:
 @json_options
 def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
                   micro_batch_size, global_batch_size, schedule, recompute, sequence_parallel,
-                  tp_overlap, tp_overlap_parts, zero, zero_group, cp, attention, dtype,
-                  partition_method, traces, as_json, json_out):
+                  tp_overlap, tp_overlap_parts, zero, zero_group, cp, order, attention,
+                  dtype, partition_method, traces, as_json, json_out):
     """Print the per-layer time and memory breakdown (and per-stage totals with peak
     memory from the schedule) that the cost model charges for one configuration."""
     check_writable(("--json-out", json_out))
@@ -146,7 +149,7 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
         recompute=rc.policy, recompute_c0=rc.c0, recompute_fractions=rc.fractions,
         sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
         tp_overlap_parts=tp_overlap_parts, zero=zero, zero_group=zero_group, cp=cp,
-        attention=attention, dtype=dtype)
+        attention=attention, dtype=dtype, order=order)
     check_work(pp * virtual_stages * config.num_microbatches,
                "pp x virtual stages x micro-batches", "use a smaller global batch size")
     analytic = AnalyticCostModel(partition_method=partition_method)

@@ -24,7 +24,7 @@ import click
 
 from merak_sim.progress import WORK_LIMIT
 
-__all__ = ["AliasOption", "Recompute", "parse_recompute", "check_writable",
+__all__ = ["ORDER_HELP", "AliasOption", "Recompute", "parse_recompute", "check_writable",
            "check_work", "emit_json", "json_options", "POSITIVE", "NON_NEGATIVE"]
 
 class _BoundedInt(click.ParamType):
@@ -48,6 +48,10 @@ class _BoundedInt(click.ParamType):
             self.fail(f"{field} must be a {self.what} integer, got {v}", param, ctx)
         return v
 
+
+#: ``--order``'s help, the same in every command that places ranks.
+ORDER_HELP = ("Rank placement, axes fastest varying first (default tp-cp-dp-pp, "
+              "Megatron's; e.g. dp-tp-cp-pp keeps data-parallel replicas in a node).")
 
 POSITIVE = _BoundedInt(1, "positive")
 NON_NEGATIVE = _BoundedInt(0, "non-negative")

@@ -16,7 +16,7 @@ import click
 
 from merak_sim.schedule import SCHEDULES
 
-from .options import POSITIVE, AliasOption, check_writable, emit_json, json_options
+from .options import ORDER_HELP, POSITIVE, AliasOption, check_writable, emit_json, json_options
 
 _SYSTEM_CHOICES = ["full", "megatron", "deepspeed", "merak"]
 
@@ -72,6 +72,7 @@ def _clean(v):
                                  "parameter all-gather with compute.")
 @click.option("--dtype", "dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]),
               default=None, help="Training precision (default bf16).")
+@click.option("--order", default=None, help=ORDER_HELP + " Every candidate uses it.")
 @click.option("--micro-batch-sizes", "--mbs", "micro_batch_sizes", cls=AliasOption,
               default=None, help="Allowed micro-batch sizes.")
 @click.option("--schedules", default=None,
@@ -87,7 +88,7 @@ def _clean(v):
               help="Also write every candidate (with why it lost) as CSV.")
 @json_options
 def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp,
-                 cp, zero, zero_groups, attention, overlap_param_gather, dtype,
+                 cp, zero, zero_groups, attention, overlap_param_gather, dtype, order,
                  micro_batch_sizes, schedules, memory_margin, no_confirm, executable, out,
                  csv_path, as_json, json_out):
     """Search parallel configurations; print the ranking and write the best plan."""
@@ -116,6 +117,8 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
                                            "both": (False, True)}[overlap_param_gather]
     if dtype is not None:
         changes["dtype"] = dtype
+    if order is not None:
+        changes["order"] = order
     if micro_batch_sizes is not None:
         changes["micro_batch_sizes"] = _csv_ints(micro_batch_sizes, "--micro-batch-sizes")
     if schedules is not None:

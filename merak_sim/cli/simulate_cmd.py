@@ -17,6 +17,7 @@ from merak_sim.schedule import SCHEDULES
 
 from .options import (
     POSITIVE,
+    ORDER_HELP,
     AliasOption,
     check_work,
     check_writable,
@@ -40,9 +41,9 @@ def _pairs(values: tuple[str, ...], what: str, key_type=int) -> dict:
 
 
 _PLAN_FIELDS = ("dp", "tp", "pp", "cp", "virtual_stages", "micro_batch_size",
-                "global_batch_size", "schedule", "recompute")
+                "global_batch_size", "schedule", "recompute", "order")
 #: plan fields that have a default when neither a plan nor the option gives them
-_DEFAULTED = ("virtual_stages", "cp")
+_DEFAULTED = ("virtual_stages", "cp", "order")
 
 
 def _from_plan(plan_file: str, given: dict):
@@ -61,6 +62,7 @@ def _from_plan(plan_file: str, given: dict):
 def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, dtype,
             **more):
     from merak_sim.config import ParallelConfig
+    from merak_sim.layout import DEFAULT_ORDER
 
     missing = [f"--{k.replace('_', '-')}" for k in _PLAN_FIELDS
                if k not in _DEFAULTED and given.get(k) is None]
@@ -75,7 +77,8 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
         global_batch_size=given["global_batch_size"], schedule=given["schedule"],
         recompute=rc.policy, recompute_c0=rc.c0, recompute_fractions=rc.fractions,
         sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
-        tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype, **more)
+        tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype,
+        order=given["order"] or DEFAULT_ORDER, **more)
 
 
 @click.command("simulate")
@@ -113,6 +116,7 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
                    "(0: shard over all).")
 @click.option("--cp", type=POSITIVE, default=None,
               help="Context-parallel degree (ring attention; default 1).")
+@click.option("--order", default=None, help=ORDER_HELP)
 @click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
               show_default=True, help="Attention kernel (auto: flash on GPU presets, the "
                                       "measured profile on CPU).")

@@ -53,6 +53,7 @@ from merak_sim.costs.sharded_dp import fsdp_pass, fsdp_working_bytes, grad_sync_
 from merak_sim.costs.sharded_dp import fsdp_collectives, sixteen_bit_bytes, sync_groups
 from merak_sim.costs.tp_comm import tp_pass
 from merak_sim.hardware import Cluster
+from merak_sim.layout import RankLayout
 from merak_sim.memory import DTYPE_BYTES, ActivationProfile
 from merak_sim.memory import first_stage_extra_bytes, last_stage_extra_bytes
 from merak_sim.memory import layer_activation_bytes, layer_checkpoint_bytes, model_state_bytes
@@ -286,6 +287,7 @@ class AnalyticCostModel:
         # Stages that agree in layer count, position (first/last) and the placement of
         # their groups cost the same: price each distinct one once.
         n_st = len(ranges)
+        layout = RankLayout.of(config)
         memo: dict[tuple, StageCost] = {}
         stages_l = []
         for g, (s, e) in enumerate(ranges):
@@ -294,8 +296,7 @@ class AnalyticCostModel:
             # The next stage's rank joins the key: under the V placement two stages of
             # one rank send in opposite directions (or locally, at the turn).
             key = (e - s, g == 0, g == n_st - 1,
-                   stage_placement(cluster, config.dp, config.tp, config.pp, here,
-                              g == n_st - 1),
+                   stage_placement(cluster, layout, here, g == n_st - 1),
                    nxt - here, here if config.cp > 1 else None)
             st = memo.get(key)
             if st is None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from merak_sim.layout import RankLayout
+from merak_sim.layout import DEFAULT_ORDER, RankLayout
 from merak_sim.memo import PROCESS_MEMO_ENTRIES, IdentityMemo
 
 __all__ = ["RingPass", "ring_steps", "ring_pass", "check_cp", "clear_ring_cache"]
@@ -69,9 +69,10 @@ def ring_pass(comm: Comm, cluster: Any, config: Any, pp_rank: int, kv_bytes: flo
     # the degrees and figures and the identity of ``comm`` and ``cluster``; plain ints
     # only, so a layout the degrees break still raises, warm or cold.
     degrees = (config.dp, config.tp, config.pp, cp, pp_rank)
-    if not all(type(x) is int for x in degrees):
+    order = getattr(config, "order", DEFAULT_ORDER)
+    if not all(type(x) is int for x in degrees) or type(order) is not str:
         return _ring_pass(comm, cluster, config, pp_rank, kv_bytes, attn_fwd_s, attn_bwd_s)
-    return _PASSES.get((comm, cluster), (*degrees, kv_bytes, attn_fwd_s, attn_bwd_s),
+    return _PASSES.get((comm, cluster), (*degrees, order, kv_bytes, attn_fwd_s, attn_bwd_s),
                        _ring_pass, comm, cluster, config, pp_rank, kv_bytes, attn_fwd_s,
                        attn_bwd_s)
 

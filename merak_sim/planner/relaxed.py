@@ -88,6 +88,8 @@ class RelaxedPricer:
                                  attention=att, dtype=self.dtype)
             # Three stages of tp x cp GPUs may need more nodes than the cluster has;
             # only the groups' placement in a node matters to the per-layer costs.
+            # Megatron's order whatever the candidates' order: it packs the tp and cp
+            # groups into as few nodes as any order can, so the probe stays a bound.
             gpn = self.cluster.gpus_per_node
             nodes = max(self.cluster.nodes, -(-3 * tp * cp // gpn))
             # One cluster object per size (the cluster itself when it suffices), so the

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from merak_sim.config import ParallelConfig
+from merak_sim.layout import DEFAULT_ORDER
 from merak_sim.schedule import SCHEDULES
 
 from .grid import rank_grid
@@ -44,6 +45,7 @@ class Pricer:
     cost_model: Any
     global_batch_size: int
     dtype: str
+    order: str = DEFAULT_ORDER
     built: int = field(default=0, init=False)
     _tables: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)
 
@@ -67,7 +69,8 @@ class Pricer:
             micro_batch_size=c.micro_batch_size, global_batch_size=self.global_batch_size,
             schedule=c.schedule, recompute="selective" if c.recompute == "selective" else "none",
             sequence_parallel=c.sequence_parallel, tp_overlap=c.tp_overlap, zero=c.zero,
-            cp=c.cp, zero_group=c.zero_group, attention=c.attention, dtype=self.dtype)
+            cp=c.cp, zero_group=c.zero_group, attention=c.attention, dtype=self.dtype,
+            order=self.order)
 
 
 def kept_one(c: Candidate, arr: dict[str, np.ndarray]) -> np.ndarray:

@@ -92,7 +92,7 @@ class _Job:
             sequence_parallel=r["sequence_parallel"], tp_overlap=r["tp_overlap"],
             zero=r["zero"], cp=r["cp"], zero_group=r["zero_group"],
             attention=r["attention"], overlap_param_gather=r["overlap_param_gather"],
-            dtype=self.space.dtype)
+            dtype=self.space.dtype, order=self.space.order)
 
 
 def _check_inputs(global_batch_size: int, top_k: int, memory_margin: float) -> None:
@@ -167,7 +167,7 @@ def _screen(job: _Job, rows: RowBook, counts: dict, prog: Progress) -> list[tupl
     survivors as (bound, order, candidate, table, arrays) in visiting order. Every
     candidate dropped here advances ``prog``."""
     pricer = Pricer(job.model, job.cluster, job.cost_model, job.global_batch_size,
-                    job.space.dtype)
+                    job.space.dtype, job.space.order)
     live = []
     candidates = _candidates(job, prog)
     for c in candidates:
@@ -307,7 +307,7 @@ def _best_first(job: _Job, rows: RowBook, counts: dict, prog: Progress
     its exact bound is; the search stops when the smallest bound left exceeds the
     K-th best time. Returns the (time, row index) of every evaluated candidate."""
     pricer = Pricer(job.model, job.cluster, job.cost_model, job.global_batch_size,
-                    job.space.dtype)
+                    job.space.dtype, job.space.order)
     rp = RelaxedPricer(job.model, job.cluster, job.cost_model, job.space.dtype)
     level0, heap = _relaxed_entries(job, rp, pricer, rows, counts, prog)
     heapq.heapify(heap)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from merak_sim.config import ATTENTIONS, RECOMPUTE_POLICIES, TP_OVERLAPS, ZERO_STAGES
 from merak_sim.costs.ring import check_cp
+from merak_sim.layout import DEFAULT_ORDER, RankLayout
 from merak_sim.schedule import SCHEDULES
 
 __all__ = ["SearchSpace", "Candidate", "Block", "enumerate_candidates", "candidate_blocks",
@@ -64,6 +65,7 @@ class SearchSpace:
         overlap_param_gather: allowed values of
             ``ParallelConfig.overlap_param_gather``.
         dtype: training precision.
+        order: rank placement of every candidate (``ParallelConfig.order``).
         name: a label for reports.
         exclude: a joint restriction the per-option tuples cannot state, (schedule,
             zero, sequence_parallel) -> why that combination is left out ("" when it is
@@ -86,6 +88,7 @@ class SearchSpace:
     attention: tuple[str, ...] = ("auto",)
     overlap_param_gather: tuple[bool, ...] = (False,)
     dtype: str = "bf16"
+    order: str = DEFAULT_ORDER
     name: str = "full"
     exclude: Callable[[str, int, bool], str] | None = None
 
@@ -115,6 +118,10 @@ class SearchSpace:
                      "cp", "zero_groups", "attention", "overlap_param_gather"):
             if not getattr(self, what):
                 raise ValueError(f"search space: {what} must not be empty")
+        try:
+            RankLayout(1, 1, 1, 1, self.order)
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"search space: {e}") from None
         if self.max_micro_batch_size < 1:
             raise ValueError("search space: max_micro_batch_size must be >= 1")
 
