@@ -109,3 +109,48 @@ def test_calibrated_model_measures_a100_clusters_only():
     alpha_beta = AnalyticCostModel(efficiency=Efficiency(**t.meta["efficiency"])).cost_table(
         model, a100, cfg)
     assert t.stages[0].tp_comm_fwd_s != alpha_beta.stages[0].tp_comm_fwd_s
+
+
+def test_calibrated_model_takes_a_pipeline_send_and_keeps_the_defaults_without_one():
+    model = get_model("vtrain-3.6b")
+    cfg = ParallelConfig(dp=1, tp=8, pp=2, global_batch_size=8, dtype="fp16")
+    send = {}
+    for name in ("vtrain-a100", "dgx-h100"):
+        c = get_cluster(name, nodes=2)
+        send[name] = {ps: CalibratedCostModel(ps).cost_table(model, c, cfg)
+                      .stages[0].send_activation_s
+                      for ps in (None, "full", "scatter-gather")}
+        assert send[name]["scatter-gather"] < send[name]["full"]
+    # Defaults: scatter-gather on the measured A100 preset, full on the others.
+    assert send["vtrain-a100"][None] == send["vtrain-a100"]["scatter-gather"]
+    assert send["dgx-h100"][None] == send["dgx-h100"]["full"]
+    with pytest.raises(CostModelError, match="unknown pipeline send 'half'"):
+        CalibratedCostModel("half")
+
+
+def test_pipeline_send_option_reaches_simulate_costs_and_plan(tmp_path, capsys):
+    import json
+
+    from merak_sim.cli import main
+
+    base = ["--model", "vtrain-3.6b", "--cluster", "dgx-h100", "--nodes", "2"]
+    cfg = ["--dp", "1", "--tp", "8", "--pp", "2", "--global-batch-size", "8",
+           "--dtype", "fp16"]
+    got = {}
+    for ps in ("full", "scatter-gather"):
+        assert main(["simulate", *base, *cfg, "--micro-batch-size", "1", "--schedule",
+                     "1f1b", "--recompute", "none", "--engine", "evaluator",
+                     "--pipeline-send", ps, "--json"]) == 0
+        sim = json.loads(capsys.readouterr().out)["iteration_time_s"]
+        assert main(["costs", *base, *cfg, "--pipeline-send", ps, "--json"]) == 0
+        costs = json.loads(capsys.readouterr().out)
+        assert main(["plan", *base, "--global-batch-size", "8", "--tp", "8", "--pp", "2",
+                     "--schedules", "1f1b", "--micro-batch-sizes", "1", "--dtype", "fp16",
+                     "--top", "1", "--no-confirm", "--pipeline-send", ps,
+                     "--space", "megatron",  # no sequence parallelism: the sends differ
+                     "--out", str(tmp_path / f"{ps}.json"), "--json"]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        got[ps] = (sim, costs, plan["plan"]["predicted"]["iteration_time_s"])
+    assert got["scatter-gather"][0] < got["full"][0]
+    assert got["scatter-gather"][2] < got["full"][2]
+    assert got["scatter-gather"][1] != got["full"][1]

@@ -26,6 +26,7 @@ from merak_sim.schedule import SCHEDULES
 
 from .options import (
     ORDER_HELP,
+    PIPELINE_SEND_CHOICES,
     POSITIVE,
     AliasOption,
     check_work,
@@ -122,6 +123,9 @@ def _wrapped(text: str, width: int) -> str:
               help="HSDP shard-group size (0: shard over all data-parallel ranks).")
 @click.option("--cp", type=POSITIVE, default=1, show_default=True, help="Context parallelism.")
 @click.option("--order", default=DEFAULT_ORDER, show_default=True, help=ORDER_HELP)
+@click.option("--pipeline-send", type=click.Choice(PIPELINE_SEND_CHOICES), default="full",
+              show_default=True, help="How activations cross a pipeline boundary (see "
+                                      "simulate --pipeline-send).")
 @click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
               show_default=True, help="Attention kernel (auto: flash on GPU presets, the "
                                       "measured profile on CPU).")
@@ -134,8 +138,8 @@ def _wrapped(text: str, width: int) -> str:
 @json_options
 def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
                   micro_batch_size, global_batch_size, schedule, recompute, sequence_parallel,
-                  tp_overlap, tp_overlap_parts, zero, zero_group, cp, order, attention,
-                  dtype, partition_method, traces, as_json, json_out):
+                  tp_overlap, tp_overlap_parts, zero, zero_group, cp, order, pipeline_send,
+                  attention, dtype, partition_method, traces, as_json, json_out):
     """Print the per-layer time and memory breakdown (and per-stage totals with peak
     memory from the schedule) that the cost model charges for one configuration."""
     check_writable(("--json-out", json_out))
@@ -152,7 +156,8 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
         attention=attention, dtype=dtype, order=order)
     check_work(pp * virtual_stages * config.num_microbatches,
                "pp x virtual stages x micro-batches", "use a smaller global batch size")
-    analytic = AnalyticCostModel(partition_method=partition_method)
+    analytic = AnalyticCostModel(partition_method=partition_method,
+                                 pipeline_send=pipeline_send)
     if traces:
         from merak_sim.costs.trace_model import TraceCostModel
         cm = TraceCostModel(list(traces), fallback=analytic)

@@ -16,7 +16,16 @@ import click
 
 from merak_sim.schedule import SCHEDULES
 
-from .options import ORDER_HELP, POSITIVE, AliasOption, check_writable, emit_json, json_options
+from .options import (
+    ORDER_HELP,
+    PIPELINE_SEND_CHOICES,
+    PIPELINE_SEND_HELP,
+    POSITIVE,
+    AliasOption,
+    check_writable,
+    emit_json,
+    json_options,
+)
 
 _SYSTEM_CHOICES = ["full", "megatron", "deepspeed", "merak"]
 
@@ -73,6 +82,8 @@ def _clean(v):
 @click.option("--dtype", "dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]),
               default=None, help="Training precision (default bf16).")
 @click.option("--order", default=None, help=ORDER_HELP + " Every candidate uses it.")
+@click.option("--pipeline-send", type=click.Choice(PIPELINE_SEND_CHOICES), default=None,
+              help=PIPELINE_SEND_HELP)
 @click.option("--micro-batch-sizes", "--mbs", "micro_batch_sizes", cls=AliasOption,
               default=None, help="Allowed micro-batch sizes.")
 @click.option("--schedules", default=None,
@@ -89,11 +100,12 @@ def _clean(v):
 @json_options
 def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp,
                  cp, zero, zero_groups, attention, overlap_param_gather, dtype, order,
-                 micro_batch_sizes, schedules, memory_margin, no_confirm, executable, out,
+                 pipeline_send, micro_batch_sizes, schedules, memory_margin, no_confirm, executable, out,
                  csv_path, as_json, json_out):
     """Search parallel configurations; print the ranking and write the best plan."""
     import sys
 
+    from merak_sim.costs.calibrated import calibrated_cost_model
     from merak_sim.io import atomic_write_text
     from merak_sim.planner import SYSTEMS, SearchSpace, search
 
@@ -131,8 +143,9 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
         from merak_sim.resolve import resolve_model
 
         space = executable_space(space, resolve_model(model))
+    cost_model = None if pipeline_send is None else calibrated_cost_model(pipeline_send)
     res = search(model, cluster, global_batch_size, nodes=nodes, space=space, top_k=top_k,
-                 confirm=not no_confirm, memory_margin=memory_margin,
+                 cost_model=cost_model, confirm=not no_confirm, memory_margin=memory_margin,
                  progress="bar" if sys.stderr.isatty() else "lines")
     res.save(out)
     if csv_path:

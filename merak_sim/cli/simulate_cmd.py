@@ -18,6 +18,8 @@ from merak_sim.schedule import SCHEDULES
 from .options import (
     POSITIVE,
     ORDER_HELP,
+    PIPELINE_SEND_CHOICES,
+    PIPELINE_SEND_HELP,
     AliasOption,
     check_work,
     check_writable,
@@ -117,6 +119,8 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
 @click.option("--cp", type=POSITIVE, default=None,
               help="Context-parallel degree (ring attention; default 1).")
 @click.option("--order", default=None, help=ORDER_HELP)
+@click.option("--pipeline-send", type=click.Choice(PIPELINE_SEND_CHOICES), default=None,
+              help=PIPELINE_SEND_HELP)
 @click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
               show_default=True, help="Attention kernel (auto: flash on GPU presets, the "
                                       "measured profile on CPU).")
@@ -150,11 +154,12 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
               help="Write a Gantt chart (and FILE-memory.png with memory over time).")
 def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_overlap,
                      tp_overlap_parts, zero, zero_group, attention, overlap_param_gather,
-                     dtype, trace_file, mode, engine, contention, overlap_dp, sub_cluster,
+                     dtype, pipeline_send, trace_file, mode, engine, contention, overlap_dp, sub_cluster,
                      slow_gpu, degrade_link, as_json, json_out, chrome_trace, plot, **given):
     """Simulate one training iteration: time, breakdown, FLOP/s and memory."""
     from pathlib import Path
 
+    from merak_sim.costs.calibrated import calibrated_cost_model
     from merak_sim.sim import simulate
 
     memory_png = None
@@ -181,7 +186,7 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
                + (" x dp x tp (full mode)" if mode == "full" else ""),
                "use a smaller global batch size (the iteration time scales linearly "
                "with the micro-batches once the pipeline is full)")
-    cost_model = None
+    cost_model = None if pipeline_send is None else calibrated_cost_model(pipeline_send)
     if trace_file:
         try:
             from merak_sim.costs.trace_model import TraceCostModel
@@ -189,7 +194,10 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
             raise click.UsageError("--trace needs the trace-driven cost model "
                                    "(merak_sim.costs.trace_model), not available in this "
                                    "build") from None
-        cost_model = TraceCostModel(trace_file)
+        from merak_sim.costs.analytic import AnalyticCostModel
+
+        cost_model = TraceCostModel(trace_file, fallback=AnalyticCostModel(
+            pipeline_send=pipeline_send or "full"))
     res = simulate(
         model, cluster, cfg, nodes=nodes, cost_model=cost_model, mode=mode, engine=engine,
         contention=contention, overlap_dp=overlap_dp, sub_cluster=sub_cluster,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.base import CostTable
 from merak_sim.costs.calibrated_hopper import hopper_calibration
-from merak_sim.costs.comm import measured_collectives
+from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, measured_collectives
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.costs.nccl import nccl_table_for
 from merak_sim.hardware import Cluster
@@ -69,9 +69,20 @@ CALIBRATED: dict[str, dict[str, float]] = {
 
 class CalibratedCostModel:
     """The analytic cost model with :data:`CALIBRATED` efficiency for the GPU types that
-    have a fit, and the published defaults elsewhere."""
+    have a fit, and the published defaults elsewhere.
 
-    def __init__(self) -> None:
+    Args:
+        pipeline_send: "full" or "scatter-gather" for every cluster
+            (:func:`~merak_sim.costs.comm.pipeline_send_time`); None: the module
+            docstring's defaults (scatter-gather where the cluster has a measured NCCL
+            table, full elsewhere).
+    """
+
+    def __init__(self, pipeline_send: str | None = None) -> None:
+        if pipeline_send is not None and pipeline_send not in PIPELINE_SENDS:
+            raise CostModelError(f"unknown pipeline send {pipeline_send!r}; choose one of: "
+                                 f"{', '.join(PIPELINE_SENDS)}")
+        self.pipeline_send = pipeline_send
         self._by_gpu: dict[tuple[str, str], AnalyticCostModel] = {}
 
     def _model(self, cluster: Cluster) -> AnalyticCostModel:
@@ -83,9 +94,11 @@ class CalibratedCostModel:
                    if key in CALIBRATED else None)
             eff, kernels = hopper_calibration(name, eff)
             table = nccl_table_for(cluster.name)
-            m = (AnalyticCostModel(efficiency=eff, kernels=kernels) if table is None else
+            send = self.pipeline_send or ("full" if table is None else "scatter-gather")
+            m = (AnalyticCostModel(efficiency=eff, kernels=kernels, pipeline_send=send)
+                 if table is None else
                  AnalyticCostModel(efficiency=eff, collectives=measured_collectives(table),
-                                   pipeline_send="scatter-gather", kernels=kernels))
+                                   pipeline_send=send, kernels=kernels))
             self._by_gpu[(name, cluster.name)] = m
         return m
 
@@ -105,6 +118,7 @@ class CalibratedCostModel:
         return self._model(cluster).comm_time(collective, nbytes, ranks, cluster)
 
 
-def calibrated_cost_model() -> CalibratedCostModel:
-    """The default cost model of :func:`merak_sim.sim.simulate` and the planner."""
-    return CalibratedCostModel()
+def calibrated_cost_model(pipeline_send: str | None = None) -> CalibratedCostModel:
+    """The default cost model of :func:`merak_sim.sim.simulate` and the planner
+    (``pipeline_send``: as :class:`CalibratedCostModel`)."""
+    return CalibratedCostModel(pipeline_send)
