@@ -104,6 +104,8 @@ def cli() -> None:
                    "FSDP2 (gradients too; 3 also the parameters)")
 @click.option("--sequence-parallel", is_flag=True,
               help="split norms and dropout along the sequence over tp (needs --tp > 1)")
+@click.option("--order", default="tp-cp-dp-pp", show_default=True,
+              help="rank placement, axes fastest varying first (as merak-sim --order)")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
               show_default=True, help="bf16/fp16: autocast on fp32 master weights (fp16 "
                                       "with a dynamic loss scaler)")
@@ -131,8 +133,8 @@ def cli() -> None:
 @_aliases(mbs=("mbs_alias", "--micro-batch-size", "--mbs"),
           trace_path=("trace_alias", "--chrome-trace", "--trace"))
 def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_stages,
-          schedule, recompute, tp_overlap, zero, sequence_parallel, dtype, mbs, microbatches,
-          steps, lr, save_dir, save_every, resume, trace_path, split_points, meta,
+          schedule, recompute, tp_overlap, zero, sequence_parallel, order, dtype, mbs,
+          microbatches, steps, lr, save_dir, save_every, resume, trace_path, split_points, meta,
           plan_path) -> None:
     """Train a model on synthetic tokens with dp x tp x pp; prints ``parameters: N``
     first. With --plan, every field the simulator priced (model shape, dtype, degrees,
@@ -164,7 +166,8 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_
         config = ParallelConfig(dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages,
                                 micro_batch_size=mbs, global_batch_size=mbs * microbatches * dp,
                                 schedule=schedule, recompute=recompute, tp_overlap=tp_overlap,
-                                zero=zero, sequence_parallel=sequence_parallel, dtype=dtype)
+                                zero=zero, sequence_parallel=sequence_parallel, dtype=dtype,
+                                order=order)
     why = unsupported(config, spec)
     if why:
         raise ExecError(f"cannot run this {'plan' if spec else 'configuration'}: {why}")

@@ -37,6 +37,7 @@ BAD_VALUES = [
     (["profile", "--out", "x.json", "--micro-batch-size", "0,2"], "positive integers"),
     (["profile", "--out", "x.json", "--device", "tpu"], "choose cpu, cuda"),
     (["train", "--plan", "missing.json"], "cannot read plan file"),
+    (["train", "--order", "tp-dp"], "order must list tp, cp, dp and pp"),
 ]
 HELP_AND_ALIASES = [
     ["--version"],
