@@ -42,6 +42,9 @@ def test_an_order_with_dp_fastest_moves_tp_across_nodes_and_dp_into_one():
     assert dp_first.tp_comm_fwd_s > 1.5 * megatron.tp_comm_fwd_s
     assert dp_first.grad_allreduce_s < 0.5 * megatron.grad_allreduce_s
     assert dp_first.flops == megatron.flops
+    notes = cm.cost_table(MODEL, CLUSTER, _cfg("dp-tp-cp-pp")).notes
+    assert any("ranks placed dp-tp-cp-pp" in n for n in notes)
+    assert not any("ranks placed" in n for n in cm.cost_table(MODEL, CLUSTER, _cfg()).notes)
 
 
 def test_pipeline_peers_follow_the_order():

@@ -53,7 +53,7 @@ from merak_sim.costs.sharded_dp import fsdp_pass, fsdp_working_bytes, grad_sync_
 from merak_sim.costs.sharded_dp import fsdp_collectives, sixteen_bit_bytes, sync_groups
 from merak_sim.costs.tp_comm import tp_pass
 from merak_sim.hardware import Cluster
-from merak_sim.layout import RankLayout
+from merak_sim.layout import DEFAULT_ORDER, RankLayout
 from merak_sim.memory import DTYPE_BYTES, ActivationProfile
 from merak_sim.memory import first_stage_extra_bytes, last_stage_extra_bytes
 from merak_sim.memory import layer_activation_bytes, layer_checkpoint_bytes, model_state_bytes
@@ -304,8 +304,10 @@ class AnalyticCostModel:
             stages_l.append(st)
         stages = tuple(stages_l)
         eff = self.efficiency_for(cluster)
+        placed = ((f"ranks placed {config.order} (fastest varying first; Megatron's is "
+                   f"{DEFAULT_ORDER})",) if config.order != DEFAULT_ORDER else ())
         notes = tuple(cluster.notes) + ((f"model: {model.source}",) if model.source else ()) \
-            + tuple(extra_notes)
+            + tuple(extra_notes) + placed
         return CostTable(
             stages=stages,
             memory_capacity_bytes=usable_memory_bytes(cluster.gpu),
