@@ -179,9 +179,6 @@ class ParallelConfig:
         if not isinstance(self.fused_elementwise, bool):
             raise ValueError(f"fused_elementwise must be true or false, got "
                              f"{self.fused_elementwise!r}")
-        if not isinstance(self.order, str):
-            raise ValueError(f"order must be a string such as {DEFAULT_ORDER!r}, got "
-                             f"{self.order!r}")
         RankLayout(self.dp, self.tp, self.pp, self.cp, self.order)  # names a bad order
         if self.virtual_stages > 1 and not SCHEDULES[self.schedule].interleaved:
             interleaving = ", ".join(n for n, s in SCHEDULES.items() if s.interleaved)

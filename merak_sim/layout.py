@@ -33,7 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["AXES", "DEFAULT_ORDER", "GROUP_KINDS", "Coords", "RankLayout", "node_of"]
+__all__ = ["AXES", "DEFAULT_ORDER", "GROUP_KINDS", "Coords", "RankLayout", "layout_key",
+           "node_of"]
 
 AXES = ("tp", "cp", "dp", "pp")
 GROUP_KINDS = (*AXES, "tied")
@@ -48,6 +49,17 @@ class Coords(NamedTuple):
     dp: int
     tp: int
     cp: int = 0
+
+
+def layout_key(config: Any) -> tuple[int, int, int, int, str] | None:
+    """``(dp, tp, pp, cp, order)`` of ``config`` (cp 1 and Megatron's order where it has
+    none) when the degrees are plain ints and the order a str, else None: the memo key
+    of the layout's groups, which a value the layout would reject never enters."""
+    key = (config.dp, config.tp, config.pp, getattr(config, "cp", 1),
+           getattr(config, "order", DEFAULT_ORDER))
+    if all(type(x) is int for x in key[:4]) and type(key[4]) is str:
+        return key
+    return None
 
 
 def node_of(rank: int, gpus_per_node: int) -> int:
@@ -80,6 +92,9 @@ class RankLayout:
         for name, v in degrees.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.order, str):
+            raise ValueError(f"order must be a string such as {DEFAULT_ORDER!r}, got "
+                             f"{self.order!r}")
         axes = self.order.split("-")
         if len(axes) != len(AXES) or set(axes) != degrees.keys():
             raise ValueError(f"order must list tp, cp, dp and pp once each joined by '-' "

@@ -129,6 +129,7 @@ def test_of_config_and_nodes():
     (dict(dp=1, tp=1, pp=1, cp=0), "cp must be an integer >= 1, got 0"),
     (dict(dp=1, tp=1, pp=1, order="tp-dp-pp"), "order must list tp, cp, dp and pp"),
     (dict(dp=1, tp=1, pp=1, order="tp-tp-dp-pp"), "got 'tp-tp-dp-pp'"),
+    (dict(dp=1, tp=1, pp=1, order=5), "order must be a string such as 'tp-cp-dp-pp'"),
 ])
 def test_bad_layouts(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -148,3 +149,16 @@ def test_bad_queries():
     with pytest.raises(ValueError, match="unknown group kind 'ep'"):
         lay.groups("ep")
     assert set(GROUP_KINDS) == {"tp", "cp", "dp", "pp", "tied"}
+
+
+def test_layout_key_is_plain_values_or_none():
+    from types import SimpleNamespace
+
+    from merak_sim.layout import layout_key
+
+    assert layout_key(SimpleNamespace(dp=2, tp=4, pp=1)) == (2, 4, 1, 1, "tp-cp-dp-pp")
+    assert layout_key(SimpleNamespace(dp=2, tp=4, pp=1, cp=2, order="dp-tp-cp-pp")) == \
+        (2, 4, 1, 2, "dp-tp-cp-pp")
+    # 2.0 == 2 would share a memo entry with 2: such values never make a key.
+    assert layout_key(SimpleNamespace(dp=2.0, tp=4, pp=1)) is None
+    assert layout_key(SimpleNamespace(dp=2, tp=4, pp=1, order=None)) is None

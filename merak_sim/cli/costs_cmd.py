@@ -18,6 +18,7 @@ import click
 from merak_sim.config import ATTENTIONS, DTYPES, TP_OVERLAPS, ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.attention_choice import attention_label
+from merak_sim.costs.comm import PIPELINE_SENDS
 from merak_sim.hardware import get_cluster
 from merak_sim.layout import DEFAULT_ORDER
 from merak_sim.memory import peak_memory
@@ -26,7 +27,6 @@ from merak_sim.schedule import SCHEDULES
 
 from .options import (
     ORDER_HELP,
-    PIPELINE_SEND_CHOICES,
     POSITIVE,
     AliasOption,
     check_work,
@@ -123,7 +123,7 @@ def _wrapped(text: str, width: int) -> str:
               help="HSDP shard-group size (0: shard over all data-parallel ranks).")
 @click.option("--cp", type=POSITIVE, default=1, show_default=True, help="Context parallelism.")
 @click.option("--order", default=DEFAULT_ORDER, show_default=True, help=ORDER_HELP)
-@click.option("--pipeline-send", type=click.Choice(PIPELINE_SEND_CHOICES), default="full",
+@click.option("--pipeline-send", type=click.Choice(PIPELINE_SENDS), default="full",
               show_default=True, help="How activations cross a pipeline boundary (see "
                                       "simulate --pipeline-send).")
 @click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",

@@ -24,8 +24,8 @@ import click
 
 from merak_sim.progress import WORK_LIMIT
 
-__all__ = ["ORDER_HELP", "PIPELINE_SEND_CHOICES", "PIPELINE_SEND_HELP", "AliasOption", "Recompute", "parse_recompute", "check_writable",
-           "check_work", "emit_json", "json_options", "POSITIVE", "NON_NEGATIVE"]
+__all__ = ["ORDER_HELP", "PIPELINE_SEND_HELP", "AliasOption", "Recompute", "parse_recompute",
+           "check_writable", "check_work", "emit_json", "json_options", "POSITIVE", "NON_NEGATIVE"]
 
 class _BoundedInt(click.ParamType):
     """An integer of at least ``low``; the error names the value's field."""
@@ -53,8 +53,8 @@ class _BoundedInt(click.ParamType):
 ORDER_HELP = ("Rank placement, axes fastest varying first (default tp-cp-dp-pp, "
               "Megatron's; e.g. dp-tp-cp-pp keeps data-parallel replicas in a node).")
 
-#: ``--pipeline-send``'s choices and help, the same in every command that prices sends.
-PIPELINE_SEND_CHOICES = ("full", "scatter-gather")
+#: ``--pipeline-send``'s help, the same in every command that prices sends (its
+#: choices: :data:`merak_sim.costs.comm.PIPELINE_SENDS`).
 PIPELINE_SEND_HELP = ("How activations cross a pipeline boundary: the full activation "
                       "per GPU, or 1/tp of it and an all-gather over the receiving TP "
                       "group (Megatron-LM without sequence parallelism). Default: "

@@ -14,11 +14,11 @@ import math
 
 import click
 
+from merak_sim.costs.comm import PIPELINE_SENDS
 from merak_sim.schedule import SCHEDULES
 
 from .options import (
     ORDER_HELP,
-    PIPELINE_SEND_CHOICES,
     PIPELINE_SEND_HELP,
     POSITIVE,
     AliasOption,
@@ -82,7 +82,7 @@ def _clean(v):
 @click.option("--dtype", "dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]),
               default=None, help="Training precision (default bf16).")
 @click.option("--order", default=None, help=ORDER_HELP + " Every candidate uses it.")
-@click.option("--pipeline-send", type=click.Choice(PIPELINE_SEND_CHOICES), default=None,
+@click.option("--pipeline-send", type=click.Choice(PIPELINE_SENDS), default=None,
               help=PIPELINE_SEND_HELP)
 @click.option("--micro-batch-sizes", "--mbs", "micro_batch_sizes", cls=AliasOption,
               default=None, help="Allowed micro-batch sizes.")
@@ -100,8 +100,8 @@ def _clean(v):
 @json_options
 def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp,
                  cp, zero, zero_groups, attention, overlap_param_gather, dtype, order,
-                 pipeline_send, micro_batch_sizes, schedules, memory_margin, no_confirm, executable, out,
-                 csv_path, as_json, json_out):
+                 pipeline_send, micro_batch_sizes, schedules, memory_margin, no_confirm,
+                 executable, out, csv_path, as_json, json_out):
     """Search parallel configurations; print the ranking and write the best plan."""
     import sys
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import click
 
 from merak_sim.config import ATTENTIONS, DTYPES, TP_OVERLAPS
+from merak_sim.costs.comm import PIPELINE_SENDS
 from merak_sim.schedule import SCHEDULES
 
 from .options import (
-    POSITIVE,
     ORDER_HELP,
-    PIPELINE_SEND_CHOICES,
     PIPELINE_SEND_HELP,
+    POSITIVE,
     AliasOption,
     check_work,
     check_writable,
@@ -119,7 +119,7 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
 @click.option("--cp", type=POSITIVE, default=None,
               help="Context-parallel degree (ring attention; default 1).")
 @click.option("--order", default=None, help=ORDER_HELP)
-@click.option("--pipeline-send", type=click.Choice(PIPELINE_SEND_CHOICES), default=None,
+@click.option("--pipeline-send", type=click.Choice(PIPELINE_SENDS), default=None,
               help=PIPELINE_SEND_HELP)
 @click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
               show_default=True, help="Attention kernel (auto: flash on GPU presets, the "
@@ -154,8 +154,9 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
               help="Write a Gantt chart (and FILE-memory.png with memory over time).")
 def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_overlap,
                      tp_overlap_parts, zero, zero_group, attention, overlap_param_gather,
-                     dtype, pipeline_send, trace_file, mode, engine, contention, overlap_dp, sub_cluster,
-                     slow_gpu, degrade_link, as_json, json_out, chrome_trace, plot, **given):
+                     dtype, pipeline_send, trace_file, mode, engine, contention, overlap_dp,
+                     sub_cluster, slow_gpu, degrade_link, as_json, json_out, chrome_trace, plot,
+                     **given):
     """Simulate one training iteration: time, breakdown, FLOP/s and memory."""
     from pathlib import Path
 
@@ -196,8 +197,8 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
                                    "build") from None
         from merak_sim.costs.analytic import AnalyticCostModel
 
-        cost_model = TraceCostModel(trace_file, fallback=AnalyticCostModel(
-            pipeline_send=pipeline_send or "full"))
+        cost_model = TraceCostModel(trace_file, fallback=None if pipeline_send is None
+                                    else AnalyticCostModel(pipeline_send=pipeline_send))
     res = simulate(
         model, cluster, cfg, nodes=nodes, cost_model=cost_model, mode=mode, engine=engine,
         contention=contention, overlap_dp=overlap_dp, sub_cluster=sub_cluster,

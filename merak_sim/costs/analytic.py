@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 from merak_sim.allocator_memory import reserved_bytes
 from merak_sim.costs.attention_choice import attention_profile, resolve_attention
 from merak_sim.costs.base import CostTable, StageCost
-from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, collective_time, group_ranks
-from merak_sim.costs.comm import pipeline_send_time, stage_placement
+from merak_sim.costs.comm import CostModelError, collective_time, group_ranks
+from merak_sim.costs.comm import check_pipeline_send, pipeline_send_time, stage_placement
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.costs.framework import DEFAULT_FRAMEWORK, FrameworkKernels
 from merak_sim.costs.kernels import KernelEfficiency, default_kernels
@@ -114,9 +114,7 @@ class AnalyticCostModel:
         self.profile = profile
         self.partition_method = partition_method
         self._comm = collectives or collective_time
-        if pipeline_send not in PIPELINE_SENDS:
-            raise CostModelError(f"unknown pipeline send {pipeline_send!r}; choose one of: "
-                                 f"{', '.join(PIPELINE_SENDS)}")
+        check_pipeline_send(pipeline_send)
         self.pipeline_send = pipeline_send
         self.kernels = kernels
         self.framework = framework

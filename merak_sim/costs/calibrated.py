@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.base import CostTable
 from merak_sim.costs.calibrated_hopper import hopper_calibration
-from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, measured_collectives
+from merak_sim.costs.comm import check_pipeline_send, measured_collectives
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.costs.nccl import nccl_table_for
 from merak_sim.hardware import Cluster
@@ -79,9 +79,8 @@ class CalibratedCostModel:
     """
 
     def __init__(self, pipeline_send: str | None = None) -> None:
-        if pipeline_send is not None and pipeline_send not in PIPELINE_SENDS:
-            raise CostModelError(f"unknown pipeline send {pipeline_send!r}; choose one of: "
-                                 f"{', '.join(PIPELINE_SENDS)}")
+        if pipeline_send is not None:
+            check_pipeline_send(pipeline_send)
         self.pipeline_send = pipeline_send
         self._by_gpu: dict[tuple[str, str], AnalyticCostModel] = {}
 
@@ -95,10 +94,9 @@ class CalibratedCostModel:
             eff, kernels = hopper_calibration(name, eff)
             table = nccl_table_for(cluster.name)
             send = self.pipeline_send or ("full" if table is None else "scatter-gather")
-            m = (AnalyticCostModel(efficiency=eff, kernels=kernels, pipeline_send=send)
-                 if table is None else
-                 AnalyticCostModel(efficiency=eff, collectives=measured_collectives(table),
-                                   pipeline_send=send, kernels=kernels))
+            m = AnalyticCostModel(
+                efficiency=eff, kernels=kernels, pipeline_send=send,
+                collectives=None if table is None else measured_collectives(table))
             self._by_gpu[(name, cluster.name)] = m
         return m
 

@@ -46,10 +46,11 @@ from typing import Any
 from merak_sim.costs.nccl import NcclTable
 from merak_sim.costs.ring import clear_ring_cache
 from merak_sim.hardware import Cluster
-from merak_sim.layout import DEFAULT_ORDER, RankLayout, node_of
+from merak_sim.layout import RankLayout, layout_key, node_of
 from merak_sim.memo import PROCESS_MEMO_ENTRIES, IdentityMemo
 
-__all__ = ["COLLECTIVES", "PIPELINE_SENDS", "CostModelError", "clear_caches",
+__all__ = ["COLLECTIVES", "PIPELINE_SENDS", "CostModelError", "check_pipeline_send",
+           "clear_caches",
            "collective_algorithm", "collective_time",
            "group_ranks", "group_shape", "inter_bandwidth_per_gpu", "measured_collectives",
            "pipeline_send_time", "stage_placement"]
@@ -67,20 +68,22 @@ def group_ranks(kind: str, config: Any, pp_rank: int = 0, dp_rank: int = 0,
                 tp_rank: int = 0) -> tuple[int, ...]:
     """Global ranks of the ``kind`` group ("tp", "dp", "pp", "tied") of ``config``'s
     :class:`~merak_sim.layout.RankLayout` containing the given coordinates."""
-    key = (config.dp, config.tp, config.pp, getattr(config, "cp", 1), pp_rank, dp_rank,
-           tp_rank)
-    order = getattr(config, "order", DEFAULT_ORDER)
-    if all(type(x) is int for x in key) and type(order) is str:
+    key = layout_key(config)
+    if key is not None and all(type(x) is int for x in (pp_rank, dp_rank, tp_rank)):
         # Memoised on the values (a cost table asks for the same groups per stage);
         # only plain values, so one the layout rejects is never answered from it.
-        return _group_ranks(kind, *key, order)
-    return _group_ranks.__wrapped__(kind, *key, order)
+        return _group_ranks(kind, *key, pp_rank, dp_rank, tp_rank)
+    return _group_in(kind, RankLayout.of(config), pp_rank, dp_rank, tp_rank)
 
 
 @lru_cache(maxsize=65536)
-def _group_ranks(kind: str, dp: int, tp: int, pp: int, cp: int, pp_rank: int,
-                 dp_rank: int, tp_rank: int, order: str) -> tuple[int, ...]:
-    layout = RankLayout(dp, tp, pp, cp, order)
+def _group_ranks(kind: str, dp: int, tp: int, pp: int, cp: int, order: str, pp_rank: int,
+                 dp_rank: int, tp_rank: int) -> tuple[int, ...]:
+    return _group_in(kind, RankLayout(dp, tp, pp, cp, order), pp_rank, dp_rank, tp_rank)
+
+
+def _group_in(kind: str, layout: RankLayout, pp_rank: int, dp_rank: int,
+              tp_rank: int) -> tuple[int, ...]:
     try:
         return layout.group(kind, layout.rank(pp_rank, dp_rank, tp_rank))
     except ValueError as e:
@@ -164,14 +167,20 @@ def measured_collectives(table: NcclTable) -> Callable[..., float]:
     return partial(collective_time, intra_table=table)
 
 
+def check_pipeline_send(mode: str) -> None:
+    """Raise CostModelError, naming the choices, unless ``mode`` is one of
+    :data:`PIPELINE_SENDS`."""
+    if mode not in PIPELINE_SENDS:
+        raise CostModelError(f"unknown pipeline send {mode!r}; choose one of: "
+                             f"{', '.join(PIPELINE_SENDS)}")
+
+
 def pipeline_send_time(mode: str, nbytes: float, src_tp: tuple[int, ...],
                        dst_tp: tuple[int, ...], cluster: Cluster,
                        comm: Callable[..., float] = collective_time) -> float:
     """Seconds to move one stage's activation of ``nbytes`` from TP group ``src_tp`` to
     TP group ``dst_tp`` (module docstring; ``comm`` prices the pieces)."""
-    if mode not in PIPELINE_SENDS:
-        raise CostModelError(f"unknown pipeline send {mode!r}; choose one of: "
-                             f"{', '.join(PIPELINE_SENDS)}")
+    check_pipeline_send(mode)
     a, b = src_tp[0], dst_tp[0]
     if a == b:
         return 0.0

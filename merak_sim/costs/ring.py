@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from merak_sim.layout import DEFAULT_ORDER, RankLayout
+from merak_sim.layout import RankLayout, layout_key
 from merak_sim.memo import PROCESS_MEMO_ENTRIES, IdentityMemo
 
 __all__ = ["RingPass", "ring_steps", "ring_pass", "check_cp", "clear_ring_cache"]
@@ -66,13 +66,12 @@ def ring_pass(comm: Comm, cluster: Any, config: Any, pp_rank: int, kv_bytes: flo
     if xch == 0 or kv_bytes <= 0:
         return RingPass(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     # Memoised (a planner prices the same stages for many tables): on the values of
-    # the degrees and figures and the identity of ``comm`` and ``cluster``; plain ints
-    # only, so a layout the degrees break still raises, warm or cold.
-    degrees = (config.dp, config.tp, config.pp, cp, pp_rank)
-    order = getattr(config, "order", DEFAULT_ORDER)
-    if not all(type(x) is int for x in degrees) or type(order) is not str:
+    # the layout (degrees and order), the figures and the identity of ``comm`` and
+    # ``cluster``; plain values only, so a layout they break still raises, warm or cold.
+    key = layout_key(config)
+    if key is None or type(pp_rank) is not int:
         return _ring_pass(comm, cluster, config, pp_rank, kv_bytes, attn_fwd_s, attn_bwd_s)
-    return _PASSES.get((comm, cluster), (*degrees, order, kv_bytes, attn_fwd_s, attn_bwd_s),
+    return _PASSES.get((comm, cluster), (*key, pp_rank, kv_bytes, attn_fwd_s, attn_bwd_s),
                        _ring_pass, comm, cluster, config, pp_rank, kv_bytes, attn_fwd_s,
                        attn_bwd_s)
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from merak_sim.layout import DEFAULT_ORDER, RankLayout
+from merak_sim.layout import RankLayout, layout_key
 
 __all__ = ["FsdpPass", "sync_groups", "grad_sync_seconds", "fsdp_collectives", "fsdp_pass",
            "fsdp_working_bytes", "sixteen_bit_bytes"]
@@ -55,25 +55,24 @@ def sync_groups(config: Any, pp_rank: int, tp_rank: int = 0
     ``pp_rank`` (module docstring); the first shard group and the replicate group of
     its first rank."""
     shard = config.shard_group if config.zero else 0
-    key = (config.dp, config.tp, config.pp, getattr(config, "cp", 1), shard, pp_rank, tp_rank)
-    order = getattr(config, "order", DEFAULT_ORDER)
-    if all(type(x) is int for x in key) and type(order) is str:
+    key = layout_key(config)
+    if key is not None and all(type(x) is int for x in (shard, pp_rank, tp_rank)):
         # Memoised on the values: a planner asks for the same groups per stage of
         # every table (plain values only, so one the layout rejects still raises).
-        return _sync_groups_of(*key, order)
+        return _sync_groups_of(*key, shard, pp_rank, tp_rank)
     return _sync_groups(RankLayout.of(config), shard, pp_rank, tp_rank)
 
 
 @lru_cache(maxsize=4096)
-def _sync_groups_of(dp: int, tp: int, pp: int, cp: int, shard: int, pp_rank: int,
-                    tp_rank: int, order: str
+def _sync_groups_of(dp: int, tp: int, pp: int, cp: int, order: str, shard: int,
+                    pp_rank: int, tp_rank: int
                     ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    return _split(_sync_ranks_of(dp, tp, pp, cp, pp_rank, tp_rank, order), shard)
+    return _split(_sync_ranks_of(dp, tp, pp, cp, order, pp_rank, tp_rank), shard)
 
 
 @lru_cache(maxsize=4096)
-def _sync_ranks_of(dp: int, tp: int, pp: int, cp: int, pp_rank: int, tp_rank: int,
-                   order: str) -> tuple[int, ...]:
+def _sync_ranks_of(dp: int, tp: int, pp: int, cp: int, order: str, pp_rank: int,
+                   tp_rank: int) -> tuple[int, ...]:
     # Memoised apart from the shard group: ZeRO 0 and the sharded stages of one
     # layout synchronise over the same ranks.
     return _sync_ranks(RankLayout(dp, tp, pp, cp, order), pp_rank, tp_rank)

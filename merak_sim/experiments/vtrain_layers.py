@@ -86,9 +86,10 @@ def layer_lines(rows: Sequence[VTrainRow], times_s: Sequence[float],
     groups: dict[GroupKey, dict[int, float]] = {}
     repeated: set[GroupKey] = set()
     for r, t in zip(rows, times_s, strict=True):
-        g = groups.setdefault(group_key(r), {})
+        key = group_key(r)
+        g = groups.setdefault(key, {})
         if r.layers in g:
-            repeated.add(group_key(r))
+            repeated.add(key)
         g[r.layers] = t
     out = {}
     for key, pts in groups.items():

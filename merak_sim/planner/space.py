@@ -120,7 +120,7 @@ class SearchSpace:
                 raise ValueError(f"search space: {what} must not be empty")
         try:
             RankLayout(1, 1, 1, 1, self.order)
-        except (ValueError, AttributeError) as e:
+        except ValueError as e:
             raise ValueError(f"search space: {e}") from None
         if self.max_micro_batch_size < 1:
             raise ValueError("search space: max_micro_batch_size must be >= 1")
