@@ -36,7 +36,7 @@ from merak_exec.tensor_parallel import (
 from merak_sim.config import ParallelConfig
 from merak_sim.executable import unsupported
 
-__all__ = ["ParallelModel", "parallelize", "check_executable"]
+__all__ = ["ParallelModel", "parallelize", "check_executable", "materialize_layers"]
 
 
 @dataclass
@@ -157,11 +157,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     dtype = dtype or torch.float32
     # Materialise the kept layers only (a meta-device model gets storage and its own
     # init here); then shard them for TP, so every tp rank slices the same full layer.
-    for c in chunks:
-        if chain.materialize is not None:
-            chain.materialize(c, mesh.device, dtype)
-        else:
-            _materialize(c, mesh.device, dtype, chain.init_fn)
+    materialize_layers(chain, ranges, chunks, mesh.device, dtype)
     if config.tp > 1:
         mapping = tp_mapping if isinstance(tp_mapping, TPMapping) else FAMILY_MAPPINGS.get(
             tp_mapping or family or "")
@@ -400,6 +396,51 @@ def _part_groups(mesh: Mesh, config: ParallelConfig) -> list:
                 mine = g
         groups.append(mine)
     return groups
+
+
+def materialize_layers(chain: LayerChain, ranges: list[range], chunks, device: torch.device,
+                       dtype: torch.dtype) -> None:
+    """Give the local layers real storage on ``device`` in ``dtype``.
+
+    A meta-device layer is initialised under its own seed, derived from the process's
+    initial seed and its *global* layer index, so the model is the same whatever the
+    layout (one process, pp2, the V placement, ...) and the global random stream is
+    left untouched. Parameters shared by local layers (a tied embedding and LM head on
+    one rank) stay one tensor: ``to_empty`` would give each module its own copy."""
+    shared = _shared_parameters(chunks)
+    base = torch.initial_seed()
+    # the seed reaches the device's generator too; both are restored afterwards
+    gpus = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    for c in chunks:
+        for li, layer in zip(ranges[c.index], c.layers, strict=True):
+            with torch.random.fork_rng(devices=gpus):
+                torch.manual_seed((base + 1_000_003 * (li + 1)) % (1 << 63))
+                if chain.materialize is not None:
+                    chain.materialize(layer, device, dtype)
+                else:
+                    _materialize(layer, device, dtype, chain.init_fn)
+    for places in shared:
+        first = getattr(*places[0])
+        for owner, name in places[1:]:
+            setattr(owner, name, first)
+
+
+def _shared_parameters(chunks) -> list[list[tuple[nn.Module, str]]]:
+    """Every parameter held by more than one (module, attribute) of the local chunks,
+    as the list of its places, the first place first."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for c in chunks:
+        for layer in c.layers:
+            for mod in layer.modules():
+                for name, p in mod.named_parameters(recurse=False, remove_duplicate=False):
+                    places.setdefault(id(p), []).append((mod, name))
+    out = []
+    for found in places.values():
+        unique = list(dict.fromkeys(found))  # a module reached twice is one place
+        if len(unique) > 1:
+            out.append(unique)
+    return out
 
 
 def _materialize(module: nn.Module, device: torch.device, dtype: torch.dtype,

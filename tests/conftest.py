@@ -16,6 +16,7 @@ SHARED_LAUNCHES = {"equivalence", "two_rank_scenarios"}
 SHARED_LAUNCH_MODULES = {"test_exec_fsdp", "test_exec_measure", "test_exec_parallel",
                          "test_exec_scenarios", "test_exec_sp_selective", "test_exec_v_shape",
                          "test_exec_zero", "test_runtime_hooks", "test_tp_replicas",
+                         "test_exec_meta_tie",
                          "test_faults", "test_validation_e2e"}
 #: Modules whose tests share nothing (each starts its own process): xdist may spread
 #: them over its workers one test at a time.

@@ -70,10 +70,13 @@ class _CustomBlock(torch.nn.Module):
         return x + gate * self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
 
 
-def build_model(kind: str, n_layer: int = 4):
-    """A tiny model of the given family ("gpt", "gpt2", "llama", "custom"), seeded
-    identically."""
+def build_model(kind: str, n_layer: int = 4, meta: bool = False):
+    """A tiny model of the given family ("gpt", "gpt2", "llama", "llama-tied" with tied
+    embeddings, "custom"), seeded identically; on the meta device if ``meta``."""
     torch.manual_seed(0)
+    if meta:
+        with torch.device("meta"):
+            return build_model(kind, n_layer)
     if kind == "custom":
         return CustomLM(n_layer=n_layer)
     if kind == "gpt":
@@ -90,25 +93,34 @@ def build_model(kind: str, n_layer: int = 4):
                                           n_layer=n_layer, n_head=4, resid_pdrop=0.0,
                                           embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
                                           eos_token_id=0))
-    if kind == "llama":
+    if kind in ("llama", "llama-tied"):
         from transformers import LlamaConfig, LlamaForCausalLM
 
         return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16,
                                             intermediate_size=32, num_hidden_layers=n_layer,
                                             num_attention_heads=4, num_key_value_heads=2,
                                             max_position_embeddings=8, bos_token_id=0,
-                                            eos_token_id=0, pad_token_id=0))
+                                            eos_token_id=0, pad_token_id=0,
+                                            tie_word_embeddings=kind == "llama-tied"))
     raise ValueError(f"unknown test model {kind!r}")
 
 
-def reference_run(kind: str, n_layer: int, batches, pc, lr: float = 0.1):
+def reference_run(kind: str, n_layer: int, batches, pc, lr: float = 0.1,
+                  meta: bool = False):
     """Single-process training with the same model, data and loss scaling: returns
-    (losses, chain, grads of the last step keyed by parameter id)."""
+    (losses, chain, grads of the last step keyed by parameter id). A ``meta`` model is
+    materialised whole, as one stage, by the backend's own materialisation."""
     from merak_exec.capture import to_chain
+    from merak_exec.parallel import materialize_layers
+    from merak_exec.stages import build_stage
 
-    model = build_model(kind, n_layer)
+    model = build_model(kind, n_layer, meta)
     seq = batches[0][0].shape[1]
     chain, _ = to_chain(model, seq)
+    if meta:
+        whole = [range(len(chain.layers))]
+        materialize_layers(chain, whole, [build_stage(chain, whole, 0, lambda g: 0)],
+                           torch.device("cpu"), torch.float32)
     opt = RecordingSGD(model.parameters(), lr=lr)
     n_mb = pc.global_batch_size // pc.micro_batch_size
     losses = []

@@ -50,12 +50,17 @@ def run_case(case: dict, steps: int = 3) -> dict:
     mcfg = tiny_gpt_config(n_layer)
     seq = mcfg.n_positions
     batches = data(mcfg, pc.global_batch_size, seq, steps)
-    model = build_model(kind, n_layer)
+    meta = case.get("meta", False)
+    model = build_model(kind, n_layer, meta)
     pm = parallelize(model, pc, seq_len=seq, optimizer_fn=lambda ps: RecordingSGD(ps, lr=0.1),
                      partition=case.get("partition", "uniform"),
                      split_points=case.get("split_points"))
     losses = [pm.train_step(x, y).loss for x, y in batches]
-    ref_losses, ref_chain, ref_grads = reference_run(kind, n_layer, batches, pc)
+    ref_losses, ref_chain, ref_grads = reference_run(kind, n_layer, batches, pc, meta=meta)
+    local = {li: layer for c in pm.chunks for li, layer in zip(pm.ranges[c.index], c.layers,
+                                                              strict=True)}
+    untied = [f"{ni}/{nj}" for (i, ni), (j, nj) in ref_chain.tied if i in local and
+              j in local and local[i].get_parameter(ni) is not local[j].get_parameter(nj)]
     # ZeRO-1's optimizer steps shard pieces: its runs are judged by losses and parameters
     grads = {} if pc.zero else dict(zip([id(p) for p in pm.parameters()],
                                         pm.runtime.optimizer.last_grads, strict=True))
@@ -93,7 +98,7 @@ def run_case(case: dict, steps: int = 3) -> dict:
                     err_g = max(err_g, _rel(grads[id(p)], rg.detach()))
     err_l = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
     return {"name": case["name"], "loss": err_l, "grad": err_g, "param": err_p,
-            "losses": losses, "ref_losses": ref_losses,
+            "losses": losses, "ref_losses": ref_losses, "untied": untied,
             "events": len(pm.history[-1].events)}
 
 
@@ -135,6 +140,7 @@ def assert_equivalent(results: list, cases: list[dict], tol: float = 1e-5) -> No
         assert [r["name"] for r in rs] == [c["name"] for c in cases]
         for r in rs:
             assert r["events"] > 0
+            assert not r.get("untied"), f"rank {rank} case {r['name']}: {r['untied']} untied"
             for what in ("loss", "grad", "param"):
                 assert r[what] <= tol, f"rank {rank} case {r['name']}: {what} rel err {r[what]}"
             assert len(r["losses"]) == 3 and r["losses"][-1] != r["losses"][0]
