@@ -45,10 +45,9 @@ from torch import nn
 from merak_exec.mesh import ExecError, timed_collective
 from merak_exec.sub_pipelined import current_tp_group, on_side_stream
 
-__all__ = ["TPMapping", "FAMILY_MAPPINGS", "ColumnParallelLinear", "RowParallelLinear",
-           "VocabParallelEmbedding", "vocab_parallel_lm_loss", "apply_tensor_parallel",
-           "scatter_to_sequence",
-           "gather_from_sequence"]
+__all__ = ["TPMapping", "FAMILY_MAPPINGS", "ShardView", "ColumnParallelLinear",
+           "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_lm_loss",
+           "apply_tensor_parallel", "scatter_to_sequence", "gather_from_sequence"]
 
 def _tp_all_reduce(x: torch.Tensor, group, what: str, on_stream: bool) -> None:
     """Sum ``x`` over ``group`` in place. For a part on a CUDA side stream
@@ -162,6 +161,46 @@ def gather_from_sequence(x: torch.Tensor, group) -> torch.Tensor:
     return _GatherFromSeq.apply(x, current_tp_group(group))
 
 
+@dataclass(frozen=True)
+class ShardView:
+    """Where a tensor-parallel parameter sits in the parameter it was cut from.
+
+    The local tensor is ``full`` (transposed first when ``transpose``: a HuggingFace
+    Conv1D stores ``[in, out]`` while the shard is kept as ``[out, in]``) restricted
+    along ``dim`` to the concatenation of ``spans`` (half-open index ranges): one span
+    for a plain column, row or vocabulary split, one per projection for a fused q/k/v.
+    Checkpoints store parameters by this view, so they reshard to any tp degree."""
+
+    full_shape: tuple[int, ...]
+    transpose: bool
+    dim: int
+    spans: tuple[tuple[int, int], ...]
+
+    def take(self, full: torch.Tensor) -> torch.Tensor:
+        """This shard of ``full`` (a tensor of ``full_shape``), as a new tensor."""
+        t = full.t() if self.transpose else full
+        return torch.cat([t.narrow(self.dim, a, b - a) for a, b in self.spans], self.dim)
+
+    def put(self, full: torch.Tensor, shard: torch.Tensor) -> None:
+        """Write ``shard`` into its place in ``full`` (in place)."""
+        t = full.t() if self.transpose else full
+        off = 0
+        for a, b in self.spans:
+            t.narrow(self.dim, a, b - a).copy_(shard.narrow(self.dim, off, b - a))
+            off += b - a
+
+    def to_dict(self) -> dict:
+        """A JSON-ready form (:meth:`from_dict` reads it back)."""
+        return {"full_shape": list(self.full_shape), "transpose": self.transpose,
+                "dim": self.dim, "spans": [list(s) for s in self.spans]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ShardView:
+        """The view :meth:`to_dict` wrote."""
+        return cls(tuple(d["full_shape"]), bool(d["transpose"]), int(d["dim"]),
+                   tuple((int(a), int(b)) for a, b in d["spans"]))
+
+
 def _weight_bias(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight [out, in], bias) of an nn.Linear or a HuggingFace Conv1D ([in, out])."""
     w = mod.weight.detach()
@@ -191,13 +230,18 @@ class ColumnParallelLinear(nn.Module):
             raise ExecError(f"column-parallel linear with {out} outputs is not divisible by "
                             f"tp={tp}" + (f" x {fused} fused parts" if fused > 1 else ""))
         n = out // (tp * fused)
-        rows = torch.cat([torch.arange(f * out // fused + rank * n, f * out // fused +
-                                       (rank + 1) * n) for f in range(fused)])
+        spans = tuple((f * out // fused + rank * n, f * out // fused + (rank + 1) * n)
+                      for f in range(fused))
+        conv = type(linear).__name__ == "Conv1D"
         self.group = group
         self.fused = fused
         self.sequence_parallel = False
-        self.weight = nn.Parameter(w[rows].clone())
-        self.bias = nn.Parameter(b[rows].clone()) if b is not None else None
+        self.shard_views = {"weight": ShardView(tuple(linear.weight.shape), conv, 0, spans)}
+        self.weight = nn.Parameter(self.shard_views["weight"].take(linear.weight.detach()))
+        self.bias = None
+        if b is not None:
+            self.shard_views["bias"] = ShardView(tuple(b.shape), False, 0, spans)
+            self.bias = nn.Parameter(self.shard_views["bias"].take(b))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Replicated input -> this rank's slice of the output features. Under sequence
@@ -220,8 +264,11 @@ class RowParallelLinear(nn.Module):
         n = inp // tp
         self.group = group
         self.sequence_parallel = False
-        self.weight = nn.Parameter(w[:, rank * n:(rank + 1) * n].clone())
-        self.bias = nn.Parameter(b.clone()) if b is not None else None
+        conv = type(linear).__name__ == "Conv1D"
+        self.shard_views = {"weight": ShardView(tuple(linear.weight.shape), conv, 1,
+                                          ((rank * n, (rank + 1) * n),))}
+        self.weight = nn.Parameter(self.shard_views["weight"].take(linear.weight.detach()))
+        self.bias = nn.Parameter(b.clone()) if b is not None else None  # replicated
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the input features -> full output (summed over tp;
@@ -246,7 +293,9 @@ class VocabParallelEmbedding(nn.Module):
                             "to a multiple of tp")
         n = V // tp
         self.group, self.start, self.end = group, rank * n, (rank + 1) * n
-        self.weight = nn.Parameter(emb.weight.detach()[self.start:self.end].clone())
+        self.shard_views = {"weight": ShardView(tuple(emb.weight.shape), False, 0,
+                                          ((self.start, self.end),))}
+        self.weight = nn.Parameter(self.shard_views["weight"].take(emb.weight.detach()))
         pad = emb.padding_idx  # its row gets no gradient, as in nn.Embedding
         self.padding_idx = pad - self.start if pad is not None and \
             self.start <= pad < self.end else None

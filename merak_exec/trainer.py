@@ -10,8 +10,8 @@
 field) and starts torch.distributed; ``Trainer`` parallelises the unmodified model,
 feeds it global batches built deterministically from ``train_dataset`` (every rank
 builds the same global batch and keeps its data-parallel slice), logs the loss,
-saves DCP checkpoints every ``save_steps`` (keeping ``save_total_limit``) and resumes
-from one. Labels follow HuggingFace: aligned with the inputs (the loss shifts them),
+saves checkpoints every ``save_steps`` (keeping ``save_total_limit``) and resumes
+from one, at any layout. Labels follow HuggingFace: aligned with the inputs (the loss shifts them),
 missing labels mean the input ids, -100 is ignored, right padding is masked.
 """
 
@@ -224,13 +224,19 @@ class Trainer:
             lr_schedule=lr_lambda(args.lr_scheduler_type, warmup, self.max_steps))
         self.step = 0
 
-    def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Global batch of iteration ``step``: a seeded permutation per epoch."""
+    def _batch(self, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global batch after ``samples`` samples consumed: the next B entries of a
+        seeded permutation per epoch (an epoch is every full global batch of the
+        dataset). Counting samples, not steps, keeps the data position when a run
+        resumes with another global batch size."""
         n, B = len(self.dataset), self.config.global_batch_size
-        per_epoch = n // B
-        epoch, k = divmod(step, per_epoch)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.args.seed + epoch))
-        idx = perm[k * B:(k + 1) * B].tolist()
+        per_epoch = (n // B) * B
+        idx: list[int] = []
+        while len(idx) < B:
+            epoch, k = divmod(samples + len(idx), per_epoch)
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(
+                self.args.seed + epoch))
+            idx += perm[k:min(per_epoch, k + B - len(idx))].tolist()
         pairs = [pad_sample(i, self.dataset[i], self.seq, self.args.pad_token_id) for i in idx]
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
@@ -246,22 +252,28 @@ class Trainer:
                 raise ExecError(f"resume_from_checkpoint=True but {a.output_dir} has no "
                                 "checkpoint-<step> directory")
             resume = str(found[-1])
+        B = self.config.global_batch_size
+        samples = self.step * B
         if resume:
-            self.step = load_checkpoint(pm, resume)  # the LR schedule's iteration too
+            restored = load_checkpoint(pm, resume)  # the LR schedule's iteration too
+            self.step = restored.step
+            samples = restored.samples if restored.samples is not None else self.step * B
         losses, times = [], []
         rank0 = pm.mesh.rank == 0
         while self.step < self.max_steps:
-            ids, labels = self._batch(self.step)
+            ids, labels = self._batch(samples)
             t = time.perf_counter()
             out = pm.train_step(ids, labels)
             times.append(time.perf_counter() - t)
             losses.append(out.loss)
             self.step += 1
+            samples += B
             if rank0 and a.logging_steps and self.step % a.logging_steps == 0:
                 print(f"step {self.step} loss {out.loss:.6f} time {times[-1] * 1e3:.1f} ms"
                       + _opt_log(pm.runtime.optimizer), flush=True)
             if a.save_steps and self.step % a.save_steps == 0:
-                save_checkpoint(pm, f"{a.output_dir}/checkpoint-{self.step}", self.step)
+                save_checkpoint(pm, f"{a.output_dir}/checkpoint-{self.step}", self.step,
+                                samples)
                 if rank0 and a.save_total_limit:
                     rotate_checkpoints(a.output_dir, a.save_total_limit)
         events = gather_events(pm)

@@ -23,7 +23,7 @@ def test_resume_reproduces_uninterrupted_losses_and_bad_checkpoints_fail(tmp_pat
         # (weights, AdamW state, RNG with dropout 0.1, step) can make these equal
         assert r["resumed"] == pytest.approx(r["full"][2:], rel=1e-6)
         assert "no checkpoint at" in r["errors"]["missing"]
-        assert "unreadable" in r["errors"]["corrupt"]
+        assert "truncated or replaced" in r["errors"]["corrupt"]
         assert all("\n" not in m for m in r["errors"].values())
 
 

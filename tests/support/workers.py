@@ -188,7 +188,7 @@ def scenario_resume(rank: int, arg: dict) -> dict:
         errors["missing"] = str(e)
     torch.distributed.barrier()
     if rank == 0:
-        for f in glob.glob(f"{out}/checkpoint-2/*.distcp"):
+        for f in glob.glob(f"{out}/checkpoint-2/*.safetensors"):
             with open(f, "r+b") as fh:
                 fh.truncate(16)
     torch.distributed.barrier()
