@@ -30,6 +30,9 @@ def dispatch_command(plan_file, launcher, nodes, gpus_per_node, script, out_dir,
                      partition, output, force):
     """Write a torchrun launch script or an sbatch file, plus the config file
     (plan.json) the real backend reads."""
+    from .options import check_writable
+
+    check_writable(("--out", out_dir), folder=True)
     plan = Plan.load(plan_file)
     files = write_launch(plan, launcher, nodes, gpus_per_node, out_dir, script, force=force,
                          time=time_limit, partition=partition, output=output)

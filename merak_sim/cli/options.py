@@ -6,7 +6,8 @@ before any work starts.
 - :func:`parse_recompute` is the one recompute syntax (``none``, ``full``,
   ``selective``, ``stage-aware``, ``stage-aware:C0``, ``stage-aware:c0,c1,...``).
 - :func:`check_writable` proves every output path can be written before a command
-  computes anything, without leaving a file or folder behind.
+  computes anything, without leaving a file or folder behind
+  (:func:`merak_sim.io.check_output_path`, shared with merak-exec).
 - :func:`check_work` refuses inputs whose work would take minutes, naming the limit.
 - :func:`emit_json` is ``--json`` (print) and ``--json-out FILE`` (write atomically).
 """
@@ -14,14 +15,12 @@ before any work starts.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import click
 
+from merak_sim.io import OutputPathError, check_output_path
 from merak_sim.progress import WORK_LIMIT
 
 __all__ = ["ORDER_HELP", "PIPELINE_SEND_HELP", "AliasOption", "Recompute", "parse_recompute",
@@ -123,35 +122,17 @@ def parse_recompute(text: str) -> Recompute:
                                                                           fractions=vals)
 
 
-def _nearest_existing(p: Path) -> Path:
-    for parent in (p, *p.parents):
-        if parent.exists():
-            return parent
-    return Path(".")
-
-
 def check_writable(*named: tuple[str, str | None], folder: bool = False) -> None:
     """Fail with a one-line usage error unless every ``(flag, path)`` given can be
-    written. Probes with a temporary file in the nearest folder that exists (the
-    writers create missing folders), then removes it: nothing is left behind."""
+    written (:func:`merak_sim.io.check_output_path`, the checker merak-exec uses too:
+    no device, FIFO, socket or directory is replaced; nothing is left behind)."""
     for flag, path in named:
         if path is None:
             continue
-        p = Path(path)
-        if not folder and p.is_dir():
-            raise click.UsageError(f"{flag} {path}: is a folder, give a file name")
-        if folder and p.exists() and not p.is_dir():
-            raise click.UsageError(f"{flag} {path}: is a file, give a folder")
-        base = _nearest_existing(p if folder else p.parent)
-        if not base.is_dir():
-            raise click.UsageError(f"{flag} {path}: {base} is not a folder")
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".merak-probe.", dir=base)
-            os.close(fd)
-            os.unlink(tmp)
-        except OSError as e:
-            raise click.UsageError(f"{flag} {path}: cannot write there "
-                                   f"({e.strerror or e})") from None
+            check_output_path(path, folder=folder)
+        except OutputPathError as e:
+            raise click.UsageError(f"{flag} {e}") from None
 
 
 def check_work(units: int, what: str, fix: str) -> None:

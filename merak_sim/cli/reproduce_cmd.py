@@ -57,6 +57,8 @@ def reproduce_command(paper, out, models, cluster, global_batch_size, top_k, reg
     from merak_sim.hardware import get_cluster
     from merak_sim.io import atomic_write_text
 
+    from .options import check_writable
+
     t0 = time.perf_counter()
     names = PAPER_MODELS if models is None else tuple(
         m.strip() for m in models.split(",") if m.strip())
@@ -68,6 +70,7 @@ def reproduce_command(paper, out, models, cluster, global_batch_size, top_k, reg
         raise click.UsageError(f"--top must be >= 1, got {top_k}")
     check_models(names)
     get_cluster(cluster)
+    check_writable(("--out", out), folder=True)
     levels = MEMORY_LEVELS_GB if memory_levels is None else _levels(memory_levels)
     gbs = global_batch_size or DEFAULT_GLOBAL_BATCH
     # Progress goes to stderr, one line per system and regime cell (stdout stays JSON).
