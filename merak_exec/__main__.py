@@ -10,9 +10,9 @@ lost peer) ends every rank with one line ``merak-exec: error: ...`` and exit sta
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import click
@@ -22,26 +22,40 @@ __all__ = ["main", "cli"]
 _POS = click.IntRange(min=1)
 
 
-def _check_writable(path: str | None, flag: str) -> None:
-    """Fail now, not after the work, when ``path`` cannot be written (a probe file is
-    created and removed in its nearest existing folder; missing folders are made by
-    the atomic write later)."""
+class _Finite(click.FloatRange):
+    """A FloatRange that also refuses nan and infinities (nan passes click's bounds)."""
+
+    def convert(self, value, param, ctx):
+        """The number, or a usage error naming it when it is not finite."""
+        v = super().convert(value, param, ctx)
+        if not math.isfinite(v):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return v
+
+
+def _learning_rate(ctx, param, value: float) -> float:
+    """--lr within TrainingArguments' range (at most LEARNING_RATE_MAX)."""
+    from merak_exec.inputs import LEARNING_RATE_MAX
+
+    if value > LEARNING_RATE_MAX:
+        raise click.BadParameter(f"{value:g} is above {LEARNING_RATE_MAX:g}: AdamW moves each "
+                                 "weight by about the learning rate per step, so training "
+                                 "diverges; use e.g. 1e-3")
+    return value
+
+
+def _check_writable(path: str | None, flag: str, folder: bool = False) -> None:
+    """Fail now, not after the work, when ``path`` cannot be written: the one output
+    checker both command lines use (:func:`merak_sim.io.check_output_path`: no device,
+    FIFO, socket or directory is replaced, nothing is left behind)."""
+    from merak_sim.io import OutputPathError, check_output_path
+
     if path is None:
         return
-    p = Path(path)
-    if p.is_dir():
-        raise click.BadParameter(f"{path} is a directory", param_hint=flag)
-    folder = p.absolute().parent
-    while not folder.exists():
-        folder = folder.parent
     try:
-        if not folder.is_dir():
-            raise NotADirectoryError(f"{folder} is not a directory")
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise click.BadParameter(f"cannot write {path}: {e.strerror or e}",
-                                 param_hint=flag) from None
+        check_output_path(path, folder=folder)
+    except OutputPathError as e:
+        raise click.UsageError(f"{flag} {e}") from None
 
 
 def _aliases(**old_names):
@@ -72,7 +86,7 @@ _MODEL_OPTS = [
     click.option("--heads", type=_POS, default=4, show_default=True),
     click.option("--vocab", type=_POS, default=256, show_default=True),
     click.option("--seq", type=_POS, default=32, show_default=True),
-    click.option("--dropout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
+    click.option("--dropout", type=_Finite(0.0, 1.0, max_open=True), default=0.0,
                  show_default=True),
 ]
 
@@ -114,8 +128,8 @@ def cli() -> None:
 @click.option("--mbs", "mbs_alias", type=_POS, default=None, hidden=True)
 @click.option("--microbatches", type=_POS, default=4, show_default=True, help="per pipeline (M)")
 @click.option("--steps", type=_POS, default=10, show_default=True)
-@click.option("--lr", type=click.FloatRange(min=0.0, min_open=True), default=1e-3,
-              show_default=True)
+@click.option("--lr", type=_Finite(min=0.0, min_open=True), default=1e-3, show_default=True,
+              callback=_learning_rate, help="AdamW learning rate, at most 1")
 @click.option("--save-dir", default=None, help="checkpoint directory root")
 @click.option("--save-every", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--resume", default=None, help="checkpoint to resume from")
@@ -141,13 +155,10 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_
     schedule, recompute, TP overlap) is what runs."""
     from merak_exec.builders import build_model, model_from_spec, parameter_count
     from merak_exec.mesh import ExecError
-    from merak_sim.config import ParallelConfig
-    from merak_sim.executable import unsupported
 
     # Every value checked before any work: outputs, inputs, the configuration.
     _check_writable(trace_path, "--chrome-trace")
-    if save_dir is not None:
-        _check_writable(str(Path(save_dir) / "probe"), "--save-dir")
+    _check_writable(save_dir, "--save-dir", folder=True)
     if resume is not None and not Path(resume).exists():
         raise click.BadParameter(f"{resume} does not exist", param_hint="--resume")
     try:
@@ -155,23 +166,13 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_
     except ValueError:
         raise click.BadParameter("comma-separated integers, got " + repr(split_points),
                                  param_hint="--split-points") from None
-    spec = None
-    if plan_path is not None:
-        from merak_sim.plan import Plan
-        from merak_sim.resolve import resolve_model
-
-        plan = Plan.load(plan_path)
-        spec, config = resolve_model(plan.model), plan.parallel
-    else:
-        config = ParallelConfig(dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages,
-                                micro_batch_size=mbs, global_batch_size=mbs * microbatches * dp,
-                                schedule=schedule, recompute=recompute, tp_overlap=tp_overlap,
-                                zero=zero, sequence_parallel=sequence_parallel, dtype=dtype,
-                                order=order)
-    why = unsupported(config, spec)
-    if why:
-        raise ExecError(f"cannot run this {'plan' if spec else 'configuration'}: {why}")
-    config.build_schedule()  # the schedule's requirements, before starting ranks
+    flags = dict(kind=kind, layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq,
+                 dropout=dropout)
+    spec, config = _checked_run(plan_path, flags, dict(
+        dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages, micro_batch_size=mbs,
+        global_batch_size=mbs * microbatches * dp, schedule=schedule, recompute=recompute,
+        tp_overlap=tp_overlap, zero=zero, sequence_parallel=sequence_parallel, dtype=dtype,
+        order=order))
 
     import torch
 
@@ -202,6 +203,46 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_
     if torch.distributed.get_rank() == 0 and res.step_times_s:
         click.echo(f"median step {res.iteration_time_s * 1e3:.2f} ms, first loss "
                    f"{res.losses[0]:.5f}, final loss {res.losses[-1]:.5f}")
+
+
+def _checked_run(plan_path: str | None, flags: dict, degrees: dict):
+    """(the plan's model spec or None, the ParallelConfig) of a train command, after
+    every check that needs no rank: the configuration and its schedule, the model's
+    shape against tp, and its memory and CPU time against this machine
+    (:func:`merak_exec.builders.check_resources`)."""
+    from merak_exec.builders import check_resources, check_shape, spec_from_flags
+    from merak_exec.mesh import ExecError
+    from merak_sim.config import ParallelConfig
+    from merak_sim.executable import unsupported
+
+    spec = None
+    if plan_path is not None:
+        from merak_sim.plan import Plan
+        from merak_sim.resolve import resolve_model
+
+        plan = Plan.load(plan_path)
+        spec, config = resolve_model(plan.model), plan.parallel
+    else:
+        config = ParallelConfig(**degrees)
+    why = unsupported(config, spec)
+    if why:
+        raise ExecError(f"cannot run this {'plan' if spec else 'configuration'}: {why}")
+    config.build_schedule()  # the schedule's requirements, before starting ranks
+    shape = spec or spec_from_flags(**flags)
+    check_shape(shape.family, shape.hidden, shape.heads, shape.kv_heads, shape.ffn_hidden,
+                shape.vocab, config.tp)
+    check_resources(config, _rank_device(), spec=shape)
+    return spec, config
+
+
+def _rank_device() -> str:
+    """The device this rank will train on (as merak_exec.mesh picks it), before
+    torch.distributed starts."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{os.environ.get('LOCAL_RANK', os.environ.get('SLURM_LOCALID', '0'))}"
 
 
 @cli.command()
@@ -240,6 +281,8 @@ def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats
     mbs_list = _positive_ints(mbs, "--micro-batch-size")
     seq_list = _positive_ints(seqs or str(seq), "--seqs")
     device = _device(device)
+    _check_profile_size(kind, layers, hidden, heads, vocab, max(seq_list), max(mbs_list),
+                        dtype, device)
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -269,6 +312,18 @@ def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats
                        f"{c.seconds * 1e3:7.3f} ms")
     write_trace(trace, out_path)
     click.echo(f"wrote {out_path}")
+
+
+def _check_profile_size(kind: str, layers: int, hidden: int, heads: int, vocab: int,
+                        seq: int, mbs: int, dtype: str, device: str) -> None:
+    """The profiled model's shape, memory and CPU time checked as train checks them
+    (one micro-batch of the largest size on one device), before anything is built."""
+    from merak_exec.builders import check_resources, spec_from_flags
+    from merak_sim.config import ParallelConfig
+
+    spec = spec_from_flags(kind, layers, hidden, heads, vocab, seq, 0.0)
+    check_resources(ParallelConfig(micro_batch_size=mbs, global_batch_size=mbs, dtype=dtype),
+                    device, spec=spec)
 
 
 def _positive_ints(text: str, flag: str) -> list[int]:

@@ -18,6 +18,7 @@ missing labels mean the input ids, -100 is ignored, right padding is masked.
 from __future__ import annotations
 
 import math
+import numbers
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,14 @@ import torch
 
 from merak_exec.checkpoint import load_checkpoint, save_checkpoint
 from merak_exec.mesh import ExecError, Mesh, bounded, build_mesh, init_distributed
+from merak_exec.inputs import (
+    argument_problems,
+    check_first_batch,
+    check_inputs,
+    check_model_fits,
+    sample_tensors,
+    vocab_size,
+)
 from merak_exec.optim import TrainingOptimizer, decay_groups, lr_lambda
 from merak_exec.parallel import ParallelModel, parallelize
 from merak_exec.result import RunResult
@@ -124,9 +133,22 @@ class TrainingArguments:
     trace_path: str | None = None
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Refuse, at construction and by name, a value outside its range (HuggingFace's
+        rules, and AdamW's for the optimizer fields); ExecError, a ValueError."""
+        problems = argument_problems(self)
+        if problems:
+            raise ExecError("TrainingArguments out of range: " + "; ".join(problems))
+
 
 def _check_args(a: TrainingArguments) -> None:
-    """Refuse, by name, the fields whose value this backend cannot honour."""
+    """Refuse, by name, the fields out of range (checked again: the arguments may have
+    changed since construction) and those whose value this backend cannot honour."""
+    if not isinstance(a, TrainingArguments):
+        raise ExecError(f"args must be merak_exec.TrainingArguments, got {type(a).__name__}")
+    out_of_range = argument_problems(a)
+    if out_of_range:
+        raise ExecError("TrainingArguments out of range: " + "; ".join(out_of_range))
     reports = [a.report_to] if isinstance(a.report_to, str) or a.report_to is None \
         else list(a.report_to)
     bad = [r for r in reports if r not in (None, "none")]
@@ -144,24 +166,12 @@ def _check_args(a: TrainingArguments) -> None:
         raise ExecError("TrainingArguments not supported by merak_exec: " + "; ".join(problems))
 
 
-def _to_sample(sample) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(input_ids, labels, attention_mask) of one item; labels default to input_ids."""
-    if isinstance(sample, dict):
-        ids = torch.as_tensor(sample["input_ids"])
-        labels = sample.get("labels")
-        labels = ids if labels is None else torch.as_tensor(labels)
-        mask = sample.get("attention_mask")
-        return ids, labels, None if mask is None else torch.as_tensor(mask)
-    ids, labels = sample
-    return torch.as_tensor(ids), torch.as_tensor(labels), None
-
-
 def pad_sample(i: int, sample, seq: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample ``i`` as (ids, labels) of length ``seq``: right padding (from its
     attention_mask, or for a shorter sample) gets ``pad_id`` and label -100. Causal
     attention never lets a real token see a later pad, so this equals HuggingFace's
     masked forward; left padding or a longer sample is refused in one line."""
-    ids, labels, mask = _to_sample(sample)
+    ids, labels, mask = sample_tensors(sample, i)
     n = ids.shape[-1]
     if labels.shape != ids.shape:
         raise ExecError(f"sample {i}: labels have {labels.shape[-1]} tokens, input_ids {n}; "
@@ -194,9 +204,7 @@ class Trainer:
     def __init__(self, model, args: TrainingArguments, train_dataset, optimizer_fn=None,
                  config: ParallelConfig | None = None, eval_dataset=None) -> None:
         _check_args(args)
-        if eval_dataset is not None:
-            raise ExecError("eval_dataset is not supported by merak_exec (no evaluation "
-                            "loop); pass train_dataset only")
+        check_inputs(model, args, train_dataset, eval_dataset)
         if config is None:
             if "degrees" not in _STATE:
                 init()
@@ -210,8 +218,10 @@ class Trainer:
             raise ExecError(f"dataset has {len(train_dataset)} samples, fewer than one global "
                             f"batch ({config.global_batch_size})")
         self.args, self.config, self.dataset = args, config, train_dataset
-        self.seq = args.seq_len or max(int(_to_sample(train_dataset[i])[0].shape[-1])
+        self.seq = args.seq_len or max(int(sample_tensors(train_dataset[i], i)[0].shape[-1])
                                        for i in range(len(train_dataset)))
+        check_model_fits(model, config, self.seq, mesh.device)
+        check_first_batch(*self._batch(0), vocab_size(model), config.micro_batch_size)
         self.max_steps = args.max_steps if args.max_steps > 0 else math.ceil(
             args.num_train_epochs * (len(train_dataset) // config.global_batch_size))
         warmup = args.warmup_steps or math.ceil(args.warmup_ratio * self.max_steps)
@@ -313,7 +323,13 @@ def checkpoints(output_dir: str) -> list[Path]:
 
 
 def rotate_checkpoints(output_dir: str, limit: int) -> None:
-    """Delete all but the ``limit`` newest checkpoints (HuggingFace's save_total_limit)."""
+    """Delete all but the ``limit`` newest checkpoints (HuggingFace's save_total_limit;
+    0 keeps them all, as HuggingFace does; a negative limit is refused, never read as
+    "all but the last -limit")."""
+    if not isinstance(limit, numbers.Integral) or isinstance(limit, bool) or limit < 0:
+        raise ExecError(f"save_total_limit={limit!r} must be None or an integer >= 0")
+    if limit == 0:
+        return
     for old in checkpoints(output_dir)[:-limit]:
         shutil.rmtree(old, ignore_errors=True)
 
