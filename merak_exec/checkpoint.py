@@ -276,7 +276,8 @@ def save_checkpoint(pm, path: str | os.PathLike, step: int, samples: int | None 
         try:
             header = {"step": step, "samples": samples if samples is not None else
                       step * pm.config.global_batch_size, "layout": _layout(pm),
-                      "model": _fingerprint(pm), "train": _train_state(pm)}
+                      "model": _fingerprint(pm), "train": _train_state(pm),
+                      "origin": pm.origin}
             write_manifest(tmp, header)
             _replace(path, tmp)
         except OSError as e:

@@ -36,7 +36,8 @@ from merak_exec.tensor_parallel import (
 from merak_sim.config import ParallelConfig
 from merak_sim.executable import unsupported
 
-__all__ = ["ParallelModel", "parallelize", "check_executable", "materialize_layers"]
+__all__ = ["ParallelModel", "parallelize", "check_executable", "materialize_layers",
+           "model_origin"]
 
 
 @dataclass
@@ -50,6 +51,9 @@ class ParallelModel:
         chunks: local stage modules, by chunk.
         runtime: the schedule interpreter.
         config: the ParallelConfig.
+        history: every step's output.
+        origin: the user's model class, its config and the model's own name of every
+            chain parameter (:func:`model_origin`), for export; None for a bare chain.
     """
 
     mesh: Mesh
@@ -59,6 +63,7 @@ class ParallelModel:
     runtime: PipelineRuntime
     config: ParallelConfig
     history: list[StepOutput] = field(default_factory=list)
+    origin: dict | None = None
 
     def parameters(self):
         """Local trainable parameters (shards under TP)."""
@@ -146,6 +151,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     mesh = mesh or build_mesh(config)
     _check_heads(model, config.tp)
     chain, family = to_chain(model, seq_len=seq_len)
+    origin = model_origin(model, chain)  # before any layer is materialised or cut
     sched = config.build_schedule()
     G = sched.num_model_stages
     if split_points is not None:
@@ -206,7 +212,45 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
         rt.grad_reducer = BucketedReducer(chunks, rt.program, mesh, buckets)
         rt.add_hooks(rt.grad_reducer)
     return ParallelModel(mesh=mesh, chain=chain, ranges=ranges, chunks=chunks, runtime=rt,
-                         config=config)
+                         config=config, origin=origin)
+
+
+def model_origin(model, chain: LayerChain) -> dict | None:
+    """What an exported checkpoint needs to rebuild ``model``: its class name, its
+    config as plain values and, for every chain parameter name (``layers.<i>.<name>``),
+    the model's own name of that tensor. The chain's adapters hold the model's own
+    parameters, so the names are found by identity (a tied tensor has several model
+    names: the one ending like the chain name is taken). None for a bare chain or a
+    model without a config."""
+    import dataclasses
+
+    cfg = getattr(model, "config", None)
+    if isinstance(model, LayerChain) or cfg is None:
+        return None
+    if dataclasses.is_dataclass(cfg):
+        config = dataclasses.asdict(cfg)
+    elif hasattr(cfg, "to_json_string"):  # HuggingFace: JSON-safe (dtypes as names)
+        import json
+
+        config = json.loads(cfg.to_json_string(use_diff=False))
+    else:
+        return None
+    owners: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name)
+    names = {}
+    for li, layer in enumerate(chain.layers):
+        for n, p in layer.named_parameters(remove_duplicate=False):
+            found = owners.get(id(p))
+            if found:
+                names[f"layers.{li}.{n}"] = max(found, key=lambda m: _common_tail(m, n))
+    return {"class": type(model).__name__, "config": config, "names": names}
+
+
+def _common_tail(a: str, b: str) -> int:
+    """How many dotted components ``a`` and ``b`` share at their ends."""
+    x, y = a.split(".")[::-1], b.split(".")[::-1]
+    return next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
 
 
 def _training_optimizer(opt, chunks, mesh: Mesh, tied, config: ParallelConfig,

@@ -5,7 +5,8 @@ schedule): a run trains 2 steps at one layout and saves; a model built from anot
 random start at a second layout loads it and trains 2 more steps, which must equal
 steps 3-4 of an uninterrupted run at the second layout (relative 1e-5). Pairs:
 1 -> dp2, dp2 -> pp2, pp2 -> tp2, tp2 -> 1, zero1 -> zero3, zero3 -> zero0,
-pp2 (1f1b) -> zb-v, and fp32 -> a bf16 run. Three launches (1, 2, then 1 rank)."""
+pp2 (1f1b) -> zb-v, and fp32 -> a bf16 run. Then exports to HuggingFace's layout of
+checkpoints saved at ZeRO-3, pp2 and tp2. Three launches (1, 2, then 1 rank)."""
 
 import pytest
 
@@ -13,6 +14,8 @@ from support.checkpoint_workers import run_jobs
 
 PAIRS_2 = [("one", "dp2"), ("dp2", "pp2"), ("pp2", "tp2"), ("zero1", "zero3"),
            ("zero3", "dp2"), ("pp2", "zb-v"), ("dp2", "bf16")]
+#: (model, layout saved at) pairs exported to HuggingFace's layout.
+EXPORTS = [("gpt", "zero3"), ("gpt2", "pp2"), ("llama-tied", "tp2")]
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +28,17 @@ def matrix(tmp_path_factory):
     jobs = [(f"save-{n}", {"job": "job_save", "layout": n, "dir": ck[n]})
             for n in ("dp2", "pp2", "tp2", "zero1", "zero3")]
     jobs += [(f"{a}->{b}", {"job": "job_resume", "layout": b, "dir": ck[a]}) for a, b in PAIRS_2]
+    jobs += [(f"save-{k}-{lay}", {"job": "job_save_kind", "kind": k, "layout": lay,
+                                  "dir": str(root / f"ck-{k}-{lay}")}) for k, lay in EXPORTS]
     second = run_jobs(2, jobs, str(root))
     work = root / "refusals"
     work.mkdir()
-    third = run_jobs(1, [("tp2->one", {"job": "job_resume", "layout": "one", "dir": ck["tp2"]}),
-                         ("refusals", {"job": "job_refusals", "dir": ck["one"],
-                                       "work": str(work)})], str(root))
+    jobs = [("tp2->one", {"job": "job_resume", "layout": "one", "dir": ck["tp2"]}),
+            ("refusals", {"job": "job_refusals", "dir": ck["one"], "work": str(work)})]
+    jobs += [(f"export-{k}-{lay}", {"job": "job_export", "kind": k,
+                                    "dir": str(root / f"ck-{k}-{lay}"),
+                                    "out": str(root / f"hf-{k}-{lay}")}) for k, lay in EXPORTS]
+    third = run_jobs(1, jobs, str(root))
     return {**first, **second, **third}
 
 
@@ -72,3 +80,12 @@ def test_unsafe_or_foreign_checkpoints_are_refused_in_one_line(matrix):
     for name, msg in r.items():
         if name != "pickle_ran":
             assert msg and "\n" not in msg, name
+
+
+@pytest.mark.parametrize("kind,layout", EXPORTS)
+def test_export_loads_in_transformers_with_equal_logits(matrix, kind, layout):
+    """A checkpoint saved at ``layout`` exports to a folder AutoModelForCausalLM loads;
+    its logits equal the checkpoint's model (the built-in GPT as GPT2LMHeadModel)."""
+    r = _ok(matrix[f"export-{kind}-{layout}"])[0]
+    assert r["class"] == ("LlamaForCausalLM" if kind.startswith("llama") else "GPT2LMHeadModel")
+    assert r["scale"] > 0 and r["max_abs"] <= 1e-5 * r["scale"]

@@ -187,3 +187,48 @@ def run_jobs(world: int, jobs: list[tuple[str, dict]], out_dir: str,
         files = [os.path.join(out_dir, f"{name}-rank{r}.json") for r in range(world)]
         out[name] = [json.load(open(f)) if os.path.exists(f) else None for f in files]
     return out
+
+
+def job_export(rank: int, arg: dict) -> dict:
+    """Load ``arg["dir"]`` (saved at any layout) at one rank, export it, load the export
+    with transformers and compare its logits with the loaded model's."""
+    from merak_exec.checkpoint import load_checkpoint
+    from merak_exec.export import export_hf
+    from transformers import AutoModelForCausalLM
+
+    pm = _build_kind(arg["kind"], "one")
+    load_checkpoint(pm, arg["dir"])
+    ids = torch.randint(0, 64, (2, tiny_gpt_config().n_positions),
+                        generator=torch.Generator().manual_seed(9))
+    xs = ids
+    with torch.no_grad():
+        for c in pm.chunks:
+            for layer in c.layers:
+                xs = layer(xs)
+    export_hf(arg["dir"], arg["out"])
+    hf = AutoModelForCausalLM.from_pretrained(arg["out"]).eval()
+    with torch.no_grad():
+        theirs = hf(ids).logits
+    return {"max_abs": float((theirs - xs).abs().max()), "scale": float(xs.abs().max()),
+            "class": type(hf).__name__}
+
+
+def _build_kind(kind: str, layout: str):
+    """A tiny ``kind`` model ("gpt", "gpt2", "llama-tied") parallelised at ``layout``."""
+    from merak_exec.parallel import parallelize
+    from merak_sim.config import ParallelConfig
+
+    pc = ParallelConfig(**{"dtype": "fp32", "micro_batch_size": 1, "global_batch_size": 4,
+                           **LAYOUTS[layout]})
+    return parallelize(build_model(kind, 4), pc, seq_len=tiny_gpt_config().n_positions,
+                       optimizer_fn=lambda ps: torch.optim.AdamW(ps, lr=1e-2))
+
+
+def job_save_kind(rank: int, arg: dict) -> dict:
+    """Train a ``arg["kind"]`` model 2 steps at ``arg["layout"]``; save to ``arg["dir"]``."""
+    from merak_exec.checkpoint import save_checkpoint
+
+    pm = _build_kind(arg["kind"], arg["layout"])
+    losses = [pm.train_step(x, y).loss for x, y in _batches()[:2]]
+    save_checkpoint(pm, arg["dir"], 2)
+    return {"losses": losses}
