@@ -22,7 +22,7 @@ best plan. The 405B space also prints why its best plan won, per knob.
 
 Quality: on the four paper models (global batch 128), the planner's best plan per system
 against every hand-written configuration of notebook 02
-(:func:`merak_sim.experiments.merak.hand_configs`), both simulated with SimPy.
+(:func:`merak_sim.reproduce.merak.hand_configs`), both simulated with SimPy.
 
 Writes benchmarks/results/planner.md and benchmarks/results/reproduce_merak.md.
 """
@@ -149,7 +149,7 @@ def speed(repeat: int, skip_175b: bool, only: str | None = None
 
 def quality(rep) -> list[str]:
     """Planner best vs hand-written configurations; markdown lines."""
-    from merak_sim.experiments.merak import describe, hand_configs
+    from merak_sim.reproduce.merak import describe, hand_configs
     from merak_sim.sim import simulate
 
     lines = ["## Planner quality: best plan vs hand-written configurations", "",
@@ -214,7 +214,7 @@ def main() -> None:
     lines += table + [""] + why
     rep = None
     if not (args.skip_quality and args.skip_reproduce):
-        from merak_sim.experiments.merak import reproduce_merak
+        from merak_sim.reproduce.merak import reproduce_merak
 
         rep = reproduce_merak(log=print)
     if not args.skip_quality:
@@ -224,8 +224,8 @@ def main() -> None:
     atomic_write_text(out / "planner.md", "\n".join(lines) + "\n")
     print(f"wrote {out / 'planner.md'}")
     if not args.skip_reproduce:
-        from merak_sim.experiments.merak_report import report_markdown
-        from merak_sim.experiments.regimes import cpu_tp_overlap, explain_regimes, regime_map
+        from merak_sim.reproduce.regimes import cpu_tp_overlap, explain_regimes, regime_map
+        from merak_sim.reproduce.report import report_markdown
 
         reg = regime_map(log=print)
         atomic_write_text(out / "reproduce_merak.md", report_markdown(

@@ -192,7 +192,7 @@ baselines in simulation, against baselines run as the paper ran them (full
 recompute) and against the same systems free to choose their own recompute, and where
 (which memory pressure) each of Merak's techniques pays.
 
-`merak_sim.experiments.merak.reproduce_merak` runs each system at its own best
+`merak_sim.reproduce.merak.reproduce_merak` runs each system at its own best
 configuration (found by the planner in the system's search space) on the four paper
 models on 64 simulated RTX 3090s: Megatron-LM-like (1F1B, full recompute, synchronous TP),
 DeepSpeed-like (+ ZeRO-1) and Merak (shifted critical path + stage-aware recompute +
@@ -200,8 +200,8 @@ sub-pipelined TP), plus an ablation adding one technique at a time. The same as
 `merak-sim reproduce merak`. Every assumption is printed first."""),
     new_code_cell(SETUP + """
 import os
-from merak_sim.experiments.merak import PAPER_MODELS, reproduce_merak, hand_configs, describe
-from merak_sim.experiments.merak_figures import plot_reproduction
+from merak_sim.reproduce.merak import PAPER_MODELS, reproduce_merak, hand_configs, describe
+from merak_sim.reproduce.figures import plot_reproduction
 # MERAK_NOTEBOOK_QUICK=1 (the tests set it) runs the same cells on two of the models
 # and maps the regimes of one; the stored outputs are the full run (make notebooks).
 QUICK = os.environ.get("MERAK_NOTEBOOK_QUICK") == "1"
@@ -272,8 +272,8 @@ selective or full. The regime map lowers the GPU memory (24 GB, then 8 GB) and a
 T1, T2, T3 one at a time over the free baseline (fast evaluator), for the two largest
 models (`merak-sim reproduce merak` maps all four at 24 / 16 / 12 / 8 GB)."""),
     new_code_cell("""\
-from merak_sim.experiments.regimes import regime_map, explain_regimes
-from merak_sim.experiments.merak_figures import plot_regimes
+from merak_sim.reproduce.regimes import regime_map, explain_regimes
+from merak_sim.reproduce.figures import plot_regimes
 display(t[["model", "speedup_up_to", "speedup_vs_free_baselines",
            "megatron_free_config"]].round(3))
 regs = regime_map(("gpt-8.3b",) if QUICK else ("gpt-8.3b", "gpt-20b"), levels=(24, 8))

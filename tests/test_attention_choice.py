@@ -15,7 +15,7 @@ from merak_sim.costs.attention_choice import (
     default_profile,
     resolve_attention,
 )
-from merak_sim.experiments.merak import PAPER_MODELS, hand_configs
+from merak_sim.reproduce.merak import PAPER_MODELS, hand_configs
 from merak_sim.experiments.vtrain import PreparedRow, load_vtrain, predict_row, row_setup
 from merak_sim.hardware import CLUSTER_PRESETS, get_cluster
 from merak_sim.memory import CPU_EAGER, FLASH, KORTHIKANTI, TORCHTITAN, layer_activation_bytes

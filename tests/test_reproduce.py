@@ -7,14 +7,14 @@ import json
 import pytest
 
 from merak_sim.cli import main
-from merak_sim.experiments.merak import (
+from merak_sim.reproduce.merak import (
     FREE_ORDER,
     PAPER_SPEEDUPS,
     explain,
     hand_configs,
     reproduce_merak,
 )
-from merak_sim.experiments.regimes import explain_regimes, regime_map, t3_margin, with_memory
+from merak_sim.reproduce.regimes import explain_regimes, regime_map, t3_margin, with_memory
 from merak_sim.sim import simulate
 
 

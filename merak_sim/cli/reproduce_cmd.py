@@ -5,8 +5,8 @@ forced into full recompute, as the paper ran them; free: choosing their own reco
 the ablation (one technique at a time), the regime map (each technique's gain over the
 free baseline at 24 / 16 / 12 / 8 GB of GPU memory, skipped with ``--no-regimes``) with
 where each technique pays, and writes the charts plus CSV tables under ``--out``
-(atomically). See :mod:`merak_sim.experiments.merak` and
-:mod:`merak_sim.experiments.regimes` for the recipe.
+(atomically). See :mod:`merak_sim.reproduce.merak` and
+:mod:`merak_sim.reproduce.regimes` for the recipe.
 """
 
 from __future__ import annotations
@@ -40,22 +40,22 @@ def reproduce_command(paper, out, models, cluster, global_batch_size, top_k, reg
     """Reproduce a paper's headline result in simulation (only: merak)."""
     import sys
 
-    from merak_sim.experiments.merak import (
+    from merak_sim.hardware import get_cluster
+    from merak_sim.io import atomic_write_text
+    from merak_sim.reproduce.figures import write_outputs
+    from merak_sim.reproduce.merak import (
         DEFAULT_GLOBAL_BATCH,
         PAPER_MODELS,
         check_models,
         reproduce_merak,
     )
-    from merak_sim.experiments.merak_figures import write_outputs
-    from merak_sim.experiments.merak_report import report_markdown, source_sentence
-    from merak_sim.experiments.regimes import (
+    from merak_sim.reproduce.regimes import (
         MEMORY_LEVELS_GB,
         cpu_tp_overlap,
         explain_regimes,
         regime_map,
     )
-    from merak_sim.hardware import get_cluster
-    from merak_sim.io import atomic_write_text
+    from merak_sim.reproduce.report import report_markdown, source_sentence
 
     from .options import check_writable
 
@@ -116,8 +116,8 @@ def _print(rep, reg, lines, cpu, expl, paths, t0: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from merak_sim.experiments.merak import describe
-    from merak_sim.experiments.merak_report import source_sentence
+    from merak_sim.reproduce.merak import describe
+    from merak_sim.reproduce.report import source_sentence
 
     con = Console(width=None if sys.stdout.isatty() else 80)
     con.print("[bold]Assumptions[/bold] (the paper states neither cluster nor shapes):")

@@ -14,7 +14,7 @@ planner within the system's restricted search space
 - free baselines: the same two systems free to choose their own recompute (none,
   selective or full) besides their degrees and micro-batch size, as a user would when
   memory allows. Merak's speed-up over them is what its techniques buy beyond turning
-  recomputation off (:mod:`merak_sim.experiments.regimes` maps it over memory levels).
+  recomputation off (:mod:`merak_sim.reproduce.regimes` maps it over memory levels).
 
 Every system computes attention unfused, as the paper's did (``attention="unfused"`` in
 each space and in :func:`hand_configs`), not the simulator's GPU default of flash.

@@ -1,6 +1,6 @@
 """Where each Merak technique pays: a memory-pressure map over the free baseline.
 
-The headline reproduction (:mod:`merak_sim.experiments.merak`) compares Merak with
+The headline reproduction (:mod:`merak_sim.reproduce.merak`) compares Merak with
 baselines forced into full recomputation, as the paper ran them. With 24 GB per GPU
 every paper model fits without recomputation, so a baseline free to turn it off
 matches Merak. The techniques can only pay where memory forces a trade:

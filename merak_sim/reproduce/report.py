@@ -28,7 +28,7 @@ def _best_free(m):
 def report_markdown(rep: Reproduction, regimes=(), notes=(), cpu: dict | None = None,
                     seconds: float | None = None) -> str:
     """The report (markdown); ``regimes`` / ``notes`` / ``cpu`` from
-    :mod:`merak_sim.experiments.regimes`, ``seconds`` the whole command's time."""
+    :mod:`merak_sim.reproduce.regimes`, ``seconds`` the whole command's time."""
     took = rep.seconds if seconds is None else seconds
     lines = ["# Merak speed-ups reproduced in simulation", "",
              "Command: `merak-sim reproduce merak --out out/reproduce` (writes this report "
