@@ -2,14 +2,13 @@
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-from merak_exec.launch import free_port
 from merak_sim.config import ParallelConfig
 from merak_sim.dispatch import write_launch
 from merak_sim.plan import Plan
+from support.launches import run_with_fresh_port
 
 
 def test_dispatched_plan_trains_on_two_cpu_processes(tmp_path):
@@ -21,13 +20,14 @@ def test_dispatched_plan_trains_on_two_cpu_processes(tmp_path):
                                 schedule="shifted-critical-path", recompute="stage-aware",
                                 dtype="fp32"),
     )
-    files = write_launch(plan, "torchrun", nodes=1, gpus_per_node=2, out_dir=tmp_path,
-                         master_port=free_port())
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo",
                MERAK_TIMEOUT_S="60",
                PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    proc = subprocess.run(["bash", str(files.launcher)], env=env, capture_output=True,
-                          text=True, timeout=400)
+
+    def launch_sh(port: int) -> list[str]:  # torchrun binds --master-port itself
+        return ["bash", str(write_launch(plan, "torchrun", nodes=1, gpus_per_node=2,
+                                         out_dir=tmp_path, master_port=port).launcher)]
+    proc = run_with_fresh_port(launch_sh, env=env, timeout=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = re.search(r"first loss ([\d.]+), final loss ([\d.]+)", proc.stdout)
     assert m, proc.stdout[-2000:]

@@ -17,7 +17,7 @@ import torch
 from support.shared_launch import register
 from support.workers import assert_equivalent
 
-from merak_exec.launch import free_port, run_ranks
+from merak_exec.launch import STORE_PORT, run_ranks
 
 
 def C(name, model="gpt", **kw):
@@ -96,7 +96,7 @@ def _memory_step(rank: int, world: int, out_dir: str, zero: int) -> None:
 def memory_runs(tmp_path_factory):
     """ZeRO-1 and ZeRO-3 memory steps in turn in one launch of 2 ranks: (codes, dir)."""
     out = tmp_path_factory.mktemp("memory")
-    codes = run_ranks(memory_worker, 2, (2, free_port(), str(out), [1, 3]), timeout_s=300)
+    codes = run_ranks(memory_worker, 2, (2, STORE_PORT, str(out), [1, 3]), timeout_s=300)
     return codes, out
 
 

@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from merak_exec.builders import model_from_spec, parameter_count
-from merak_exec.launch import free_port
 from merak_sim.config import ParallelConfig
 from merak_sim.executable import NOT_EXECUTED, executable_space, unsupported
 from merak_sim.model import ModelSpec, get_model
@@ -77,7 +76,7 @@ def test_plan_runs_with_the_planned_parameter_count(tmp_path, model):
                                         dtype="fp32"))
     plan.save(tmp_path / "plan.json")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                        "2", f"--master-port={free_port()}", "-m", "merak_exec", "train",
+                        "2", "--standalone", "-m", "merak_exec", "train",
                         "--plan", "plan.json", "--steps", "1"],
                        capture_output=True, text=True, timeout=400, env=ENV, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from merak_exec.launch import free_port, run_ranks
+from merak_exec.launch import STORE_PORT, run_ranks
 from merak_exec.mesh import init_distributed, loopback_env
 from merak_sim.io import atomic_write_text
 from merak_sim.trace import CollectiveRecord
@@ -64,7 +64,7 @@ def measure_collectives(sizes: list[int], repeats: int = 15,
                         timeout_s: float = 300) -> list[CollectiveRecord]:
     """Collective timings between 2 gloo processes on this machine (module docstring)."""
     with tempfile.TemporaryDirectory() as d:
-        codes = run_ranks(_worker, 2, (2, free_port(), list(sizes), repeats, d),
+        codes = run_ranks(_worker, 2, (2, STORE_PORT, list(sizes), repeats, d),
                           timeout_s=timeout_s)
         path = os.path.join(d, "collectives.json")
         if codes != [0, 0] or not os.path.exists(path):

@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from merak_exec.launch import free_port, run_ranks
+from merak_exec.launch import STORE_PORT, run_ranks
 from merak_exec.mesh import init_distributed, loopback_env
 from merak_exec.models import GPT, GPTConfig
 from merak_exec.parallel import parallelize
@@ -224,7 +224,7 @@ def measure_cases(cases: list[Case], out_dir: str | Path, *, world: int = 2,
     for f in out.glob(".status-rank*.json"):
         f.unlink()
     payload = [{"name": c.name, "config": c.config, "model": c.model} for c in cases]
-    codes = run_ranks(_worker, world, (world, free_port(), payload, str(out), o),
+    codes = run_ranks(_worker, world, (world, STORE_PORT, payload, str(out), o),
                       timeout_s=timeout_s)
     if None in codes:
         raise MeasureError(f"measurement did not finish within {timeout_s:g} s; lower "

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import traceback
 
 import torch
 
-from merak_exec.launch import free_port, run_ranks
+from merak_exec.launch import run_ranks
 from merak_exec.mesh import init_distributed, loopback_env
 from merak_sim.io import atomic_write_text
+from support.launches import STORE_PORT, failure_text
 from support.models import build_model, data
 
 __all__ = ["run_world", "reference_amp", "amp_run", "hf_loss_run", "case_amp", "case_trainer",
@@ -29,14 +29,14 @@ def _main(rank: int, world: int, port: int, name: str, arg: dict, out: str) -> N
         init_distributed(backend="gloo")
         result = globals()[name](rank, arg)
     except Exception:
-        result = {"exception": traceback.format_exc()}
+        result = {"exception": failure_text(rank)}
     atomic_write_text(os.path.join(out, f"{name}-{rank}.json"), json.dumps(result))
     os._exit(0)
 
 
 def run_world(world: int, name: str, arg: dict, out: str, timeout_s: float = 400) -> list:
     """Every rank's result of ``name(rank, arg)``."""
-    codes = run_ranks(_main, world, (world, free_port(), name, arg, out), timeout_s=timeout_s)
+    codes = run_ranks(_main, world, (world, STORE_PORT, name, arg, out), timeout_s=timeout_s)
     if None in codes:
         raise TimeoutError(f"{name} did not finish within {timeout_s} s")
     return [json.load(open(os.path.join(out, f"{name}-{r}.json"))) for r in range(world)]
@@ -51,7 +51,7 @@ def case_each(rank: int, arg: dict) -> dict:
         try:
             out[key] = globals()[name](rank, a)
         except Exception:
-            out[key] = {"exception": traceback.format_exc()}
+            out[key] = {"exception": failure_text(rank)}
     return out
 
 

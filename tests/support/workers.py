@@ -15,13 +15,13 @@ from __future__ import annotations
 import copy
 import json
 import os
-import traceback
 
 import torch
 
-from merak_exec.launch import free_port, run_ranks
+from merak_exec.launch import run_ranks
 from merak_exec.mesh import init_distributed, loopback_env
 from merak_sim.io import atomic_write_text
+from support.launches import STORE_PORT, failure_text, hosted_store
 from support.models import RecordingSGD, build_model, data, reference_run, tiny_gpt_config
 
 __all__ = ["launch", "run_cases", "run_case", "launch_scenario", "launch_scenarios", "cli_fault"]
@@ -113,14 +113,14 @@ def run_cases(rank: int, world: int, port: int, cases: list[dict], out_dir: str)
         for case in cases:
             results.append(run_case(case))
     except Exception:
-        results.append({"error": traceback.format_exc()})
+        results.append({"error": failure_text(rank)})
     atomic_write_text(os.path.join(out_dir, f"rank{rank}.json"), json.dumps(results))
     os._exit(0)  # skip teardown (known gloo/DTensor exit-time aborts); results are written
 
 
 def launch(world: int, cases: list[dict], out_dir: str, timeout_s: float = 600) -> list:
     """Spawn ``world`` ranks running ``cases``; return every rank's result list."""
-    codes = run_ranks(run_cases, world, (world, free_port(), cases, out_dir),
+    codes = run_ranks(run_cases, world, (world, STORE_PORT, cases, out_dir),
                       timeout_s=timeout_s)
     if None in codes:
         raise TimeoutError(f"multi-process test did not finish within {timeout_s} s")
@@ -249,12 +249,12 @@ def _scenarios_main(rank: int, world: int, port: int, jobs: list, out_dir: str) 
         _setup(rank, world, port)
         failed = None
     except Exception:
-        failed = {"exception": traceback.format_exc()}
+        failed = {"exception": failure_text(rank)}
     for name, arg in jobs:
         try:
             result = failed or globals()[name](rank, arg)
         except Exception:
-            result = {"exception": traceback.format_exc()}
+            result = {"exception": failure_text(rank)}
         atomic_write_text(os.path.join(out_dir, f"{name}-rank{rank}.json"), json.dumps(result))
     os._exit(0)
 
@@ -264,7 +264,7 @@ def launch_scenarios(world: int, jobs: list, out_dir: str,
     """Run every ``(name, arg)`` scenario of ``jobs`` in one launch of ``world`` ranks
     (one process start for all of them); return (exit codes, {name: per-rank results,
     None for a rank that wrote none})."""
-    codes = run_ranks(_scenarios_main, world, (world, free_port(), jobs, out_dir),
+    codes = run_ranks(_scenarios_main, world, (world, STORE_PORT, jobs, out_dir),
                       timeout_s=timeout_s, fail_fast=False)
     res = {}
     for name, _ in jobs:
@@ -443,10 +443,13 @@ def cli_fault(world: int, train_args: list[str], victim: int, mode: str, timeout
     import sys
     import time
 
-    port = free_port()
+    import contextlib
+
+    store = contextlib.ExitStack()  # the rendezvous store, served until the ranks end
+    rendezvous = store.enter_context(hosted_store(world))
     procs = []
     for r in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+        env = dict(os.environ, **rendezvous, RANK=str(r),
                    WORLD_SIZE=str(world), LOCAL_RANK=str(r), GLOO_SOCKET_IFNAME="lo",
                    OMP_NUM_THREADS="1", MERAK_TIMEOUT_S=str(timeout_s))
         procs.append(subprocess.Popen(
@@ -479,6 +482,7 @@ def cli_fault(world: int, train_args: list[str], victim: int, mode: str, timeout
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        store.close()
 
 
 def scenario_tp_replicas(rank: int, arg: dict) -> dict:
