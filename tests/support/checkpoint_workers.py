@@ -14,7 +14,7 @@ import traceback
 
 import torch
 
-from merak_exec.launch import free_port, run_ranks
+from merak_exec.launch import STORE_PORT, run_ranks
 from merak_exec.mesh import init_distributed, loopback_env
 from merak_sim.io import atomic_write_text
 from support.models import build_model, data, tiny_gpt_config
@@ -178,7 +178,7 @@ def _main(rank: int, world: int, port: int, jobs: list, out_dir: str) -> None:
 def run_jobs(world: int, jobs: list[tuple[str, dict]], out_dir: str,
              timeout_s: float = 300) -> dict[str, list]:
     """Run ``jobs`` on ``world`` ranks; {job name: per-rank results (None: none written)}."""
-    codes = run_ranks(_main, world, (world, free_port(), jobs, out_dir), timeout_s=timeout_s,
+    codes = run_ranks(_main, world, (world, STORE_PORT, jobs, out_dir), timeout_s=timeout_s,
                       fail_fast=False)
     if None in codes:
         raise TimeoutError(f"checkpoint workers did not finish within {timeout_s} s")
