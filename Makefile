@@ -1,8 +1,9 @@
 # Two set-up commands for a fresh machine (see README):
 #   make demo   -- create .venv, install everything, run the main job on the embedded default
 #   make test   -- create .venv, install everything, run the whole test suite
-# Both install the simulator, the backend's `exec` extra (torch, transformers) and the
-# test extras; `pip install .` alone gives the simulator only.
+# Both install the simulator, the backend's `exec` extra (torch, transformers), the
+# `data` extra (HuggingFace datasets folders) and the test extras; `pip install .`
+# alone gives the simulator only.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,7 +14,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[exec,test]'
+	$(BIN)/python -m pip install -q -e '.[exec,data,test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
