@@ -64,6 +64,7 @@ class ParallelModel:
     config: ParallelConfig
     history: list[StepOutput] = field(default_factory=list)
     origin: dict | None = None
+    _eval: PipelineRuntime | None = field(default=None, repr=False)
 
     def parameters(self):
         """Local trainable parameters (shards under TP)."""
@@ -106,6 +107,27 @@ class ParallelModel:
         out = self.runtime.step(self.split_batch(input_ids), self.split_batch(labels))
         self.history.append(out)
         return out
+
+    def evaluate(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> float:
+        """The mean loss on a global batch without training: every rank passes the
+        same tensors; the stages run the training schedule's forwards only
+        (:func:`~merak_sim.schedule.evaluation.forward_only`), dropout off, no
+        gradients, and every rank gets the loss."""
+        from merak_sim.schedule.evaluation import forward_only
+
+        labels = input_ids if labels is None else labels
+        if self._eval is None:  # built by every rank at its first evaluation
+            rt = self.runtime
+            self._eval = PipelineRuntime(self.chunks, forward_only(rt.schedule), self.mesh,
+                                         None, rt.boundary_specs, record=False)
+        modes = [c.training for c in self.chunks]
+        for c in self.chunks:
+            c.eval()
+        try:
+            return self._eval.step(self.split_batch(input_ids), self.split_batch(labels)).loss
+        finally:
+            for c, mode in zip(self.chunks, modes, strict=True):
+                c.train(mode)
 
 
 def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,

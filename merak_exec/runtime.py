@@ -61,6 +61,7 @@ from merak_exec.replicas import sync_tp_replicas
 from merak_exec.result import Recorder
 from merak_exec.stages import StageModule, trainable_parameters
 from merak_exec.step_state import MicroBatchState, StepState
+from merak_sim.schedule.evaluation import is_forward_only
 from merak_sim.schedule.ir import Action, Fused, Kind, Schedule, iter_actions
 from merak_sim.schedule.lowering import comm_key, peer_of
 from merak_sim.schedule.posting import runtime_postings
@@ -123,6 +124,8 @@ class PipelineRuntime:
         self.grad_sync = grad_sync
         self.grad_reducer = grad_reducer
         self.program = schedule.programs[mesh.pp_rank]
+        # an evaluation schedule (forwards only): F* on the last stage gives the loss
+        self.evaluating = is_forward_only(schedule)
         self.recorder = Recorder(mesh, enabled=record)
         self.params = trainable_parameters(chunks)
         self.cuda = mesh.device.type == "cuda"
@@ -293,9 +296,13 @@ class PipelineRuntime:
         mb.x = self._input(a, state, inputs)
         mb.rng = (torch.get_rng_state(),
                   torch.cuda.get_rng_state(self.mesh.device) if self.cuda else None)
+        chunk = self.chunks[a.chunk]
         with torch.no_grad():
-            out = self.chunks[a.chunk](*mb.x, use_checkpoint=False)
-        if not self.chunks[a.chunk].is_last:
+            out = chunk(*mb.x, use_checkpoint=False)
+            if chunk.is_last and self.evaluating:  # an evaluation schedule's loss
+                labels_mb = labels[a.microbatch].to(self.mesh.device)
+                state.losses[a.microbatch] = chunk.loss_fn(out[0], labels_mb).detach()
+        if not chunk.is_last:
             mb.act = tuple(t.detach() for t in out)
         for h in self.hooks:
             h.on_nograd_input(a, mb.x)

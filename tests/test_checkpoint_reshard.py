@@ -16,6 +16,8 @@ PAIRS_2 = [("one", "dp2"), ("dp2", "pp2"), ("pp2", "tp2"), ("zero1", "zero3"),
            ("zero3", "dp2"), ("pp2", "zb-v"), ("dp2", "bf16")]
 #: (model, layout saved at) pairs exported to HuggingFace's layout.
 EXPORTS = [("gpt", "zero3"), ("gpt2", "pp2"), ("llama-tied", "tp2")]
+#: layouts whose evaluation (forward-only schedule) is compared with one process.
+EVAL_LAYOUTS = ["dp2", "pp2", "zb-v", "tp2", "zero3"]
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +32,13 @@ def matrix(tmp_path_factory):
     jobs += [(f"{a}->{b}", {"job": "job_resume", "layout": b, "dir": ck[a]}) for a, b in PAIRS_2]
     jobs += [(f"save-{k}-{lay}", {"job": "job_save_kind", "kind": k, "layout": lay,
                                   "dir": str(root / f"ck-{k}-{lay}")}) for k, lay in EXPORTS]
+    jobs += [(f"eval-{n}", {"job": "job_evaluate", "layout": n}) for n in EVAL_LAYOUTS]
     second = run_jobs(2, jobs, str(root))
     work = root / "refusals"
     work.mkdir()
     jobs = [("tp2->one", {"job": "job_resume", "layout": "one", "dir": ck["tp2"]}),
-            ("refusals", {"job": "job_refusals", "dir": ck["one"], "work": str(work)})]
+            ("refusals", {"job": "job_refusals", "dir": ck["one"], "work": str(work)}),
+            ("eval-one", {"job": "job_evaluate", "layout": "one"})]
     jobs += [(f"export-{k}-{lay}", {"job": "job_export", "kind": k,
                                     "dir": str(root / f"ck-{k}-{lay}"),
                                     "out": str(root / f"hf-{k}-{lay}")}) for k, lay in EXPORTS]
@@ -89,3 +93,15 @@ def test_export_loads_in_transformers_with_equal_logits(matrix, kind, layout):
     r = _ok(matrix[f"export-{kind}-{layout}"])[0]
     assert r["class"] == ("LlamaForCausalLM" if kind.startswith("llama") else "GPT2LMHeadModel")
     assert r["scale"] > 0 and r["max_abs"] <= 1e-5 * r["scale"]
+
+
+@pytest.mark.parametrize("layout", EVAL_LAYOUTS)
+def test_evaluation_runs_the_forwards_only_and_equals_one_process(matrix, layout):
+    """evaluate() before training equals the training loss of the same batch, drops
+    after two steps, and equals the single process's values at every layout."""
+    one = _ok(matrix["eval-one"])[0]
+    assert one["before"] == pytest.approx(one["train"], rel=1e-6)
+    assert one["after"] < one["before"]
+    for r in _ok(matrix[f"eval-{layout}"]):
+        for key in ("before", "train", "after"):
+            assert r[key] == pytest.approx(one[key], rel=1e-5), key

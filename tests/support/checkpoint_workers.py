@@ -232,3 +232,15 @@ def job_save_kind(rank: int, arg: dict) -> dict:
     losses = [pm.train_step(x, y).loss for x, y in _batches()[:2]]
     save_checkpoint(pm, arg["dir"], 2)
     return {"losses": losses}
+
+
+def job_evaluate(rank: int, arg: dict) -> dict:
+    """At ``arg["layout"]``: the evaluation loss of a fresh model on one global batch,
+    before and after 2 training steps, with the training loss of the same batch."""
+    pm = _build(arg["layout"])
+    x, y = _batches()[0]
+    before = pm.evaluate(x, y)
+    train = pm.train_step(x, y).loss  # the warmup's first step has LR 0
+    pm.train_step(x, y)
+    after = pm.evaluate(x, y)
+    return {"before": before, "train": train, "after": after}
