@@ -282,7 +282,7 @@ def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats
     seq_list = _positive_ints(seqs or str(seq), "--seqs")
     device = _device(device)
     _check_profile_size(kind, layers, hidden, heads, vocab, max(seq_list), max(mbs_list),
-                        dtype, device)
+                        dtype, device, repeats * len(seq_list) * len(mbs_list))
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -315,15 +315,16 @@ def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats
 
 
 def _check_profile_size(kind: str, layers: int, hidden: int, heads: int, vocab: int,
-                        seq: int, mbs: int, dtype: str, device: str) -> None:
+                        seq: int, mbs: int, dtype: str, device: str, repeats: int) -> None:
     """The profiled model's shape, memory and CPU time checked as train checks them
-    (one micro-batch of the largest size on one device), before anything is built."""
+    (a micro-batch of the largest size on one device, ``repeats`` times), before
+    anything is built."""
     from merak_exec.builders import check_resources, spec_from_flags
     from merak_sim.config import ParallelConfig
 
     spec = spec_from_flags(kind, layers, hidden, heads, vocab, seq, 0.0)
     check_resources(ParallelConfig(micro_batch_size=mbs, global_batch_size=mbs, dtype=dtype),
-                    device, spec=spec)
+                    device, spec=spec, repeats=repeats)
 
 
 def _positive_ints(text: str, flag: str) -> list[int]:

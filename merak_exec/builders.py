@@ -27,7 +27,7 @@ from merak_exec.mesh import ExecError
 from merak_sim.model import ModelSpec
 
 __all__ = ["build_model", "model_from_spec", "parameter_count", "MODEL_KINDS", "spec_from_flags",
-           "spec_of", "check_shape", "check_resources", "CPU_STEP_LIMIT_S"]
+           "spec_of", "check_shape", "check_resources", "CPU_STEP_LIMIT_S", "CPU_LAYER_PASS_S"]
 
 #: One training step estimated longer than this on CPU is refused before any work: it
 #: would run for minutes without printing a line. The estimate takes the measured CPU
@@ -205,22 +205,22 @@ def _state_and_activation_bytes(spec: ModelSpec, config, device: torch.device) -
 
 
 def check_resources(config, device: torch.device | str, *, spec: ModelSpec | None = None,
-                    params: int | None = None, resident: bool = False) -> None:
+                    params: int | None = None, resident: bool = False,
+                    repeats: int = 1) -> None:
     """Refuse, before any work, a run that cannot fit this rank's memory or whose one
-    step would take over :data:`CPU_STEP_LIMIT_S` on CPU. ``spec`` (preferred) prices
-    state and activations with the simulator's memory model; else ``params`` gives
-    the state alone. ``resident``: the weights are already in this memory."""
+    step (times ``repeats``) would take over :data:`CPU_STEP_LIMIT_S` on CPU. ``spec``
+    (preferred) prices state and activations with the simulator's memory model; else
+    ``params`` gives the state alone. ``resident``: the weights are already in this
+    memory."""
     from merak_sim.memory import model_state_bytes
 
     device = torch.device(device)
     ranks = config.tp * config.pp
     if spec is not None:
         need = _state_and_activation_bytes(spec, config, device)
-        flops = spec.training_flops(config.global_batch_size) / config.world_size
     else:
         need = model_state_bytes((params or 0) / ranks, "fp32", config.shard_group,
                                  config.zero).total_bytes
-        flops = 0.0
     if resident:
         need -= 4.0 * (spec.total_params() if spec is not None else params or 0) / ranks
     avail, where = available_memory_bytes(device)
@@ -230,18 +230,29 @@ def check_resources(config, device: torch.device | str, *, spec: ModelSpec | Non
                         f"and one micro-batch's activations, as merak-sim prices them) but "
                         f"{avail / gib:.1f} GiB is {where}; use a smaller model or shorter "
                         "sequences, more ranks (--tp/--pp) or ZeRO (--zero)")
-    if device.type == "cpu" and flops:
-        _check_cpu_step(flops, config.dtype)
+    if device.type == "cpu":
+        _check_cpu_step(config, spec, repeats)
 
 
-def _check_cpu_step(flops: float, dtype: str) -> None:
+#: Eager PyTorch's fixed cost of one layer's forward and backward on a CPU, beyond its
+#: FLOPs (a few dozen operator calls of ~10 us each, rounded up): what makes ten
+#: thousand micro-batches of a tiny model take minutes.
+CPU_LAYER_PASS_S = 1e-3
+
+
+def _check_cpu_step(config, spec: ModelSpec | None, repeats: int) -> None:
+    """Refuse a step longer than CPU_STEP_LIMIT_S on one CPU core: FLOPs at the measured
+    peak plus the per-layer cost of every micro-batch pass (both lower bounds)."""
     from merak_sim.hardware import get_gpu
 
-    cpu = get_gpu("CPU-2core")
-    peak = cpu.peak("fp32" if dtype == "fp32" else "bf16") / 2  # one core per rank
-    step_s = flops / peak
+    peak = get_gpu("CPU-2core").peak("fp32" if config.dtype == "fp32" else "bf16") / 2
+    flops = 0.0 if spec is None else \
+        spec.training_flops(config.global_batch_size) / config.world_size
+    layers = 0 if spec is None else math.ceil(spec.layers / config.pp)
+    passes = config.num_microbatches * (layers + 2) * repeats  # + embedding and head
+    step_s = flops * repeats / peak + passes * CPU_LAYER_PASS_S
     if step_s > CPU_STEP_LIMIT_S:
-        raise ExecError(f"one training step needs about {flops:.2g} FLOPs per rank: at least "
-                        f"{step_s / 60:.0f} min on a CPU core ({peak / 1e9:.0f} GFLOP/s, "
-                        f"measured) without a line of progress; use a GPU, shorter sequences "
-                        "or a smaller model")
+        raise ExecError(f"this would run at least {step_s / 60:.0f} min on a CPU core before "
+                        f"printing a line ({flops * repeats:.2g} FLOPs per rank at "
+                        f"{peak / 1e9:.0f} GFLOP/s, {passes:,} layer passes); use a GPU, "
+                        "shorter sequences, fewer micro-batches or a smaller model")

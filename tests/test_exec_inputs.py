@@ -199,6 +199,10 @@ def test_memory_and_cpu_time_refused_before_any_work():
     with pytest.raises(ExecError) as e:
         check_resources(ONE, "cpu", spec=long)
     one_line(e, "min on a CPU core", "shorter sequences")
+    many = ParallelConfig(micro_batch_size=1, global_batch_size=100000, dtype="fp32")
+    with pytest.raises(ExecError) as e:  # tiny passes, but a hundred thousand of them
+        check_resources(many, "cpu", spec=spec_from_flags("gpt", 4, 64, 4, 256, 32, 0.0))
+    one_line(e, "600,000 layer passes", "fewer micro-batches")
     check_resources(ONE, "cpu", spec=spec_from_flags("gpt", 4, 64, 4, 256, 32, 0.0))
 
 
