@@ -49,7 +49,7 @@ from merak_exec.mesh import ExecError, timed_collective
 from merak_exec.optim import TrainingOptimizer
 from merak_exec.zero import ZeroOptimizer
 
-__all__ = ["CheckpointError", "Restored", "save_checkpoint", "load_checkpoint"]
+__all__ = ["CheckpointError", "Restored", "save_checkpoint", "load_checkpoint", "agree_error"]
 
 _MESSAGE_BYTES = 1024
 
@@ -94,9 +94,10 @@ def _agree(pm, value: int, what: str) -> int:
     return int(t.item())
 
 
-def _agree_error(pm, message: str | None, what: str) -> None:
+def agree_error(pm, message: str | None, what: str) -> None:
     """Raise the first failing rank's ``message`` as a CheckpointError on every rank
-    (nothing when no rank failed)."""
+    (nothing when no rank failed): a bounded rendezvous of ``pm``'s whole world, where
+    ``what`` names it in a timeout."""
     world = pm.mesh.world_size
     first = _agree(pm, pm.mesh.rank if message else world, what)
     if first == world:
@@ -265,13 +266,13 @@ def save_checkpoint(pm, path: str | os.PathLike, step: int, samples: int | None 
             tmp.mkdir(parents=True)
         except OSError as e:
             failed = f"cannot create {tmp}: {e.strerror}; choose a writable directory"
-    _agree_error(pm, failed, "the checkpoint rendezvous before saving")
+    agree_error(pm, failed, "the checkpoint rendezvous before saving")
     try:
         _write_rank(pm, tmp)
         failed = None
     except OSError as e:
         failed = f"rank {mesh.rank} could not write its checkpoint file in {tmp}: {e.strerror}"
-    _agree_error(pm, failed, "the checkpoint rendezvous after saving")
+    agree_error(pm, failed, "the checkpoint rendezvous after saving")
     if mesh.rank == 0:
         try:
             header = {"step": step, "samples": samples if samples is not None else
@@ -282,7 +283,7 @@ def save_checkpoint(pm, path: str | os.PathLike, step: int, samples: int | None 
             _replace(path, tmp)
         except OSError as e:
             failed = f"cannot finish the checkpoint at {path}: {e.strerror}"
-    _agree_error(pm, failed, "the checkpoint rendezvous after renaming")
+    agree_error(pm, failed, "the checkpoint rendezvous after renaming")
 
 
 def _write_rank(pm, folder: Path) -> None:
@@ -344,7 +345,7 @@ def load_checkpoint(pm, path: str | os.PathLike) -> Restored:
         reader.verify(reader.files_for(n for n in names if reader.has(n)))
     except StoreError as e:
         failed = str(e)
-    _agree_error(pm, failed, "the checkpoint rendezvous before loading")
+    agree_error(pm, failed, "the checkpoint rendezvous before loading")
     with torch.no_grad():
         for e in locals_:
             if reader.has(e.name):

@@ -26,7 +26,7 @@ import torch
 from merak_exec.checkpoint_store import Reader, StoreError, read_manifest
 from merak_exec.mesh import ExecError
 
-__all__ = ["ExportError", "export_hf", "EXPORTABLE"]
+__all__ = ["ExportError", "export_hf", "save_model", "EXPORTABLE"]
 
 #: Model classes a checkpoint can be exported from.
 EXPORTABLE = ("GPT", "GPT2LMHeadModel", "LlamaForCausalLM")
@@ -65,6 +65,26 @@ def export_hf(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
         shutil.rmtree(tmp)
     model.save_pretrained(str(tmp))
     tmp.rename(out)
+    return out
+
+
+def save_model(pm, out: str | os.PathLike, step: int, workdir: str | os.PathLike) -> Path:
+    """Export the live model ``pm`` (every rank calls this) to the HuggingFace folder
+    ``out``: a checkpoint in ``workdir`` gathers the ranks' tensors, rank 0 exports it,
+    and the checkpoint is removed. Any rank's failure is one line on every rank."""
+    from merak_exec.checkpoint import agree_error, save_checkpoint
+
+    out = Path(out)
+    tmp = Path(workdir) / f".export-{step}"
+    save_checkpoint(pm, tmp, step)
+    failed = None
+    if pm.mesh.rank == 0:
+        try:
+            export_hf(tmp, out)
+        except ExecError as e:
+            failed = str(e)
+        shutil.rmtree(tmp, ignore_errors=True)
+    agree_error(pm, failed, "the model export rendezvous")
     return out
 
 

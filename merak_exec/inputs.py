@@ -157,9 +157,10 @@ def check_inputs(model, args, dataset, eval_dataset) -> None:
     from merak_exec.stages import LayerChain
     from merak_sim.io import OutputPathError, check_output_path
 
-    if eval_dataset is not None:
-        raise ExecError("eval_dataset is not supported by merak_exec (no evaluation "
-                        "loop); pass train_dataset only")
+    if eval_dataset is not None and not (hasattr(eval_dataset, "__len__") and
+                                         hasattr(eval_dataset, "__getitem__")):
+        raise ExecError(f"eval_dataset must be indexable with a length, got a "
+                        f"{type(eval_dataset).__name__}; materialise it, e.g. list(...)")
     if not isinstance(model, (nn.Module, LayerChain)):
         raise ExecError(f"model must be a torch.nn.Module (e.g. a HuggingFace "
                         f"GPT2LMHeadModel), got {type(model).__name__}")

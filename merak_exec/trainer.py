@@ -10,8 +10,9 @@
 field) and starts torch.distributed; ``Trainer`` parallelises the unmodified model,
 feeds it global batches built deterministically from ``train_dataset`` (every rank
 builds the same global batch and keeps its data-parallel slice), logs the loss,
-saves checkpoints every ``save_steps`` (keeping ``save_total_limit``) and resumes
-from one, at any layout. Labels follow HuggingFace: aligned with the inputs (the loss shifts them),
+saves checkpoints every ``save_steps`` and at the end (keeping ``save_total_limit``),
+resumes from one at any layout, evaluates on an ``eval_dataset`` every ``eval_steps``
+and exports the model in HuggingFace's layout (:meth:`Trainer.save_model`). Labels follow HuggingFace: aligned with the inputs (the loss shifts them),
 missing labels mean the input ids, -100 is ignored, right padding is masked.
 """
 
@@ -89,7 +90,8 @@ class TrainingArguments:
         logging_steps: print the loss every this many steps (rank 0; 0: never).
         save_steps: checkpoint every this many steps (0: never).
         save_total_limit: keep only this many newest checkpoints (None: all).
-        eval_steps, eval_strategy: evaluation is not run; eval_strategy must be "no".
+        eval_steps, eval_strategy: with an ``eval_dataset``, "steps" evaluates every
+            ``eval_steps`` steps (and at the end); "no" never.
         report_to: "none" only (no integrations).
         dataloader_num_workers: 0 only (batches are built in the training process).
         resume_from_checkpoint: a checkpoint directory, or True for the newest one in
@@ -155,8 +157,10 @@ def _check_args(a: TrainingArguments) -> None:
     problems = []
     if bad:
         problems.append(f"report_to={bad} (no logging integrations; use 'none')")
-    if a.eval_strategy not in ("no", None):
-        problems.append(f"eval_strategy={a.eval_strategy!r} (evaluation is not run; use 'no')")
+    if a.eval_strategy not in ("no", "steps", None):
+        problems.append(f"eval_strategy={a.eval_strategy!r} (use 'steps' or 'no')")
+    elif a.eval_strategy == "steps" and not a.eval_steps:
+        problems.append("eval_strategy='steps' without eval_steps (set eval_steps >= 1)")
     if a.dataloader_num_workers:
         problems.append(f"dataloader_num_workers={a.dataloader_num_workers} (batches are "
                         "built in the training process; use 0)")
@@ -217,7 +221,16 @@ class Trainer:
         if len(train_dataset) < config.global_batch_size:
             raise ExecError(f"dataset has {len(train_dataset)} samples, fewer than one global "
                             f"batch ({config.global_batch_size})")
+        if args.eval_strategy == "steps" and eval_dataset is None:
+            raise ExecError("eval_strategy='steps' needs an eval_dataset (pass one, or set "
+                            "eval_strategy='no')")
+        if eval_dataset is not None and len(eval_dataset) < config.global_batch_size:
+            raise ExecError(f"eval_dataset has {len(eval_dataset)} samples, fewer than one "
+                            f"global batch ({config.global_batch_size}); give more or a "
+                            "smaller batch")
         self.args, self.config, self.dataset = args, config, train_dataset
+        self.eval_dataset = eval_dataset
+        self.eval_history: list[dict] = []
         self.seq = args.seq_len or max(int(sample_tensors(train_dataset[i], i)[0].shape[-1])
                                        for i in range(len(train_dataset)))
         check_model_fits(model, config, self.seq, mesh.device)
@@ -250,6 +263,48 @@ class Trainer:
         pairs = [pad_sample(i, self.dataset[i], self.seq, self.args.pad_token_id) for i in idx]
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
+    def evaluate(self) -> dict:
+        """Loss and perplexity on ``eval_dataset`` (every full global batch of it, in
+        order; the forwards only, :meth:`ParallelModel.evaluate`). Every rank calls it
+        and gets the same numbers."""
+        if self.eval_dataset is None:
+            raise ExecError("evaluate() needs an eval_dataset; pass one to the Trainer")
+        B = self.config.global_batch_size
+        losses = []
+        for start in range(0, len(self.eval_dataset) - B + 1, B):
+            pairs = [pad_sample(i, self.eval_dataset[i], self.seq, self.args.pad_token_id)
+                     for i in range(start, start + B)]
+            losses.append(self.model.evaluate(torch.stack([p[0] for p in pairs]),
+                                              torch.stack([p[1] for p in pairs])))
+        loss = sum(losses) / len(losses)
+        out = {"step": self.step, "eval_loss": loss,
+               "perplexity": math.exp(loss) if loss < 700 else math.inf}
+        self.eval_history.append(out)
+        if self.model.mesh.rank == 0:
+            print(f"eval step {self.step} loss {loss:.6f} perplexity {out['perplexity']:.4g}",
+                  flush=True)
+        return out
+
+    def save_model(self, output_dir: str) -> Path:
+        """Write the model, as trained so far, to ``output_dir`` in HuggingFace's layout
+        (``AutoModelForCausalLM.from_pretrained(output_dir)`` loads it); every rank
+        calls it. The built-in GPT is written as a GPT2LMHeadModel."""
+        from merak_exec.export import save_model
+
+        return save_model(self.model, output_dir, self.step, self.args.output_dir)
+
+    def _after_step(self, samples: int) -> None:
+        """Checkpoint and evaluate as the arguments ask after step ``self.step``."""
+        a = self.args
+        if a.save_steps and (self.step % a.save_steps == 0 or self.step == self.max_steps):
+            save_checkpoint(self.model, f"{a.output_dir}/checkpoint-{self.step}", self.step,
+                            samples)
+            if self.model.mesh.rank == 0 and a.save_total_limit:
+                rotate_checkpoints(a.output_dir, a.save_total_limit)
+        if a.eval_strategy == "steps" and (self.step % a.eval_steps == 0
+                                           or self.step == self.max_steps):
+            self.evaluate()
+
     def train(self, resume_from_checkpoint: str | bool | None = None) -> RunResult:
         """Run to ``max_steps`` iterations, first resuming from a checkpoint when one is
         given here or in the arguments (True: the newest in ``output_dir``)."""
@@ -281,14 +336,12 @@ class Trainer:
             if rank0 and a.logging_steps and self.step % a.logging_steps == 0:
                 print(f"step {self.step} loss {out.loss:.6f} time {times[-1] * 1e3:.1f} ms"
                       + _opt_log(pm.runtime.optimizer), flush=True)
-            if a.save_steps and self.step % a.save_steps == 0:
-                save_checkpoint(pm, f"{a.output_dir}/checkpoint-{self.step}", self.step,
-                                samples)
-                if rank0 and a.save_total_limit:
-                    rotate_checkpoints(a.output_dir, a.save_total_limit)
+            self._after_step(samples)  # the last step always saves and evaluates
         events = gather_events(pm)
-        res = RunResult(events=events, step_times_s=times, losses=losses,
-                        meta={"config": self.config.to_dict()})
+        meta = {"config": self.config.to_dict()}
+        if self.eval_history:
+            meta["eval"] = list(self.eval_history)
+        res = RunResult(events=events, step_times_s=times, losses=losses, meta=meta)
         if a.trace_path and rank0:
             res.save_chrome_trace(a.trace_path)
         return res

@@ -88,15 +88,17 @@ def test_padded_tokens_do_not_change_the_loss():
 def test_training_arguments_refuse_by_name():
     ds = [{"input_ids": torch.zeros(4, dtype=torch.long)}] * 4
     for kw, name in [({"report_to": "wandb"}, "report_to"),
-                     ({"eval_strategy": "steps", "eval_steps": 10}, "eval_strategy"),
+                     ({"eval_strategy": "epoch"}, "eval_strategy"),
+                     ({"eval_strategy": "steps"}, "without eval_steps"),
                      ({"dataloader_num_workers": 2}, "dataloader_num_workers"),
                      ({"bf16": True, "fp16": True}, "bf16 and fp16")]:
         with pytest.raises(ExecError, match=name):
             Trainer(model=None, args=TrainingArguments(**kw), train_dataset=ds)
     with pytest.raises(TypeError, match="deepspeed"):
         TrainingArguments(deepspeed="ds.json")
-    with pytest.raises(ExecError, match="eval_dataset"):
-        Trainer(model=None, args=TrainingArguments(), train_dataset=ds, eval_dataset=ds)
+    with pytest.raises(ExecError, match="eval_dataset must be indexable"):
+        Trainer(model=None, args=TrainingArguments(), train_dataset=ds,
+                eval_dataset=(x for x in ds))
     # HF's common fields are accepted with their meaning
     TrainingArguments(num_train_epochs=1, bf16=True, warmup_steps=2, max_grad_norm=0.5,
                       lr_scheduler_type="cosine", save_total_limit=2, eval_steps=5,

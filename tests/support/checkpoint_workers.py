@@ -244,3 +244,44 @@ def job_evaluate(rank: int, arg: dict) -> dict:
     pm.train_step(x, y)
     after = pm.evaluate(x, y)
     return {"before": before, "train": train, "after": after}
+
+
+def job_trainer_data(rank: int, arg: dict) -> dict:
+    """The Trainer on a token file (merak_exec.data) at pp2: evaluation every 2 steps
+    and at the end, checkpoints every 2 steps and at the end, then save_model; rank 0
+    loads the export with transformers and computes the held-out loss itself."""
+    import numpy as np
+
+    from merak_exec.data import load_data
+    from merak_exec.models.gpt import lm_loss
+    from merak_exec.trainer import Trainer, TrainingArguments, init
+
+    tokens = os.path.join(arg["dir"], "tokens.bin")
+    if rank == 0:
+        rng = np.random.default_rng(0)
+        np.tile(rng.integers(0, 64, 64, dtype=np.uint16), 20).tofile(tokens)
+    torch.distributed.barrier()
+    splits = load_data(tokens, seq_len=8, vocab_size=64, eval_fraction=0.1)
+    init(pp=2, schedule="1f1b")
+    args = TrainingArguments(output_dir=os.path.join(arg["dir"], "run"),
+                             per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                             max_steps=5, learning_rate=3e-3, save_steps=2, eval_steps=2,
+                             eval_strategy="steps", logging_steps=0, warmup_steps=0)
+    torch.manual_seed(0)
+    trainer = Trainer(build_model("gpt", 4), args, splits.train, eval_dataset=splits.eval)
+    result = trainer.train()
+    out = os.path.join(arg["dir"], "hf")
+    trainer.save_model(out)
+    ck = sorted(os.listdir(args.output_dir))
+    res = {"eval": result.meta["eval"], "checkpoints": ck, "train": result.losses}
+    if rank == 0:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(out).eval()
+        B = 4
+        with torch.no_grad():
+            losses = [float(lm_loss(hf(ids).logits, ids)) for ids in (
+                torch.stack([splits.eval[i]["input_ids"] for i in range(s, s + B)])
+                for s in range(0, len(splits.eval) - B + 1, B))]
+        res["hf_eval"] = sum(losses) / len(losses)
+    return res
