@@ -51,10 +51,12 @@ def test_torchrun_and_slurm_scripts(tmp_path):
     assert "--nnodes=2" in text and "--nproc-per-node=4" in text and "merak_exec" in text
     assert len(f.node_commands) == 2 and "--node-rank=1" in f.node_commands[1]
     assert Plan.load(f.plan) == p
+    (tmp_path / "train.py").write_text("")
     f = write_launch(p, "slurm", nodes=2, gpus_per_node=4, out_dir=tmp_path / "s",
-                     script="train.py")
+                     script=str(tmp_path / "train.py"))
     text = f.launcher.read_text()
-    assert "#SBATCH --nodes=2" in text and "srun torchrun" in text and "train.py" in text
+    assert "#SBATCH --nodes=2" in text and "--kill-on-bad-exit=1 torchrun" in text
+    assert f"{tmp_path / 'train.py'} --plan" in text
 
 
 @pytest.mark.parametrize("nodes, gpn, fragment", [(1, 2, "4 GPUs"), (4, 1, "must divide")])
@@ -135,7 +137,8 @@ def test_sbatch_options_and_its_own_directory(tmp_path):
                      partition="gpu", output="merak-%j.out")
     text = f.launcher.read_text()
     for line in ("#SBATCH --time=1-02:00:00", "#SBATCH --partition=gpu",
-                 "#SBATCH --output=merak-%j.out", f"cd {tmp_path.resolve()}"):
+                 "#SBATCH --output=merak-%j.out",
+                 f"else here={tmp_path.resolve()}; fi"):
         assert line in text
     assert f.node_commands == (next(f"every node: {ln}" for ln in text.splitlines()
                                     if ln.startswith("srun ")),)
