@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from merak_exec.hooks import RuntimeHooks
+from merak_exec.mesh import peer_failure, peers_text
 from merak_sim.schedule.ir import Action, Kind, iter_actions
 
 __all__ = ["BucketedReducer", "split_buckets"]
@@ -128,7 +129,13 @@ class BucketedReducer(RuntimeHooks):
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad.reshape(-1))
         flat = torch.cat(grads)
-        work = dist.all_reduce(flat, group=self.mesh.dp_group, async_op=True)
+        try:  # inside a backward hook: a lost peer must still be one line
+            work = dist.all_reduce(flat, group=self.mesh.dp_group, async_op=True)
+        except RuntimeError as e:
+            peers = [r for r in dist.get_process_group_ranks(self.mesh.dp_group)
+                     if r != self.mesh.rank]
+            raise peer_failure(f"starting data-parallel gradient bucket {i}", peers,
+                               self.mesh.timeout_s, e) from None
         self.works.append((i, work, flat))
 
     def finish(self, wait) -> None:
@@ -137,9 +144,9 @@ class BucketedReducer(RuntimeHooks):
         for i in range(self.next, len(self.buckets)):
             self.pending[i] = 0
         self._launch_ready(in_backward=False)
-        dp = self.mesh.dp
+        dp, peers = self.mesh.dp, peers_text(self.mesh.dp_group)
         for i, work, flat in self.works:
-            wait(work, f"data-parallel gradient bucket {i}")
+            wait(work, f"data-parallel gradient bucket {i} with {peers}")
             flat.div_(dp)
             off = 0
             for p in self.buckets[i]:

@@ -13,16 +13,35 @@ creates a communicator collectively on its first use, and the posting proof
 (:mod:`merak_sim.schedule.posting`) counts on one communicator (one stream) per channel.
 
 Every collective and wait of the backend is bounded by ``MERAK_TIMEOUT_S``
-(:func:`wait_for`, :func:`timed_collective`): a lost or stalled peer becomes one
-:class:`RankTimeoutError` line naming this rank, the operation and the peer.
+(:func:`wait_for`, :func:`timed_collective`, :func:`bounded`): a lost or stalled peer
+becomes one :class:`RankTimeoutError` line naming this rank, the operation and the
+peer. When an operation with several peers times out, the survivors report to the
+rendezvous store and wait a short grace for each other, so the line also says which
+peers never reported (the lost ones; a kill shows at once as a closed connection, so
+that probe is for timeouts only). The launch environment is checked before any
+connection (:func:`check_launch_env`), and the rendezvous is merak's own check-in on
+torch's TCPStore, so a rank that never arrives is named.
+
+Fault injection (tests and ``benchmarks/fault_matrix.py``): ``MERAK_FAULT=RANK:MODE:WHERE``
+makes rank RANK kill itself (``kill``, SIGKILL) or sleep past every timeout (``stall``)
+at WHERE: ``startup`` (before the rendezvous), ``step@N`` (the middle of the N-th
+iteration's program, :mod:`merak_exec.runtime`) or ``op:TEXT[@N]`` (entering the N-th
+bounded operation whose description contains TEXT, e.g. ``op:checkpoint@2``); it
+writes one ``MERAK_FAULT`` line to stderr first. Unset, :func:`fault_point` costs one
+dictionary look-up.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import re
+import signal
+import socket
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,9 +52,12 @@ from merak_sim.config import ParallelConfig
 from merak_sim.layout import RankLayout
 from merak_sim.schedule.posting import channels
 
-__all__ = ["ExecError", "RankTimeoutError", "Mesh", "init_distributed", "build_mesh",
-           "default_timeout_s", "wait_for", "timed_collective", "peers_text", "bounded",
-           "first_slurm_host", "slurm_env", "all_reduce_gradients"]
+__all__ = ["ExecError", "RankTimeoutError", "NonFiniteError", "Mesh", "init_distributed",
+           "build_mesh", "default_timeout_s", "check_launch_env", "wait_for",
+           "timed_collective", "peers_text", "peer_failure", "is_comm_failure", "bounded",
+           "fault_point",
+           "first_slurm_host",
+           "slurm_env", "all_reduce_gradients"]
 
 
 class ExecError(ValueError):
@@ -49,13 +71,29 @@ class RankTimeoutError(RuntimeError):
     peer)."""
 
 
+class NonFiniteError(ExecError):
+    """Training diverged: the loss or the global gradient norm is not finite (for fp16,
+    after the loss scaler has given up). The message is one line naming the step."""
+
+
+#: Longest accepted MERAK_TIMEOUT_S (about 11.6 days): beyond it no wait is meaningful
+#: and torch's timedelta arithmetic overflows.
+MAX_TIMEOUT_S = 1e6
+
+
 def default_timeout_s() -> float:
     """Timeout for every wait, from MERAK_TIMEOUT_S (default 60 s): short, so a lost
-    rank turns into a clear error on the others rather than a hang."""
+    rank turns into a clear error on the others rather than a hang. Anything but a
+    finite number of seconds in (0, 1e6] is an :class:`ExecError`."""
+    text = os.environ.get("MERAK_TIMEOUT_S", "60")
     try:
-        return float(os.environ.get("MERAK_TIMEOUT_S", "60"))
+        t = float(text)
     except ValueError:
-        raise ExecError("MERAK_TIMEOUT_S must be a number of seconds") from None
+        t = math.nan
+    if not (math.isfinite(t) and 0 < t <= MAX_TIMEOUT_S):
+        raise ExecError(f"MERAK_TIMEOUT_S={text!r}: give a finite number of seconds above 0 "
+                        f"and at most {MAX_TIMEOUT_S:g} (the bound on every wait for a peer)")
+    return t
 
 
 def loopback_env(rank: int, world: int, port: int) -> None:
@@ -69,7 +107,141 @@ def loopback_env(rank: int, world: int, port: int) -> None:
 
 
 def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+    """The gist of a torch error: its first line without the C++ source location
+    (``[/path/pair.cc:553] ``, a path outside this repository), at most 160 characters."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    line = re.sub(r"^\[[^\]]*:\d+\]\s*", "", line).strip() or type(e).__name__
+    line = re.split(r"(?<=[.!]) (?=This is typically|Check the logs)", line)[0]
+    line = line.rstrip(" .")
+    return line if len(line) <= 160 else line[:157].rstrip() + "..."
+
+
+def _my_rank() -> int | str:
+    """This process's global rank (from the launcher's environment before the
+    rendezvous)."""
+    return dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
+
+
+# -- fault injection ----------------------------------------------------------------
+_FAULT: dict = {}  # "spec": the parsed MERAK_FAULT (None when unset), "seen": matches
+
+
+def _fault_spec() -> tuple[int, str, str, int] | None:
+    """MERAK_FAULT parsed once: (rank, mode, where, nth) or None."""
+    if "spec" not in _FAULT:
+        text = os.environ.get("MERAK_FAULT", "").strip()
+        spec = None
+        if text:
+            m = re.fullmatch(r"(\d+):(kill|stall):(startup|step@\d+|op:.+?)(?:@(\d+))?", text)
+            if m is None or (m.group(3).startswith("step@") and m.group(4)):
+                raise ExecError(f"MERAK_FAULT={text!r}: write RANK:kill|stall:WHERE with WHERE "
+                                "startup, step@N or op:TEXT[@N]")
+            spec = (int(m.group(1)), m.group(2), m.group(3), int(m.group(4) or 1))
+        _FAULT.update(spec=spec, seen=0)
+    return _FAULT["spec"]
+
+
+def fault_point(label: str, op: bool = False) -> None:
+    """Kill or stall this process here if MERAK_FAULT says so (module docstring):
+    ``label`` is ``"startup"`` or ``"step@N"``, or with ``op`` the description of a
+    bounded operation, matched by the spec's ``op:TEXT``."""
+    spec = _FAULT["spec"] if "spec" in _FAULT else _fault_spec()
+    if spec is None or str(_my_rank()) != str(spec[0]):
+        return
+    rank, mode, where, nth = spec
+    if not (where == label if not op else where.startswith("op:") and where[3:] in label):
+        return
+    _FAULT["seen"] += 1
+    if _FAULT["seen"] != nth:
+        return
+    sys.stderr.flush()
+    os.write(2, f"merak_exec: MERAK_FAULT: rank {rank} {mode} at {label}\n".encode())
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(3 * default_timeout_s() + 30)  # past every peer's timeout, yet bounded
+    os._exit(1)
+
+
+# -- bounded waits --------------------------------------------------------------------
+_RDZV: dict = {}  # "store": the rendezvous TCPStore, "prefix": merak's keys in it
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 inside the block: torch's C++ side logs every failed
+    connection attempt of a rendezvous or store call with a stack of frames, while the
+    Python exception raised afterwards carries the one line worth showing."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def _ranks(ranks: list[int], limit: int = 8) -> str:
+    """"rank 3", "ranks 1, 3" (the first ``limit``, then how many more)."""
+    shown = ", ".join(map(str, ranks[:limit]))
+    more = f" and {len(ranks) - limit} more" if len(ranks) > limit else ""
+    return ("rank " if len(ranks) == 1 else "ranks ") + shown + more
+
+
+def _report_failure() -> bool:
+    """Mark this rank in the rendezvous store as alive but failed (one short store call):
+    what :func:`_silent_peers` on the other ranks looks for. False when the store cannot
+    be reached (none kept, or its host ended)."""
+    store = _RDZV.get("store")
+    if store is None:
+        return False
+    try:
+        with _quiet_stderr():
+            store.set_timeout(datetime.timedelta(seconds=min(2.0, default_timeout_s() / 2)))
+            store.set(f"{_RDZV['prefix']}/failed/{_my_rank()}", b"1")
+        return True
+    except RuntimeError:
+        return False
+
+
+def _silent_peers(peers: list[int]) -> str:
+    """After an operation with several ``peers`` timed out: give them a short grace to
+    report failing too (every rank reports any failure; the live peers of a lost rank
+    time out alike, or fail at once when a neighbour ends) and name those that did not.
+    Empty when the store cannot tell."""
+    store, key, left = _RDZV.get("store"), f"{_RDZV.get('prefix')}/failed/", list(peers)
+    deadline = time.monotonic() + min(2.0, default_timeout_s() / 2)
+    try:
+        with _quiet_stderr():
+            while left and time.monotonic() < deadline:
+                left = [p for p in left if not store.check([f"{key}{p}"])]
+                time.sleep(0.05 if left else 0)
+    except RuntimeError:  # the store's host ended; what was seen so far still holds
+        if len(left) == len(peers):
+            return ""
+    return f"; {_ranks(left)} did not report in (dead or stalled)" if left else ""
+
+
+def peer_failure(what: str, peers: list[int] | None, timeout_s: float,
+                 error: BaseException | None) -> RankTimeoutError:
+    """The one-line error of a failed bounded operation ``what`` with ``peers`` (global
+    ranks; None: unknown): ``error`` is torch's (None for a plain timeout). What
+    :func:`timed_collective` and :func:`bounded` raise; for other places that catch a
+    torch.distributed failure themselves (an action's tensor-parallel collective)."""
+    return RankTimeoutError(_failure(what, peers, timeout_s, error))
+
+
+def _failure(what: str, peers: list[int] | None, t: float, e: BaseException | None) -> str:
+    """The line of :func:`peer_failure`."""
+    with_peers = f" with {_ranks(peers)}" if peers else ""
+    cause = f"(timeout {t:g} s): {'timed out' if e is None else _first_line(e)}"
+    timed_out = e is None or "timed out" in str(e).lower() or "timeout" in str(e).lower()
+    reported = _report_failure()
+    lost = _silent_peers(peers) if reported and timed_out and peers and len(peers) > 1 else ""
+    return (f"merak_exec: rank {_my_rank()} failed in {what}{with_peers} {cause}"
+            f"{lost or '; a peer rank probably died or stalled'}")
 
 
 def wait_for(work, what: str, timeout_s: float | None = None, rank: int | None = None) -> None:
@@ -77,39 +249,74 @@ def wait_for(work, what: str, timeout_s: float | None = None, rank: int | None =
     MERAK_TIMEOUT_S); raise a one-line :class:`RankTimeoutError` saying that ``rank``
     (default this process's) gave up waiting for ``what`` (name the peer in it)."""
     t = default_timeout_s() if timeout_s is None else timeout_s
-    r = dist.get_rank() if rank is None else rank
+    r = _my_rank() if rank is None else rank
     try:
         ok = work.wait(datetime.timedelta(seconds=t))
     except RuntimeError as e:
+        _report_failure()
         raise RankTimeoutError(
             f"merak_exec: rank {r} failed waiting for {what} (timeout {t:g} s): "
             f"{_first_line(e)}; a peer rank probably died or stalled") from None
     if ok is False:
+        _report_failure()
         raise RankTimeoutError(f"merak_exec: rank {r} timed out after {t:g} s waiting for "
                                f"{what}; a peer rank probably died or stalled")
 
 
+#: What torch's communication errors say when they arrive as a plain RuntimeError (a
+#: gloo work's ``wait()`` inside FSDP's hooks raises one).
+_COMM_MARKERS = ("/gloo/", "NCCL", "c10d", "ProcessGroup", "Connection closed by peer",
+                 "Connection reset by peer", "Timed out waiting", "Operation timed out")
+
+
+def is_comm_failure(e: BaseException) -> bool:
+    """Whether ``e`` is a torch.distributed failure (a store or group timeout, a closed
+    connection): a DistError, a RuntimeError with a gloo / NCCL / c10d message, or
+    DCP's CheckpointException gathering one."""
+    if isinstance(e, dist.DistError):
+        return True
+    if isinstance(e, RuntimeError) and not isinstance(e, RankTimeoutError):
+        return any(m in str(e) for m in _COMM_MARKERS)
+    api = sys.modules.get("torch.distributed.checkpoint.api")
+    if api is not None and isinstance(e, api.CheckpointException):
+        return any(isinstance(f, BaseException) and is_comm_failure(f)
+                   for f in getattr(e, "failures", {}).values())
+    return False
+
+
 @contextlib.contextmanager
-def bounded(what: str):
+def bounded(what: str, group=None, quiet: bool = False):
     """Turn a torch.distributed failure inside the block (a store or group timeout, a
-    closed connection) into one :class:`RankTimeoutError` line naming ``what``."""
+    closed connection, DCP's CheckpointException of one) into one
+    :class:`RankTimeoutError` line naming this rank, ``what`` and the other ranks of
+    ``group`` (default: the whole world). The block is a fault point (``op:TEXT``).
+    ``quiet``: silence stderr inside it (torch's C++ store client logs every timed-out
+    poll with frames; for start-up blocks that print nothing else)."""
+    fault_point(what, op=True)
     try:
-        yield
+        with _quiet_stderr() if quiet else contextlib.nullcontext():
+            yield
     except RankTimeoutError:
         raise
-    except RuntimeError as e:
-        if not isinstance(e, dist.DistError):
+    except BaseException as e:
+        if not is_comm_failure(e):
             raise
-        rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
-        raise RankTimeoutError(f"merak_exec: rank {rank} failed in {what}: {_first_line(e)}; "
-                               "a peer rank probably died or stalled") from None
+        peers = _peers(group) if dist.is_initialized() else None
+        t = default_timeout_s()
+        raise RankTimeoutError(_failure(what, peers, t, e)) from None
+
+
+def _peers(group) -> list[int]:
+    """The other members of ``group`` (global ranks; None: the world)."""
+    me = dist.get_rank()
+    ranks = (range(dist.get_world_size()) if group is None
+             else dist.get_process_group_ranks(group))
+    return [r for r in ranks if r != me]
 
 
 def peers_text(group) -> str:
     """"rank 3" or "ranks 1, 3": the other members of ``group`` (global ranks)."""
-    me = dist.get_rank()
-    others = [r for r in dist.get_process_group_ranks(group) if r != me]
-    return ("rank " if len(others) == 1 else "ranks ") + ", ".join(map(str, others))
+    return _ranks(_peers(group))
 
 
 def timed_collective(fn: Callable, *args, group, what: str,
@@ -117,21 +324,19 @@ def timed_collective(fn: Callable, *args, group, what: str,
     """Run the collective ``fn(*args, group=group, async_op=True, **kwargs)`` (e.g.
     ``dist.all_reduce``, ``dist.broadcast``, ``dist.all_gather``,
     ``dist.reduce_scatter``) and wait for it within ``timeout_s``
-    (default MERAK_TIMEOUT_S); a failure is one :class:`RankTimeoutError` line naming
-    this rank, ``what`` and the group's other ranks."""
+    (default MERAK_TIMEOUT_S); a failure, posting included, is one
+    :class:`RankTimeoutError` line naming this rank, ``what`` and the group's other
+    ranks (those that did not report a timeout too, when several). Entering it is a
+    fault point (``op:TEXT``)."""
+    fault_point(what, op=True)
     t = default_timeout_s() if timeout_s is None else timeout_s
     try:
         ok = fn(*args, group=group, async_op=True, **kwargs).wait(
             datetime.timedelta(seconds=t))
     except RuntimeError as e:
-        raise RankTimeoutError(
-            f"merak_exec: rank {dist.get_rank()} failed in {what} with {peers_text(group)} "
-            f"(timeout {t:g} s): {_first_line(e)}; a peer rank probably died or stalled"
-        ) from None
+        raise RankTimeoutError(_failure(what, _peers(group), t, e)) from None
     if ok is False:
-        raise RankTimeoutError(
-            f"merak_exec: rank {dist.get_rank()} timed out after {t:g} s in {what} with "
-            f"{peers_text(group)}; a peer rank probably died or stalled")
+        raise RankTimeoutError(_failure(what, _peers(group), t, None))
 
 
 def first_slurm_host(nodelist: str) -> str:
@@ -197,36 +402,169 @@ def all_reduce_gradients(params, group, what: str, *, mean_over: int = 1,
         off += g.numel()
 
 
+def check_launch_env(env=None) -> None:
+    """Refuse, in one :class:`ExecError` line before any connection, a launch
+    environment that cannot work: RANK / WORLD_SIZE / LOCAL_RANK not integers, RANK
+    outside ``[0, WORLD_SIZE)``, MASTER_PORT outside 1..65535, MASTER_ADDR unset or not
+    resolvable, MERAK_TIMEOUT_S not a finite positive number of seconds. Without a
+    launcher (no RANK, no srun) the process will be a world of one: only the timeout
+    is checked. Cheap; call it first thing in a command (:func:`init_distributed` does)."""
+    env = os.environ if env is None else env
+    default_timeout_s()
+    _fault_spec()
+    env = {**env, **slurm_env(env)}
+    if "RANK" not in env:
+        return
+
+    def integer(name: str, low: int) -> int:
+        text = env.get(name)
+        try:
+            v = int(text)
+        except (TypeError, ValueError):
+            v = None
+        if v is None or v < low:
+            raise ExecError(f"{name}={text!r}: the launcher must give an integer >= {low} "
+                            "(torchrun and srun set it)")
+        return v
+
+    world, rank = integer("WORLD_SIZE", 1), integer("RANK", 0)
+    if rank >= world:
+        raise ExecError(f"RANK={rank} is not below WORLD_SIZE={world}: ranks run from 0 to "
+                        f"{world - 1}")
+    if "LOCAL_RANK" in env:
+        integer("LOCAL_RANK", 0)
+    port, addr = integer("MASTER_PORT", 1), env.get("MASTER_ADDR", "")
+    if port > 65535:
+        raise ExecError(f"MASTER_PORT={port} is not a TCP port (1..65535)")
+    if not addr:
+        raise ExecError("MASTER_ADDR is not set: give the host of rank 0 (torchrun and srun "
+                        "set it)")
+    try:
+        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        why = getattr(e, "strerror", None) or _first_line(e)
+        raise ExecError(f"MASTER_ADDR={addr!r} does not resolve ({why}): give the host name "
+                        "or address of rank 0") from None
+
+
 def init_distributed(timeout_s: float | None = None, backend: str | None = None) -> None:
     """Initialise the default process group from the launcher's environment.
 
     Works under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) and Slurm's srun
     (:func:`slurm_env`: ranks from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, the master
-    from the job's node list). Backend: NCCL when CUDA is available, else gloo. A process without
-    any launcher environment becomes a world of one. No-op if already initialised.
+    from the job's node list). Backend: NCCL when CUDA is available, else gloo. A process
+    without any launcher environment becomes a world of one (its store on a port the
+    system picks). The environment is checked first (:func:`check_launch_env`); a rank
+    that does not arrive within the timeout is named on the others (the rendezvous is
+    a fault point, ``startup``). No-op if already initialised.
     """
     if dist.is_initialized():
         return
     env = os.environ
     env.update(slurm_env(env))
-    if "RANK" not in env:
-        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    alone = "RANK" not in env
+    if alone:  # a world of one: the store listens on a port the system picks
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_PORT="0")
         env.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in env:
-            import socket
-
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                env["MASTER_PORT"] = str(s.getsockname()[1])
     if env.get("MASTER_ADDR") in (None, "localhost", "127.0.0.1"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if not alone:
+        check_launch_env(env)
+    t = timeout_s if timeout_s is not None else default_timeout_s()
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))
-    t = datetime.timedelta(seconds=timeout_s if timeout_s is not None else default_timeout_s())
-    with bounded(f"the rendezvous at {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"):
-        dist.init_process_group(backend=backend, timeout=t)
+    fault_point("startup")
+    store = _rendezvous(t)
+    with bounded(f"the rendezvous at {env['MASTER_ADDR']}:{env['MASTER_PORT']}", quiet=True):
+        dist.init_process_group(backend=backend, store=dist.PrefixStore("default_pg", store),
+                                rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                                timeout=datetime.timedelta(seconds=t))
+
+
+def _rendezvous(t: float):
+    """Connect to the rendezvous store (rank 0 hosts it, or the launcher's agent under
+    torchrun, as torch's ``env://`` does) and check in: every rank waits until all
+    have, else names the ranks that never came. Returns the store."""
+    env = os.environ
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    host = "the launcher's store" if agent else "rank 0"
+    timeout = datetime.timedelta(seconds=t)
+    try:
+        with _quiet_stderr():
+            store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent,
+                                  timeout=timeout, wait_for_workers=False,
+                                  multi_tenant=True)
+    except RuntimeError as e:
+        verb = "host" if rank == 0 and not agent else f"reach {host} at"
+        raise RankTimeoutError(f"merak_exec: rank {rank} could not {verb} the rendezvous "
+                               f"{addr}:{port} (timeout {t:g} s): {_first_line(e)}") from None
+    if port == 0:
+        env["MASTER_PORT"] = str(store.port)
+    prefix = f"merak/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    _RDZV.update(store=store, prefix=prefix)
+    if world > 1:
+        _check_in(store, f"{prefix}/joined", rank, world, t, f"{addr}:{port}")
+    return store
+
+
+def _check_in(store, key: str, rank: int, world: int, t: float, where: str) -> None:
+    """Store barrier of the rendezvous, naming who never came. Each rank sets
+    ``key/<rank>`` and counts itself in; the last to arrive sets ``key/all`` to "ok".
+    Rank 0 waits ``t``; on a timeout it writes the absent ranks into ``key/all`` and
+    stays (a short grace) until the ranks present have read them. The others wait a
+    grace longer, so rank 0 decides for all; if it cannot (it is the one missing),
+    they look for the absent ranks themselves."""
+    grace = min(2.0, t / 2)
+    try:
+        with _quiet_stderr():
+            store.set(f"{key}/{rank}", b"1")
+            if store.add(f"{key}/count", 1) == world:
+                store.set(f"{key}/all", b"ok")
+            try:
+                store.wait([f"{key}/all"], datetime.timedelta(seconds=t + (rank > 0) * grace))
+                verdict = store.get(f"{key}/all").decode()
+            except RuntimeError:
+                verdict = None
+            if verdict == "ok":
+                return
+            if verdict is None:
+                missing = _absent(store, key, world)
+                if rank == 0:
+                    store.set(f"{key}/all", ",".join(map(str, missing)).encode())
+                    _linger(store, f"{key}/read", world - len(missing) - 1, grace)
+            else:
+                missing = [int(r) for r in verdict.split(",") if r]
+                store.add(f"{key}/read", 1)
+    except RuntimeError as e:
+        raise RankTimeoutError(f"merak_exec: rank {rank} lost the rendezvous store at {where} "
+                               f"(timeout {t:g} s): {_first_line(e)}; its host (rank 0 or the "
+                               "launcher) ended") from None
+    raise RankTimeoutError(f"merak_exec: rank {rank} timed out after {t:g} s in the "
+                           f"rendezvous at {where}: {_ranks(missing)} of {world} never "
+                           "arrived; start it or look at why it did not") from None
+
+
+def _linger(store, key: str, readers: int, grace: float) -> None:
+    """Wait (at most ``grace`` s) until ``readers`` ranks have counted themselves in
+    ``key``: the store lives in this process and must outlast their reading."""
+    deadline = time.monotonic() + grace
+    while store.add(key, 0) < readers and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _absent(store, key: str, world: int, block: int = 64) -> list[int]:
+    """Ranks that have not set ``key/<rank>``: blocks of keys checked at once, so a
+    large world costs ``world / block`` calls when nearly everyone is there."""
+    out = []
+    for lo in range(0, world, block):
+        keys = [f"{key}/{r}" for r in range(lo, min(world, lo + block))]
+        if not store.check(keys):
+            out += [lo + i for i, k in enumerate(keys) if not store.check([k])]
+    return out
 
 
 @dataclass
@@ -305,7 +643,7 @@ def build_mesh(config: ParallelConfig, timeout_s: float | None = None) -> Mesh:
     here = layout.coords(rank)
     t = datetime.timedelta(seconds=timeout_s if timeout_s is not None else default_timeout_s())
     mine = {}
-    with bounded("creating the process groups (every rank must reach it)"):
+    with bounded("creating the process groups (every rank must reach it)", quiet=True):
         # Same creation order on every rank (new_group is collective over the world).
         for kind in ("tp", "dp", "pp", "tied"):
             for ranks in layout.groups(kind):

@@ -6,7 +6,12 @@
   loss scaler (:class:`LossScaler`): the gradient leaving the loss is multiplied by
   the scale (:func:`scaled_loss_fn`, the loss value itself is untouched), the step
   unscales, and a step whose gradients overflowed anywhere is skipped on every rank
-  while the scale backs off.
+  while the scale backs off, down to ``min_scale`` (1, as DeepSpeed and Megatron-LM);
+  an overflow at the minimum means the scaler gave up, and the run stops.
+- Divergence stops the run (as Megatron-LM's and torchtitan's NaN checks do): a
+  global gradient norm that is not finite (and not an fp16 overflow the scaler still
+  handles) raises :class:`~merak_exec.mesh.NonFiniteError`, one line naming the step,
+  on every rank alike before any parameter changes.
 - Gradient clipping by the global norm over every rank (:func:`global_grad_norm`):
   each local gradient counts once per distinct tensor in the job, so data-parallel
   replicas, tensor-parallel replicated parameters (norms, row-parallel biases) and the
@@ -31,7 +36,7 @@ from torch import nn
 
 from merak_exec.fsdp import local_tensor
 from merak_exec.hooks import RuntimeHooks
-from merak_exec.mesh import ExecError, wait_for
+from merak_exec.mesh import ExecError, NonFiniteError, timed_collective
 from merak_exec.replicas import sharded_parameters
 
 __all__ = ["SCHEDULES", "lr_lambda", "LossScaler", "scaled_loss_fn", "autocast_hooks",
@@ -70,20 +75,33 @@ def lr_lambda(kind: str, warmup_steps: int, total_steps: int) -> Callable[[int],
 @dataclass
 class LossScaler:
     """Dynamic loss scale (torch's GradScaler defaults): halve on overflow, double
-    after ``growth_interval`` steps without one."""
+    after ``growth_interval`` steps without one; never below ``min_scale``.
+
+    Attributes:
+        skipped_in_a_row: overflowed steps since the last good one.
+    """
 
     scale: float = 2.0 ** 16
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     growth_interval: int = 2000
     good_steps: int = 0
+    min_scale: float = 1.0
+    skipped_in_a_row: int = 0
+
+    @property
+    def at_minimum(self) -> bool:
+        """The scale cannot back off any further: another overflow means giving up."""
+        return self.scale <= self.min_scale
 
     def update(self, overflow: bool) -> None:
         """Adjust the scale after a step (``overflow``: it was skipped)."""
         if overflow:
-            self.scale *= self.backoff_factor
+            self.scale = max(self.scale * self.backoff_factor, self.min_scale)
             self.good_steps = 0
+            self.skipped_in_a_row += 1
             return
+        self.skipped_in_a_row = 0
         self.good_steps += 1
         if self.good_steps >= self.growth_interval:
             self.scale *= self.growth_factor
@@ -156,7 +174,8 @@ def global_grad_norm(params, counts: dict[int, int], device: torch.device,
         seen.add(id(p))
         sq += local_tensor(p.grad).detach().float().pow(2).sum() / counts.get(id(p), 1)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        wait_for(dist.all_reduce(sq, async_op=True), "the gradient-norm all-reduce", timeout_s)
+        timed_collective(dist.all_reduce, sq, group=None, timeout_s=timeout_s,
+                         what="the gradient-norm all-reduce over every rank")
     return sq.sqrt()
 
 
@@ -217,7 +236,9 @@ class TrainingOptimizer:
 
     def step(self, closure=None):
         """Unscale, measure the global norm, clip, then step with the scheduled LR, or
-        skip the step (fp16 overflow, on every rank alike)."""
+        skip the step (fp16 overflow, on every rank alike). A norm that is not finite
+        raises :class:`~merak_exec.mesh.NonFiniteError` (under fp16: an overflow with
+        the scale already at its minimum), before anything changes."""
         params = self._params()
         if self.scaler is not None:
             inv = 1.0 / self.scaler.scale
@@ -229,6 +250,8 @@ class TrainingOptimizer:
             norm = global_grad_norm(params, self.counts, self.device, self.timeout_s)
             self.last_grad_norm = float(norm)
         overflow = self.scaler is not None and not math.isfinite(self.last_grad_norm)
+        if need_norm and not math.isfinite(self.last_grad_norm):
+            self._check_diverged()
         if self.schedule is not None:
             f = self.schedule(self.iteration)
             for g, lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
@@ -245,6 +268,20 @@ class TrainingOptimizer:
                 if p.grad is not None:
                     p.grad.mul_(coef)
         return self.optimizer.step(closure)
+
+    def _check_diverged(self) -> None:
+        """Raise the one line of a non-finite gradient norm at this step, unless an fp16
+        loss scaler can still back off (the step is then skipped instead)."""
+        step, norm = self.iteration + 1, self.last_grad_norm
+        if self.scaler is None:
+            raise NonFiniteError(f"merak_exec: training diverged at step {step}: the gradient "
+                                 f"norm is {norm}; lower the learning rate or check the inputs")
+        if self.scaler.at_minimum:
+            raise NonFiniteError(
+                f"merak_exec: training diverged at step {step}: the fp16 gradients overflowed "
+                f"with the loss scale at its minimum {self.scaler.min_scale:g} "
+                f"({self.scaler.skipped_in_a_row + 1} steps skipped in a row); lower the "
+                "learning rate or train in bf16 or fp32")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients (the inner optimizer's ``zero_grad``)."""

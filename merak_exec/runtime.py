@@ -24,11 +24,17 @@ so both ends derive the same tag from the same schedule.
 
 Every wait and collective is bounded by the mesh's timeout (MERAK_TIMEOUT_S): a lost
 peer ends the rank with one :class:`~merak_exec.mesh.RankTimeoutError` line naming the
-rank, the operation and the peer, also when a tensor-parallel collective inside a
-compute action fails. At construction the parameters that tensor-parallel ranks hold
-replicated (norms, biases added after a row-parallel sum, position tables) are made
-equal (tp rank 0's), since the ranks compute those parts redundantly; a program with
-an action kind this runtime does not execute is refused.
+rank, the operation and the peer, also when posting a transfer fails (the peer's
+connection is gone) and when a collective inside a compute action fails (tensor
+parallel, or FSDP's all-gathers and reduce-scatters in its forward and backward
+hooks). A loss that is not finite stops the run on every rank with one
+:class:`~merak_exec.mesh.NonFiniteError` line naming the iteration, except under an
+fp16 loss scaler, whose skipped steps decide (:mod:`merak_exec.optim`). The middle of
+each training iteration's program is the fault point ``step@N``
+(:func:`merak_exec.mesh.fault_point`). At construction the parameters that
+tensor-parallel ranks hold replicated (norms, biases added after a row-parallel sum,
+position tables) are made equal (tp rank 0's), since the ranks compute those parts
+redundantly; a program with an action kind this runtime does not execute is refused.
 
 Every action's start and end is recorded by a :class:`~merak_exec.result.Recorder`
 (perf_counter on CPU, CUDA events on GPU) into the simulator's events schema.
@@ -41,19 +47,23 @@ can be timed action by action through the code :meth:`PipelineRuntime.step` runs
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from merak_exec.fsdp import local_tensor
+from merak_exec.fsdp import FsdpSync, local_tensor
 from merak_exec.hooks import HookHandle, RuntimeHooks, register
 from merak_exec.mesh import (
     ExecError,
     Mesh,
+    NonFiniteError,
     RankTimeoutError,
     all_reduce_gradients,
-    peers_text,
+    fault_point,
+    is_comm_failure,
+    peer_failure,
     timed_collective,
     wait_for,
 )
@@ -146,7 +156,7 @@ class PipelineRuntime:
         if schedule.lowered:
             for p in runtime_postings(schedule)[mesh.pp_rank]:
                 self._postings.setdefault(p.step, []).append(p)
-        self._tp_peers = peers_text(mesh.tp_group) if mesh.tp_group is not None else ""
+        self.iteration = 0  # iterations run by this runtime (the fault point's N)
         sync_tp_replicas(mesh, chunks)
         # Zero-bubble split (I then W): record the outputs of every module that owns
         # parameters during forwards, so I can return their gradients along with the
@@ -236,7 +246,14 @@ class PipelineRuntime:
             for i, t in enumerate(ts):
                 ops.append(dist.P2POp(fn, t, peer, group=group, tag=_tag(key, G) * 8 + i))
             recs.append((a, ts, len(ts)))
-        works = dist.batch_isend_irecv(ops)
+        try:
+            works = dist.batch_isend_irecv(ops)
+        except RuntimeError as e:  # the peer's connection is already gone
+            if not is_comm_failure(e):
+                raise
+            peer = self._peer_global(parts[0])
+            raise peer_failure(f"posting {' '.join(map(str, parts))} on the pipeline channel",
+                               [peer], self.mesh.timeout_s, e) from None
         if len(works) != len(ops):  # backends that coalesce return one handle
             works = [works[-1]] * len(ops)
         i = 0
@@ -456,7 +473,11 @@ class PipelineRuntime:
         state = StepState()
         rec, hooks = self.recorder, self.hooks
         rec.start_step()
+        self.iteration += 1
+        middle = len(self.program) // 2 if not self.evaluating else -1
         for index, step in enumerate(self.program):
+            if index == middle:
+                fault_point(f"step@{self.iteration}")
             if isinstance(step, Fused) or step.kind.is_comm:
                 for h in hooks:
                     h.on_post_start(step.parts)
@@ -469,25 +490,41 @@ class PipelineRuntime:
             ev = rec.begin(step)
             try:
                 self._handlers[step.kind](step, state, inputs, labels)
-            except dist.DistError as e:  # a tensor-parallel collective inside the action
+            except RuntimeError as e:  # a tp or FSDP collective inside the action
+                if not is_comm_failure(e):
+                    raise
                 raise self._lost(step, e) from None
             rec.end(ev)
             for h in hooks:
                 h.on_action_end(step)
         self._drain_sends(state)  # programs without AR still drain their sends
         loss = self._reduce_loss(state)
+        if not self.evaluating:  # an evaluation reports its loss, whatever it is
+            self._check_finite(loss)
         losses = state.losses
         return StepOutput(loss=loss, losses=[losses[m].item() for m in sorted(losses)],
                           events=rec.finish_step())
 
     def _lost(self, a: Action, e: BaseException) -> RankTimeoutError:
-        """The one-line error of a collective that failed inside compute action ``a``."""
-        peers = f" with tensor-parallel {self._tp_peers}" if self._tp_peers else ""
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        return RankTimeoutError(
-            f"merak_exec: rank {self.mesh.rank} failed in a collective of {a}{peers} "
-            f"(timeout {self.mesh.timeout_s:g} s): {first}; a peer rank probably died or "
-            "stalled")
+        """The one-line error of a collective that failed inside compute action ``a``:
+        its peers are those of the groups such a collective runs on (tensor parallel,
+        and data parallel under FSDP, whose hooks gather and reduce-scatter there)."""
+        m = self.mesh
+        fsdp = m.dp_group if isinstance(self.grad_sync, FsdpSync) else None
+        named = [(n, g) for n, g in (("tensor-parallel", m.tp_group), ("FSDP", fsdp))
+                 if g is not None]
+        peers = sorted({r for _, g in named for r in dist.get_process_group_ranks(g)} - {m.rank})
+        kinds = f" ({' and '.join(n for n, _ in named)})" if named else ""
+        return peer_failure(f"a collective of {a}{kinds}", peers or None, m.timeout_s, e)
+
+    def _check_finite(self, loss: float) -> None:
+        """Stop on a loss that is not finite (every rank has the same value, so every
+        rank stops at the same iteration); an fp16 loss scaler decides instead."""
+        if math.isfinite(loss) or getattr(self.optimizer, "scaler", None) is not None:
+            return
+        step = getattr(self.optimizer, "iteration", self.iteration)
+        raise NonFiniteError(f"merak_exec: training diverged at step {step}: the loss is "
+                             f"{loss}; lower the learning rate or check the inputs")
 
     def _reduce_loss(self, state: StepState) -> float:
         """Mean loss of the iteration, made known to every rank (one small all-reduce)."""
