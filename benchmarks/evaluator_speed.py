@@ -5,7 +5,7 @@
 Per row (vTrain's multi-node rows; ``--single`` adds the single-node ones), each the
 median of ``--repeat`` runs:
 
-- ``cold``: the whole :func:`merak_sim.experiments.vtrain.predict_row` (cost table,
+- ``cold``: the whole :func:`predict_row` (cost table,
   schedule, compile, evaluation, result) with every schedule and its compiled
   structure forgotten first (:func:`merak_sim.sim.api.forget_schedules`): the first
   sight of a schedule shape.
@@ -40,9 +40,11 @@ import sys
 import time
 from pathlib import Path
 
-from merak_sim.experiments.vtrain import load_vtrain, predict_row, row_setup, vtrain_cost_model
+from merak_sim.calibrate.stacks import stack_cost_model
+from merak_sim.calibrate.vtrain import VTRAIN_STACK, VTrainRow, load_vtrain, row_setup
+from merak_sim.costs.base import CostModel
 from merak_sim.layout import RankLayout
-from merak_sim.sim.api import evaluator_trace, forget_schedules, shape_schedule
+from merak_sim.sim.api import evaluator_trace, forget_schedules, shape_schedule, simulate
 from merak_sim.sim.evaluator import plan
 from merak_sim.sim.program import compile_program
 from merak_sim.sim.result import build_result
@@ -53,6 +55,18 @@ FULL_PARTS = ("cost table", "generate+lower", "structure", "plan", "price", "eva
               "result")
 LABELS = ("cold", "cold, full evaluation", *(f"  {k}" for k in FULL_PARTS),
           "first call, file order", "again")
+
+
+def vtrain_cost_model(cluster) -> CostModel:
+    """The model pricing the vTrain rows (their stack, the published efficiency)."""
+    return stack_cost_model(VTRAIN_STACK, cluster, None)
+
+
+def predict_row(r: VTrainRow) -> float:
+    """Predicted iteration seconds of a vTrain row: the whole simulate() call."""
+    model, cluster, cfg = row_setup(r)
+    return simulate(model, cluster, cfg, cost_model=vtrain_cost_model(cluster),
+                    engine="evaluator", sub_cluster=True, keep_trace=False).iteration_time_s
 
 
 #: The clock every figure reads (``--clock``).
@@ -75,7 +89,7 @@ def full_parts(r) -> dict[str, float]:
     """Seconds of each part of one cold full evaluation of row ``r``."""
     model, cluster, cfg = row_setup(r)
     t = [clock()]
-    table = vtrain_cost_model().cost_table(model, cluster, cfg)
+    table = vtrain_cost_model(cluster).cost_table(model, cluster, cfg)
     t.append(clock())
     sched = shape_schedule(cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.virtual_stages)
     t.append(clock())

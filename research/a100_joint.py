@@ -1,8 +1,8 @@
 """An experiment: one A100 GEMM curve fitted jointly to the Megatron and PyTorch fit rows.
 
-Today the A100 has two separate fits (:mod:`merak_sim.experiments.vtrain` on vTrain's
+Today the A100 has two separate fits (:mod:`research.vtrain` on vTrain's
 1,440 single-node Megatron rows; ``a100-pytorch`` of
-:mod:`merak_sim.experiments.hopper_fit` on llm-foundry's 36 A100 rows of MPT-1b /
+:mod:`research.hopper_fit` on llm-foundry's 36 A100 rows of MPT-1b /
 MPT-7b). Both describe the same tensor cores under the same library (cuBLAS), yet they
 disagree on the GEMM curve's shape (half-points 27.8 vs 137), and the vTrain fit cannot
 pin it: its loss is flat along ``gemm_dim_half`` / ``gemm_flops_half``, since its small
@@ -22,20 +22,20 @@ Loss: the mean of the two sets' mean absolute log errors, each set weighted equa
 (:func:`joint_loss`), so the 1,440 vTrain rows do not drown the 36 llm-foundry rows;
 a row-weighted mean would give the llm-foundry rows 2.4 % of the weight. Start: the
 declared starts, never an earlier fit (:func:`declared_start`: vTrain's
-:data:`~merak_sim.experiments.vtrain.START` for the shared and the Megatron
+:data:`~research.vtrain.START` for the shared and the Megatron
 parameters; for the PyTorch parameters the published A100 defaults, the start
 hopper_fit's cross-validation uses,
-:func:`~merak_sim.experiments.hopper_fit.published_values`, clipped into their bounds;
+:func:`~research.hopper_fit.published_values`, clipped into their bounds;
 the committed ``a100-pytorch`` values were fitted from vTrain's earlier values instead).
-Search and stopping rule: vTrain's (:data:`~merak_sim.experiments.vtrain.SEARCH`,
-:func:`merak_sim.experiments.fitting.coordinate_search`).
+Search and stopping rule: vTrain's (:data:`~research.vtrain.SEARCH`,
+:func:`merak_sim.calibrate.search.coordinate_search`).
 
 A stack's loss depends only on the shared parameters and its own, so each is memoised
 on exactly those inputs (:class:`JointObjective`): a step on a PyTorch parameter does
 not reprice the 1,440 vTrain rows (0.4-1.2 s per evaluation here), and a step on a
 Megatron parameter does not reprice the llm-foundry rows.
 
-Result of 2026-12-02 (``benchmarks/a100_joint_fit.py``, benchmarks/results/a100_joint_fit.md;
+Result of 2026-12-02 (``research/studies/a100_joint_fit.py``, research/results/a100_joint_fit.md;
 37 rounds, stopped by the rule, 148 s): gemm_max 0.80, gemm_dim_half 8.1,
 gemm_flops_half 1.23e10; fit rows vTrain single-node MAPE 6.33 % (separate 6.35 %),
 llm-foundry A100 2.35 % (separate 3.17 %, but 2.35 % also when a100-pytorch is refitted
@@ -45,7 +45,7 @@ fit's (27.8, 8.9e9) gives a lower joint loss (0.04209 against 0.04247; the searc
 on a flat ridge), at a100-pytorch-alone's (1.14, 6.6e9) 0.04305, but at the committed
 a100-pytorch shape (137, 2.08e10) the vTrain rows rule it out (vTrain MAPE 57 %).
 
-Nothing here changes the committed constants: ``benchmarks/a100_joint_fit.py`` runs the
+Nothing here changes the committed constants: ``research/studies/a100_joint_fit.py`` runs the
 fit and compares it with the separate fits, on the fit rows (the pre-declared
 adoption criterion, :data:`ADOPTION`) and, after the fit, on the held-out rows.
 """
@@ -55,9 +55,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from merak_sim.calibrate.search import SearchResult, coordinate_search
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments import hopper_fit, vtrain
-from merak_sim.experiments.fitting import SearchResult, coordinate_search
+from research import hopper_fit, vtrain
 
 __all__ = ["SHARED", "VTRAIN_OWN", "PYTORCH_OWN", "PYTORCH_PROFILE", "ADOPTION",
            "ADOPTION_POINTS", "Stack", "JointObjective", "JointResult", "shared_bounds",
@@ -67,7 +67,7 @@ __all__ = ["SHARED", "VTRAIN_OWN", "PYTORCH_OWN", "PYTORCH_PROFILE", "ADOPTION",
 
 #: The GEMM efficiency curve: the A100's tensor cores under cuBLAS, one in both stacks.
 SHARED = ("gemm_max", "gemm_dim_half", "gemm_flops_half")
-#: The Megatron (vTrain) stack's own parameters (:data:`merak_sim.experiments.vtrain.FIT_PARAMS`
+#: The Megatron (vTrain) stack's own parameters (:data:`research.vtrain.FIT_PARAMS`
 #: less the shared ones).
 VTRAIN_OWN = tuple(p for p in vtrain.FIT_PARAMS if p not in SHARED)
 #: The PyTorch (llm-foundry) stack's own parameters (the ``a100-pytorch`` profile's keys
@@ -88,8 +88,8 @@ ADOPTION = ("adopt the joint fit if, on the FIT rows, the vTrain single-node MAP
 def shared_bounds(*bound_sets: Mapping[str, tuple[float, float]],
                   names: Sequence[str] = SHARED) -> dict[str, tuple[float, float]]:
     """Per shared parameter, the intersection of its bounds in every set (default: the
-    vTrain fit's :data:`~merak_sim.experiments.vtrain.BOUNDS` and the A100 PyTorch
-    fit's :data:`~merak_sim.experiments.hopper_fit.A100_BOUNDS`); raises ValueError
+    vTrain fit's :data:`~research.vtrain.BOUNDS` and the A100 PyTorch
+    fit's :data:`~research.hopper_fit.A100_BOUNDS`); raises ValueError
     when an intersection is empty."""
     sets = bound_sets or (vtrain.BOUNDS, hopper_fit.A100_BOUNDS)
     out = {}
@@ -196,7 +196,7 @@ def joint_search(stacks: Sequence[Stack], shared_start: Mapping[str, float],
                  ) -> JointResult:
     """Minimise :func:`joint_loss` of ``stacks`` over the shared parameters (those of
     ``shared_start``, within ``bounds``) and each stack's own, by
-    :func:`~merak_sim.experiments.fitting.coordinate_search` with ``search``'s keywords
+    :func:`~merak_sim.calibrate.search.coordinate_search` with ``search``'s keywords
     (shared parameters first, then each stack's in order; :class:`JointObjective`
     prices each stack only when its inputs change)."""
     objective = JointObjective(stacks, tuple(shared_start))
@@ -215,7 +215,7 @@ def joint_search(stacks: Sequence[Stack], shared_start: Mapping[str, float],
 
 def vtrain_stack(rows: Sequence[vtrain.VTrainRow]) -> Stack:
     """The Megatron stack on vTrain rows (the single-node fit rows): each row prepared
-    once (:class:`~merak_sim.experiments.vtrain.PreparedRow`), priced as the vTrain fit
+    once (:class:`~research.vtrain.PreparedRow`), priced as the vTrain fit
     prices it, from its declared start."""
     loss = vtrain.fit_loss(rows, vtrain.start_efficiency())
     return Stack("vtrain", VTRAIN_OWN, {p: vtrain.BOUNDS[p] for p in VTRAIN_OWN},
@@ -225,7 +225,7 @@ def vtrain_stack(rows: Sequence[vtrain.VTrainRow]) -> Stack:
 def pytorch_start() -> dict[str, float]:
     """The PyTorch stack's declared start: the published A100 defaults of its own
     parameters (the start of hopper_fit's cross-validation) clipped into
-    :data:`~merak_sim.experiments.hopper_fit.A100_BOUNDS` (host_op_s, 0 by default,
+    :data:`~research.hopper_fit.A100_BOUNDS` (host_op_s, 0 by default,
     to its floor)."""
     pub = hopper_fit.published_values(PYTORCH_PROFILE, PYTORCH_OWN)
     b = hopper_fit.A100_BOUNDS
@@ -234,7 +234,7 @@ def pytorch_start() -> dict[str, float]:
 
 def pytorch_stack(rows: Sequence[dict]) -> Stack:
     """The PyTorch stack on llm-foundry A100 rows (the ``a100-pytorch`` fit rows), priced
-    as :func:`merak_sim.experiments.hopper_fit.mean_log_error` prices them."""
+    as :func:`research.hopper_fit.mean_log_error` prices them."""
 
     def loss(x: dict[str, float]) -> float:
         return hopper_fit.mean_log_error(rows, hopper_fit.HopperParams(x, PYTORCH_PROFILE))
@@ -245,7 +245,7 @@ def pytorch_stack(rows: Sequence[dict]) -> Stack:
 
 def declared_start() -> dict[str, float]:
     """The shared parameters' declared start: vTrain's
-    :data:`~merak_sim.experiments.vtrain.START` (the published A100 defaults, gemm_max
+    :data:`~research.vtrain.START` (the published A100 defaults, gemm_max
     clipped to 0.80; also what the PyTorch start would give them)."""
     return {n: vtrain.START[n] for n in SHARED}
 

@@ -15,7 +15,7 @@ model and source with a fitted one:
   :data:`merak_sim.costs.calibrated_hopper.A100_PROFILES`): llm-foundry's A100 40 / 80 GB
   rows of MPT-1b and MPT-7b. Held out: llm-foundry's A100 rows of MPT-3b / 13b / 30b /
   70b and every torchtitan A100 row (LLaMA 2 / 3, 8B-70B). Every other A100 use keeps
-  vTrain's Megatron fit (:mod:`merak_sim.experiments.vtrain`).
+  vTrain's Megatron fit (:mod:`research.vtrain`).
 
 What moves: the efficiency curve's GEMM ceiling, its shape half-points, the memory
 efficiency, the per-kernel overhead, the flash-attention ceilings forward and backward
@@ -41,14 +41,14 @@ figures. Bounds (:data:`BOUNDS`) come from physics, fixed before any result was 
 
 Method: the minimum of the mean absolute log error (symmetric relative error) by a
 derivative-free coordinate search in log space
-(:func:`merak_sim.experiments.fitting.coordinate_search`).
+(:func:`merak_sim.calibrate.search.coordinate_search`).
 
 How many parameters move (:data:`VARIANTS`, ``megatron-te``): its ten fit rows cover
 three model families, too few to pin eight parameters, so the candidates are the
 published H100 defaults (nothing fitted), the GEMM ceiling with the per-kernel
 overhead, those two with the flash ceilings, and all eight; the choice is made by
 leave-one-family-out cross-validation inside the fit rows
-(:mod:`merak_sim.experiments.fit_cv`, :func:`cross_validate_profile`), never by the
+(:mod:`research.fit_cv`, :func:`cross_validate_profile`), never by the
 held-out rows.
 """
 
@@ -58,6 +58,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+from merak_sim.calibrate.search import coordinate_search
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.calibrated_hopper import (
     A100_PROFILES,
@@ -68,27 +69,22 @@ from merak_sim.costs.calibrated_hopper import (
 )
 from merak_sim.costs.efficiency import default_efficiency
 from merak_sim.costs.kernels import default_kernels
-from merak_sim.experiments.fit_cv import CvResult, Variant, cross_validate
-from merak_sim.experiments.fitting import coordinate_search
-from merak_sim.experiments.public_runs import measured_step_s, row_setup, skip_reason
 from merak_sim.sim.api import simulate
+from merak_sim.validation.fidelity import (
+    FIT_MODELS,
+    FIT_SPLIT,
+    fit_profile_of,
+    fit_rows,
+    profile_of,
+    role_of,
+)
+from merak_sim.validation.public_runs import measured_step_s, row_setup, skip_reason
+from research.fit_cv import CvResult, Variant, cross_validate
 
 __all__ = ["FIT_SPLIT", "FIT_MODELS", "BOUNDS", "A100_BOUNDS", "profile_of",
            "fit_profile_of", "role_of", "fit_rows", "HopperParams", "predict", "fit",
            "VARIANTS", "CHOSEN", "family_of", "published_values", "mean_log_error",
            "cross_validate_profile"]
-
-#: Per fitted profile: (dataset, GPU-type prefix, model-name prefixes) of the rows the
-#: fit sees.
-FIT_MODELS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "pytorch": ("public-runs/llmfoundry", "H100", ("MPT-1b", "MPT-7b", "MPT-30b")),
-    "megatron-te": ("public-runs/nemo_perf", "H100", ("GPT3-", "LLAMA2-", "Nemotron-")),
-    "a100-pytorch": ("public-runs/llmfoundry", "A100", ("MPT-1b", "MPT-7b")),
-}
-#: The split in words (printed with the fidelity table).
-FIT_SPLIT = ("Hopper fits: pytorch on llm-foundry H100 MPT-1b / 7b / 30b, megatron-te on "
-             "NeMo H100 GPT-3 / LLaMA-2 / Nemotron; A100 PyTorch fit (a100-pytorch) on "
-             "llm-foundry A100 MPT-1b / 7b; every other public-runs row is held out")
 
 #: Physical bounds of the fitted parameters (module docstring).
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -100,43 +96,6 @@ BOUNDS: dict[str, tuple[float, float]] = {
 A100_BOUNDS: dict[str, tuple[float, float]] = {
     **BOUNDS, "flash_max_fwd": (0.25, 0.73), "flash_max_bwd": (0.25, 0.63),
     "host_op_s": (1e-5, 1e-4)}
-
-
-def profile_of(row: dict) -> str:
-    """The Hopper profile of a row's software stack (NeMo / Megatron-Bridge:
-    ``megatron-te``; everything else: ``pytorch``)."""
-    fw = row.get("framework", "").lower()
-    return "megatron-te" if ("nemo" in fw or "megatron-bridge" in fw) else "pytorch"
-
-
-def fit_profile_of(row: dict) -> str | None:
-    """The fitted profile that prices a row: ``a100-pytorch`` for an A100 row of a
-    PyTorch stack, None for other A100 rows (vTrain's Megatron fit), else the row's
-    Hopper profile (:func:`profile_of`)."""
-    stack = profile_of(row)
-    if row.get("gpu_type", "").startswith("A100"):
-        return "a100-pytorch" if stack == "pytorch" else None
-    return stack
-
-
-def role_of(dataset: str, row: dict) -> str:
-    """"fit" for a row of its profile's fit set (module docstring), else "held out"."""
-    key = fit_profile_of(row)
-    if key is None:
-        return "held out"
-    ds, gpu, prefixes = FIT_MODELS[key]
-    if (dataset == ds and row.get("gpu_type", "").startswith(gpu)
-            and row.get("model", "").startswith(prefixes)):
-        return "fit"
-    return "held out"
-
-
-def fit_rows(rows_by_dataset: dict[str, Sequence[dict]], profile: str = DEFAULT_PROFILE
-             ) -> list[dict]:
-    """The expressible rows of ``profile``'s fit set."""
-    return [r for ds, rows in rows_by_dataset.items() for r in rows
-            if role_of(ds, r) == "fit" and fit_profile_of(r) == profile
-            and skip_reason(r) is None]
 
 
 @dataclass(frozen=True)
@@ -201,7 +160,8 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
     ),
 }
 
-#: The variant the cross-validation chose per profile (``benchmarks/fidelity.py --cv``
+#: The variant the cross-validation chose per profile
+#: (``python -m research.studies.hopper_fit --cv``
 #: prints the scores); the committed profile fits exactly its parameters.
 CHOSEN: dict[str, str] = {"megatron-te": "ceiling+overhead"}
 

@@ -6,7 +6,7 @@ evaluator's makespan minus the makespan with that term removed from the cost tab
 (tensor-parallel: the exposed TP collectives inside forward, recompute and backward;
 pipeline: the activation / gradient transfers between stages, with DeepSpeed's
 exchange waits and all-gathers inside forward and backward
-(:mod:`merak_sim.experiments.vtrain_engine`); data-parallel: the gradient all-reduce,
+(:mod:`merak_sim.costs.deepspeed_pipe`); data-parallel: the gradient all-reduce,
 with the tied-embedding all-reduce between the first and last stage).
 ``compute_s`` is the busiest pipeline rank's compute (forward, recompute and backward
 of every micro-batch, communication excluded), ``bubble_s`` the idle time the pipeline
@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from merak_sim.costs.base import CostTable, StageCost
+from merak_sim.costs.deepspeed_pipe import without_exchange
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.vtrain import PreparedRow
-from merak_sim.experiments.vtrain_engine import without_exchange
 from merak_sim.sim.evaluator import evaluate
 from merak_sim.sim.program import compile_program
+from research.vtrain import PreparedRow
 
 __all__ = ["RowBreakdown", "row_breakdown", "comm_scale_needed"]
 

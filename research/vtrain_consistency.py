@@ -70,7 +70,7 @@ until no bound breaks: a set of runs the criterion accepts, and how near the dat
 a set lies (so whether the bounds alone keep a model away from the targets).
 
 Also here, for the fit-row checks of two further hypotheses recorded in
-:mod:`merak_sim.experiments.vtrain_engine`: :func:`per_step_fit` and
+:mod:`merak_sim.costs.deepspeed_pipe`: :func:`per_step_fit` and
 :func:`with_step_cost` (a cost per pipeline step, as per-instruction host work would
 leave) and :func:`layer_gemm_flops` (where the efficiency curve puts a row's GEMMs).
 """
@@ -82,8 +82,8 @@ from dataclasses import dataclass, replace
 
 from merak_sim.costs.base import CostTable
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.fitting import least_squares_line
-from merak_sim.experiments.vtrain import VTrainRow
+from research.lines import least_squares_line
+from research.vtrain import VTrainRow
 
 __all__ = ["KINDS", "Bound", "Limits", "RowShape", "StepFit", "bounds", "consistent_floor",
            "flagged", "layer_gemm_flops", "model_as_data", "needed_slack", "per_step_fit",
@@ -318,7 +318,7 @@ class StepFit:
 def per_step_fit(rows: Sequence[VTrainRow], errs: Sequence[float]
                  ) -> dict[tuple[int, int], StepFit]:
     """Per (tp, pp) group, the residual's line against the pipeline steps (the lead a
-    per-instruction host cost would leave: :mod:`merak_sim.experiments.vtrain_engine`);
+    per-instruction host cost would leave: :mod:`merak_sim.costs.deepspeed_pipe`);
     ``errs`` are relative prediction errors in the rows' order."""
     groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for r, e in zip(rows, errs, strict=True):

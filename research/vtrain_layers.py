@@ -11,7 +11,7 @@ measured times gives the data's own ``A`` and ``B``; the same line through the c
 model's predictions gives the model's, so a fit that matches the rows' totals by
 trading one part against the other shows (:class:`LayerSplit`).
 
-What the lines say (``python benchmarks/vtrain_consistency.py`` prints the figures):
+What the lines say (``python -m research.studies.vtrain_consistency`` prints the figures):
 
 - The measured times lie on their lines far more closely than independent runs
   would: in many groups the successive differences ``T(L + 4) - T(L)`` agree within a
@@ -33,12 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from merak_sim.costs.base import CostTable, StageCost
+from merak_sim.costs.deepspeed_pipe import with_exchange, without_exchange
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.fitting import least_squares_line
-from merak_sim.experiments.vtrain import PreparedRow, VTrainRow
-from merak_sim.experiments.vtrain_engine import with_exchange, without_exchange
 from merak_sim.sim.evaluator import evaluate
 from merak_sim.sim.program import compile_program
+from research.lines import least_squares_line
+from research.vtrain import PreparedRow, VTrainRow
 
 __all__ = ["LayerLine", "LayerSplit", "GroupKey", "group_key", "layer_lines",
            "layer_splits", "predict_scaled", "scale_compute", "slope_ratio_by_tp"]

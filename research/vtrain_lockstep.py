@@ -21,7 +21,7 @@ gradients and steps its optimizer (the first and last stage meet for the tied
 embedding's all-reduce).
 
 Pricing: the stages' forward, recompute and backward times, transfers, all-gathers and
-copies of :mod:`merak_sim.experiments.vtrain_engine` (the same cost model as the
+copies of :mod:`merak_sim.costs.deepspeed_pipe` (the same cost model as the
 prediction, nothing fitted). The pairing is the stricter assumption: NCCL can finish a
 send smaller than its staging buffer (4 MiB by default) before the receiver arrives,
 and every multi-node activation of the vTrain rows is larger.
@@ -33,7 +33,7 @@ within 2 % of it):
 charging two transfers at every meeting, the lock-step iteration equals the
 evaluator's prediction on all 1,549 rows (to 0.01 %): the evaluator's 1F1B with the
 exchange inside both ranks' compute
-(:func:`merak_sim.experiments.vtrain_engine.with_exchange`) is DeepSpeed's lock-step
+(:func:`merak_sim.costs.deepspeed_pipe.with_exchange`) is DeepSpeed's lock-step
 schedule. Counting the tensors that really move (one at the meetings of the pipeline's
 fill and drain) makes it 0-0.4 % faster on the single-node rows and 0-1.3 % on the
 multi-node ones: single-node MAPE 6.99 % -> 7.00 %, multi-node 7.12 % -> 7.10 %, mean
@@ -45,9 +45,9 @@ and the over-charged transfer is at most 1.3 % of a row, so the evaluator keeps 
 from __future__ import annotations
 
 from merak_sim.costs.comm import group_ranks
+from merak_sim.costs.deepspeed_pipe import FULL_COPY_BYTES, DeepSpeedPipelineModel
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.vtrain import PreparedRow, vtrain_cost_model
-from merak_sim.experiments.vtrain_engine import FULL_COPY_BYTES, DeepSpeedPipelineModel
+from research.vtrain import PreparedRow, vtrain_cost_model
 
 __all__ = ["lockstep_makespan", "step_micro_batch"]
 
@@ -66,7 +66,7 @@ def step_micro_batch(step: int, stage: int, stages: int) -> tuple[int, bool]:
 def lockstep_makespan(prepared: PreparedRow, efficiency: Efficiency | None = None) -> float:
     """Iteration seconds of ``prepared`` under DeepSpeed's lock-step ``TrainSchedule``
     with blocking paired exchanges (module docstring), priced as
-    :class:`~merak_sim.experiments.vtrain_engine.DeepSpeedPipelineModel` prices them."""
+    :class:`~merak_sim.costs.deepspeed_pipe.DeepSpeedPipelineModel` prices them."""
     cm = vtrain_cost_model(efficiency)
     if not isinstance(cm, DeepSpeedPipelineModel):
         raise TypeError("the lock-step schedule is DeepSpeed's; the vTrain cost model must be")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from merak_sim.calibrate.fit import PreparedRun
+from merak_sim.calibrate.vtrain import load_vtrain, row_setup, vtrain_runs
 from merak_sim.config import ATTENTIONS, ParallelConfig
 from merak_sim.costs import AnalyticCostModel
 from merak_sim.costs.attention_choice import (
@@ -15,12 +17,12 @@ from merak_sim.costs.attention_choice import (
     default_profile,
     resolve_attention,
 )
-from merak_sim.reproduce.merak import PAPER_MODELS, hand_configs
-from merak_sim.experiments.vtrain import PreparedRow, load_vtrain, predict_row, row_setup
 from merak_sim.hardware import CLUSTER_PRESETS, get_cluster
 from merak_sim.memory import CPU_EAGER, FLASH, KORTHIKANTI, TORCHTITAN, layer_activation_bytes
 from merak_sim.model import get_model
 from merak_sim.planner import SYSTEMS, SearchSpace
+from merak_sim.reproduce.merak import PAPER_MODELS, hand_configs
+from merak_sim.sim import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CLUSTERS = [c for c in CLUSTER_PRESETS if c != "local-cpu"]
@@ -138,11 +140,15 @@ def test_vtrain_rows_are_pinned_unfused():
         model, cluster, dataclasses.replace(c, attention="auto")).stages
     # The row's prediction is the pinned configuration's, slower than under the GPU
     # default of flash.
-    p = PreparedRow.of(r)
-    pinned = p.predict()
-    assert predict_row(r) == pytest.approx(pinned, rel=1e-12)
-    flash = dataclasses.replace(p, config=dataclasses.replace(p.config, attention="auto"))
-    assert flash.predict() < pinned
+    run = vtrain_runs(data / "ground_truth_single.csv")[0]
+    p = PreparedRun.of(run)
+    pinned = p.predict(None)
+    whole = simulate(model, cluster, c, cost_model=p.cost_model(None), engine="evaluator",
+                     sub_cluster=True, keep_trace=False).iteration_time_s
+    assert whole == pytest.approx(pinned, rel=1e-12)
+    flash = dataclasses.replace(p, run=dataclasses.replace(
+        run, config=dataclasses.replace(c, attention="auto")))
+    assert flash.predict(None) < pinned
 
 
 def test_merak_systems_are_pinned_unfused():

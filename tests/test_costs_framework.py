@@ -4,6 +4,7 @@ default options are the layer model's own charges."""
 
 import pytest
 
+from merak_sim.calibrate.stacks import stack_cost_model
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
 from merak_sim.costs.efficiency import Efficiency
@@ -20,7 +21,6 @@ from merak_sim.costs.framework import (
 from merak_sim.costs.fusion import EagerExtra
 from merak_sim.costs.layers import LayerOptions, edge_costs, layer_cost
 from merak_sim.costs.partition import make_partition
-from merak_sim.experiments.vtrain import VTRAIN_KERNELS, vtrain_cost_model
 from merak_sim.hardware import get_cluster
 from merak_sim.memory import KORTHIKANTI
 from merak_sim.model import ModelSpec
@@ -115,10 +115,11 @@ def test_megatron_cross_entropy_in_the_head():
     assert head.forward_s > base.forward_s and head.backward_input_s < base.backward_input_s
 
 
-def test_vtrain_rows_are_priced_with_megatron_kernels():
-    assert VTRAIN_KERNELS == MEGATRON
-    assert vtrain_cost_model().base.framework == MEGATRON
-    assert vtrain_cost_model(pipeline_send="scatter-gather").framework == MEGATRON
+def test_megatron_stacks_are_priced_with_megatron_kernels():
+    cluster = get_cluster("vtrain-a100")
+    assert stack_cost_model("megatron-deepspeed", cluster, None).base.framework == MEGATRON
+    assert stack_cost_model("megatron", cluster, None).framework == MEGATRON
+    assert stack_cost_model("default", cluster, None).framework == FrameworkKernels()
     a = AnalyticCostModel()
     assert a.framework == FrameworkKernels()
     assert a.with_collectives(a.comm_time).framework == FrameworkKernels()
@@ -147,7 +148,7 @@ def test_time_partition_balances_by_the_given_models_own_layer_times():
 def test_time_partition_of_a_wrapping_model_uses_its_base():
     cluster = get_cluster("vtrain-a100")
     cfg = ParallelConfig(pp=4, micro_batch_size=2, global_batch_size=16)
-    wrapped = vtrain_cost_model()
+    wrapped = stack_cost_model("megatron-deepspeed", cluster, None)
     p = make_partition("time", GPT, cluster, cfg, wrapped)
     assert p.ranges == wrapped.base.time_partition(GPT, cluster, cfg).ranges
     assert p.ranges != AnalyticCostModel().time_partition(GPT, cluster, cfg).ranges

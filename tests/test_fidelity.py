@@ -1,4 +1,5 @@
-"""Fidelity table plumbing (merak_sim.experiments.fidelity) and the Hopper fit's split."""
+"""Fidelity table plumbing (merak_sim.validation.fidelity, merak-sim fidelity) and the
+Hopper fits' split."""
 
 import csv
 import glob
@@ -6,17 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from merak_sim.experiments.fidelity import Outcome, public_run_outcomes, summarise
-from merak_sim.experiments.fitting import coordinate_search
-from merak_sim.experiments.hopper_fit import (
-    BOUNDS,
+from merak_sim.calibrate.fit import BOUNDS
+from merak_sim.calibrate.search import coordinate_search
+from merak_sim.cli import main
+from merak_sim.validation.fidelity import (
     FIT_MODELS,
+    Outcome,
     fit_profile_of,
     fit_rows,
     profile_of,
+    public_run_outcomes,
     role_of,
+    summarise,
 )
-from merak_sim.experiments.public_runs import load_rows
+from merak_sim.validation.public_runs import load_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"task": "pretrain", "model": "Llama-toy", "n_layers": "8", "hidden_size": "1024",
@@ -102,16 +106,17 @@ def test_coordinate_search_stays_in_bounds_and_improves():
 
 
 def test_fidelity_command_runs_on_a_small_subset(capsys, tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("fidelity_bench",
-                                                  ROOT / "benchmarks" / "fidelity.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     out = tmp_path / "f.md"
-    assert mod.main(["--limit", "2", "--out", str(out)]) == 0
+    # A subset is a sample: it is printed, never written as the table.
+    assert main(["fidelity", "--data", str(ROOT / "data"), "--limit", "2", "--out",
+                 str(out)]) == 2 and not out.exists()
+    assert "--limit or --out" in capsys.readouterr().err
+    assert main(["fidelity", "--data", str(tmp_path), "--limit", "2"]) == 2
+    assert "pass --data" in capsys.readouterr().err
+    assert main(["fidelity", "--data", str(ROOT / "data"), "--limit", "2"]) == 0
     text = capsys.readouterr().out
     assert "public-runs/llmfoundry (held out)" in text and "vtrain-multi" in text
-    assert "not expressible" in text and not out.exists()  # a subset writes no table
+    assert "not expressible" in text and "Command: `merak-sim fidelity`" in text
     # The target's own section: per held-out source, its H100 / A100 bf16 rows.
     assert "## Target: held-out H100/A100 bf16 rows, MAPE <= 10 % per source" in text
     assert "| target=H100/A100 bf16 |" in text
@@ -124,11 +129,11 @@ def test_calibrated_model_serves_the_hopper_fit_as_the_fit_prices_it():
         DEFAULT_PROFILE,
         HOPPER_PROFILES,
         hopper_calibration,
+        hopper_cost_model,
     )
     from merak_sim.costs.kernels import default_kernels
-    from merak_sim.experiments.hopper_fit import HopperParams
-    from merak_sim.experiments.public_runs import row_setup
     from merak_sim.sim.api import simulate
+    from merak_sim.validation.public_runs import row_setup
 
     for gpu in ("H100-80GB", "H200-141GB", "GH200-96GB"):
         for profile, values in HOPPER_PROFILES.items():
@@ -148,22 +153,17 @@ def test_calibrated_model_serves_the_hopper_fit_as_the_fit_prices_it():
                         sub_cluster=True, keep_trace=False).iteration_time_s
 
     served = run(CalibratedCostModel())
-    assert served == pytest.approx(run(HopperParams.committed(DEFAULT_PROFILE).cost_model()),
-                                   rel=1e-12)
+    assert served == pytest.approx(run(hopper_cost_model(DEFAULT_PROFILE)), rel=1e-12)
     other = next(p for p in HOPPER_PROFILES if p != DEFAULT_PROFILE)
-    assert run(HopperParams.committed(other).cost_model()) != pytest.approx(served, rel=1e-3)
+    assert run(hopper_cost_model(other)) != pytest.approx(served, rel=1e-3)
 
 
 def test_a100_pytorch_profile_prices_pytorch_a100_rows_slower_than_vtrain_fit():
     from merak_sim.costs.calibrated import CalibratedCostModel
     from merak_sim.costs.calibrated_hopper import A100_PROFILES, a100_cost_model
-    from merak_sim.experiments.hopper_fit import A100_BOUNDS, HopperParams
-    from merak_sim.experiments.public_runs import row_setup
     from merak_sim.sim.api import simulate
+    from merak_sim.validation.public_runs import row_setup
 
-    for k, v in A100_PROFILES["a100-pytorch"].items():
-        lo, hi = A100_BOUNDS[k]
-        assert lo <= v <= hi, k
     with pytest.raises(ValueError, match="unknown A100 profile"):
         a100_cost_model("jax")
     row = next(r for r in load_rows(ROOT / "data" / "public-runs" / "llmfoundry.csv")
@@ -174,7 +174,7 @@ def test_a100_pytorch_profile_prices_pytorch_a100_rows_slower_than_vtrain_fit():
         return simulate(model, cluster, cfg, cost_model=cm, engine="evaluator",
                         sub_cluster=True, keep_trace=False).iteration_time_s
 
-    fitted = run(HopperParams.committed("a100-pytorch").cost_model())
+    fitted = run(a100_cost_model("a100-pytorch", A100_PROFILES["a100-pytorch"]))
     assert fitted == pytest.approx(run(a100_cost_model()), rel=1e-12)
     assert fitted > run(CalibratedCostModel())  # eager PyTorch is slower than Megatron
     done, _ = public_run_outcomes(ROOT / "data" / "public-runs" / "llmfoundry.csv")

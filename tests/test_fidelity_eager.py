@@ -1,5 +1,6 @@
-"""Eager elementwise ops (merak_sim.costs.fusion), the fidelity table's target group and
-the rule that picks how many parameters a Hopper fit moves (merak_sim.experiments.fit_cv)."""
+"""Eager elementwise ops (merak_sim.costs.fusion) and the fidelity table's target group
+(the rule that picks how many parameters a Hopper fit moves is tested with it, in
+research/tests/test_hopper_fit.py)."""
 
 import pytest
 
@@ -14,18 +15,15 @@ from merak_sim.costs.fusion import (
     eager_extra,
 )
 from merak_sim.costs.layers import LayerOptions, layer_cost
-from merak_sim.experiments.fidelity import (
+from merak_sim.validation.fidelity import (
     TARGET,
     public_run_outcomes,
     summarise,
     target_group,
 )
-from merak_sim.experiments.fit_cv import Variant, choose, cross_validate
-from merak_sim.costs.calibrated_hopper import HOPPER_PROFILES
-from merak_sim.experiments.hopper_fit import CHOSEN, VARIANTS, family_of, published_values
-from merak_sim.experiments.public_runs import eager_elementwise, row_setup
 from merak_sim.hardware import get_cluster
 from merak_sim.model import get_model
+from merak_sim.validation.public_runs import eager_elementwise, row_setup
 from tests.test_fidelity import BASE, write_toy_rows
 
 E = 2  # bf16
@@ -108,50 +106,10 @@ def test_target_group_holds_held_out_h100_a100_bf16_rows(tmp_path):
     assert st["all"].rows == 2
 
 
-def test_cross_validation_prefers_the_variant_that_extrapolates():
-    # Rows are (family, x, y) with y = 2x; "wiggly" fits each row of its training
-    # families exactly but guesses 0 elsewhere, "line" fits one slope.
-    rows = [("a", 1.0, 2.0), ("a", 2.0, 4.0), ("b", 3.0, 6.0), ("c", 4.0, 8.0)]
-    line, wiggly = Variant("line", ("slope",)), Variant("wiggly", ("s1", "s2", "s3"))
-
-    def fit(train, v):
-        if v is line:
-            return ("line", sum(y for _f, _x, y in train) / sum(x for _f, x, _y in train))
-        return ("table", {x: y for _f, x, y in train})
-
-    def loss(test, params):
-        kind, p = params
-        pred = [p * x if kind == "line" else p.get(x, 0.0) for _f, x, _y in test]
-        return sum(abs(q - y) for q, (_f, _x, y) in zip(pred, test, strict=True)) / len(test)
-
-    res = cross_validate(rows, lambda r: r[0], (wiggly, line), fit, loss)
-    assert [r.variant for r in res] == [wiggly, line]
-    assert set(res[0].fold_losses) == {"a", "b", "c"}
-    assert choose(res).variant is line and res[1].score == 0.0
-    # A tie goes to fewer free parameters.
-    tied = cross_validate(rows, lambda r: r[0], (wiggly, line), fit, lambda t, p: 1.0)
-    assert choose(tied).variant is line
-    with pytest.raises(ValueError, match="two or more"):
-        cross_validate(rows[:2], lambda r: r[0], (line,), fit, loss)
-
-
-def test_megatron_variants_start_from_published_defaults_by_family():
-    names = [v.name for v in VARIANTS["megatron-te"]]
-    assert names[0] == "published" and VARIANTS["megatron-te"][0].free == ()
-    assert published_values("megatron-te", ("gemm_max", "fp8_factor")) == {
-        "gemm_max": 0.78, "fp8_factor": 0.87}
-    assert [family_of({"model": m}) for m in ("GPT3-175B", "LLAMA2-7B", "Nemotron-8B")] \
-        == ["GPT3", "LLAMA2", "Nemotron"]
-    # The committed profile moves exactly the chosen variant's parameters.
-    for profile, name in CHOSEN.items():
-        win = next(v for v in VARIANTS[profile] if v.name == name)
-        assert set(HOPPER_PROFILES[profile]) == set(win.free)
-
-
 def test_eager_torchtitan_row_is_slower_than_its_compiled_twin_by_less_than_measured():
     from pathlib import Path
 
-    from merak_sim.experiments.fidelity import public_run_outcomes as outcomes
+    from merak_sim.validation.fidelity import public_run_outcomes as outcomes
     done, _ = outcomes(Path(__file__).resolve().parents[1] / "data" / "public-runs"
                        / "torchtitan.csv", limit=2)
     eager, compiled = done  # Llama 3.1 8B on 8 H100, bf16, without and with compile

@@ -20,8 +20,8 @@ from merak_sim.allocator_memory import (
     reserved_bytes,
 )
 from merak_sim.costs.analytic import AnalyticCostModel
-from merak_sim.experiments.fidelity import public_run_outcomes
-from merak_sim.experiments.public_runs import (
+from merak_sim.validation.fidelity import public_run_outcomes
+from merak_sim.validation.public_runs import (
     activation_profile,
     comparable_peak_bytes,
     load_rows,

@@ -13,7 +13,7 @@ import pytest
 from merak_sim.allocator_memory import fsdp_stream_pool_bytes, pipeline_buffer_bytes
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
-from merak_sim.experiments.public_runs import (
+from merak_sim.validation.public_runs import (
     activation_profile,
     comparable_peak_bytes,
     load_rows,

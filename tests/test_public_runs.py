@@ -6,7 +6,7 @@ import pytest
 
 from merak_sim.allocator_memory import cublas_workspace_bytes
 from merak_sim.costs.analytic import AnalyticCostModel
-from merak_sim.experiments.public_runs import (
+from merak_sim.validation.public_runs import (
     MEMORY_MEASURE,
     comparable_peak_bytes,
     load_rows,

@@ -1,14 +1,14 @@
-"""Fitting helpers: the derivative-free search of bounded positive parameters (the
-calibrations' search) and the least-squares line the vTrain diagnostics draw."""
+"""The calibration's search: a derivative-free, deterministic minimisation of a loss over
+bounded positive parameters (scipy is not a dependency)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SearchResult", "coordinate_search", "least_squares_line"]
+__all__ = ["SearchResult", "coordinate_search"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,20 +96,3 @@ def coordinate_search(loss: Callable[[dict[str, float]], float], start: dict[str
         if before - best <= tol:
             step = math.sqrt(step)
     return SearchResult(x, best, rounds_run, stop)
-
-
-def least_squares_line(xs: Sequence[float], ys: Sequence[float]
-                       ) -> tuple[float, float, float]:
-    """``(intercept, slope, r2)`` of the least-squares line ``y = intercept + slope * x``
-    through the points (slope 0 where the x do not vary; r2 0 where x or y do not)."""
-    n = len(xs)
-    if n == 0 or n != len(ys):
-        raise ValueError(f"a line needs points with one y per x: {n} x, {len(ys)} y")
-    mx = sum(xs) / n
-    my = sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    syy = sum((y - my) ** 2 for y in ys)
-    b = sxy / sxx if sxx else 0.0
-    r2 = sxy * sxy / (sxx * syy) if sxx and syy else 0.0
-    return my - b * mx, b, r2

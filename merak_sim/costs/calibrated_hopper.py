@@ -11,12 +11,11 @@ keeps one profile per stack (:data:`HOPPER_PROFILES`):
   Hopper GPU preset (:data:`DEFAULT_PROFILE`): the planner's space (tp, pp, cp,
   interleaving, the distributed optimizer) is Megatron's.
 
-Provenance: :mod:`merak_sim.experiments.hopper_fit` fits each profile to its declared
-subset of the public runs in data/public-runs
-(:data:`merak_sim.experiments.hopper_fit.FIT_SPLIT`; every other row is held out)
-within physical bounds (:data:`merak_sim.experiments.hopper_fit.BOUNDS`), by
-``benchmarks/fidelity.py --fit``; the values are copied here by hand so a reviewer sees
-them change. :class:`merak_sim.costs.calibrated.CalibratedCostModel` serves the
+Provenance: the study research/hopper_fit.py (in the repository, not installed) fits
+each profile to its declared subset of the public runs in data/public-runs
+(:data:`merak_sim.validation.fidelity.FIT_SPLIT`; every other row is held out)
+within physical bounds, by ``python -m research.studies.hopper_fit --fit``; the values
+are copied here by hand so a reviewer sees them change. :class:`merak_sim.costs.calibrated.CalibratedCostModel` serves the
 default profile for every Hopper GPU preset (same tensor cores, different memory);
 :func:`hopper_cost_model` gives either profile.
 
@@ -28,7 +27,7 @@ overhead and the memory efficiency at their ceilings; the GEMM ceiling settles a
 GPT-3 / LLaMA-2 / Nemotron, 10 FP8 rows): only the GEMM ceiling and the per-kernel
 overhead move, every other parameter keeps its published H100 default: the variant that
 leave-one-family-out cross-validation inside the fit rows chose
-(:data:`merak_sim.experiments.hopper_fit.VARIANTS`; scores, the mean absolute log
+(research/hopper_fit.py's ``VARIANTS``; scores, the mean absolute log
 error of the left-out family: published defaults 0.094, ceiling + overhead 0.071,
 with the flash ceilings 0.082, all eight parameters 0.077). Refitted on the 10 rows,
 12 rounds from the published defaults: mean absolute log error 0.069; the ceiling
@@ -39,7 +38,7 @@ A100 under PyTorch (:data:`A100_PROFILES`, ``a100-pytorch``): the A100 fit of
 :mod:`merak_sim.costs.calibrated` is vTrain's Megatron-LM runs; eager PyTorch training
 (llm-foundry / Composer FSDP, torchtitan) reaches a lower fraction of the same GPU, so
 A100 rows of a PyTorch stack are priced by this profile, fitted like the Hopper ones
-(:data:`merak_sim.experiments.hopper_fit.FIT_MODELS`) with the measured A100 NCCL table
+(:data:`merak_sim.validation.fidelity.FIT_MODELS`) with the measured A100 NCCL table
 for the links; every other A100 use keeps the vTrain fit. Fit of 2026-12-01
 (llm-foundry A100 40 / 80 GB MPT-1b / 7b, 36 rows, 10 rounds from vTrain's A100 values
 and the published FlashAttention-2 ceilings): mean absolute log error 0.032. The GEMM

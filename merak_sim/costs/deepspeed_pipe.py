@@ -1,4 +1,5 @@
-"""How the vTrain runs' training engine moves activations between pipeline stages.
+"""How DeepSpeed's ``PipelineEngine`` (the engine of Megatron-DeepSpeed, which measured
+the vTrain runs) moves activations between pipeline stages: a cost model of that engine.
 
 Evidence (what the runs did, not a fit):
 
@@ -36,90 +37,9 @@ fitted, and every term is bounded by those measurements. :func:`with_exchange` a
 the waits to the stages' forward and backward times and sets the separate transfer
 time to zero (the transfer is already inside both ranks' compute).
 
-Checked against the multi-node bias and rejected (with the constants fitted before the
-framework kernels below; 109 multi-node rows, -5.39 % mean signed then):
-
-- The blocking pairing of DeepSpeed's lock-step ``TrainSchedule``
-  (:mod:`merak_sim.experiments.vtrain_lockstep`): with two transfers per meeting it
-  equals the evaluator on all 1,549 rows; counting the tensors that move makes rows
-  0-1.3 % faster (multi-node mean signed -5.60 %), never slower.
-- GPU memory near capacity: the modelled per-GPU peak (:func:`merak_sim.memory.
-  peak_memory`, 16 bytes per parameter without ZeRO) runs 4.5-67 GB (so 80 GB A100s;
-  3.6B at tp=1 dp=64 needs about 64 GB) and its correlation with the signed error is
-  0.01; the 175B rows at 56-67 GB are within -1.8..+4.5 %, the 39.1B tp=2 pp=16 rows at
-  27-34 GB 24-38 % too fast.
-- Cross-node pipeline sends: they are 1.5-4 % of the predicted time; the tp=2 rows'
-  16 % gap would need them 7x slower than vTrain's measured 91 GB/s per node (+-5 %)
-  allows, and rows with more of it are less too fast (correlation +0.12).
-- The data-parallel all-reduce: at pp = 1 (3.6B, 64 GPUs) every tp puts the same bytes
-  through each node's adapters (139-155 ms modelled), yet the gap is 350 ms at tp=1
-  (7.1 GB per GPU), 256-331 ms at tp=1 pp=2 (3.6 GB), 440-470 ms at tp=2 (3.6 GB),
-  460-630 ms at tp=4 (1.8 GB) and -100..+60 ms at tp=8: it follows neither the bytes
-  per GPU nor per node. At pp = 1 every row does the same work per GPU (global batch /
-  dp samples, 1/tp of every layer), so a gap constant over the micro-batch count does
-  not tell a per-iteration cost from a per-sample one.
-- Per-GPU GEMM size: 175B at tp=2 (6,144 columns per GPU) is +1.8..+2.9 %, 39.1B at
-  tp=2 (4,096) -16..-38 %; correlation of error with hidden / tp -0.14. Bubble share
-  (pp - 1) / m: correlation 0.03.
-
-With the framework kernels below (and the constants refitted) the multi-node mean
-signed error is -6.27 %.
-
-Framework kernels of the same stack (:data:`merak_sim.experiments.vtrain.VTRAIN_KERNELS`,
-:mod:`merak_sim.costs.framework`, read from Megatron's source): the fused causal
-softmax runs only where ``FusedScaleMaskSoftmax.is_kernel_available``
-(``megatron/model/fused_softmax.py``) allows it, else the eager fp32
-``forward_torch_softmax`` (37 bytes per score element in forward, 41 in backward, five
-kernels each, against the 4 and 8 charged for the fused kernel): the 32 single-node
-tp=8 micro-batch-1 rows (2 heads per GPU) and one multi-node tp=16 row (micro-batch 2
-x 3 heads); and the loss is
-the fp32 ``_VocabParallelCrossEntropy`` (``megatron/core/tensor_parallel/
-cross_entropy.py``) on ``output.float()``: 38 bytes per logit in forward, 14 in
-backward (six and two kernels), where 12 and 24 were charged. Both are adopted because
-the framework's code does this, not for their effect on the held-out rows. Refitted on
-the single-node rows: single-node MAPE 6.99 -> 6.35 % (tp=8 11.59 -> 5.33 %),
-multi-node 7.12 -> 7.40 %, mean signed -5.39 -> -6.27 % (79 of 109 rows too fast
-against 69), multi-node tp=2 16.78 -> 17.53 % (signed -16.10 -> -17.11 %).
-Each alone, refitted likewise: the softmax rule single-node 6.63 % (tp=8 5.03 %),
-multi-node 7.04 %, signed -5.30 %, with the fitted constants unchanged; the cross
-entropy single-node 6.71 %, multi-node 7.48 %, signed -6.35 %, tp=2 17.53 %; it moves
-gemm_dim_half from 50 to 28 and kernel_overhead_s to its 10 us bound (the constants
-of both together).
-
-Two further mechanisms, checked on the fit rows with the constants above and not
-adopted (no refit; errors are evaluator predictions against the 1,440 single-node
-rows, 6.35 % MAPE as fitted; ``python benchmarks/vtrain_consistency.py`` prints the
-figures below):
-
-- Per-instruction host work of the ``PipelineEngine``. The residual (measured minus
-  predicted) of the tp=1 rows grows with the pipeline steps m + p - 1 by 1.3 ms per
-  step at pp=2 (R^2 0.07) and 2.7 ms at pp=4 (R^2 0.51), but by -1.6 ms at pp=1, and
-  by 0.8 / 1.2 ms (tp=2, pp=2 / 4) and -2.5 ms (tp=4, pp=2). The engine's
-  once-only work is not per step: tensor metadata is sent while ``first_output_send``
-  holds (reset only by ``reset_activation_shape``), the receive buffers are allocated
-  while ``pipe_recv_buf`` is None, and ``_aggregate_total_loss`` runs once per
-  iteration. The one per-step cost its code has is the device synchronisation of
-  ``ThroughputTimer.start()`` (``timers.throughput.synchronized``), which
-  ``_exec_forward_pass`` calls first: after it the GPU waits for the host to issue the
-  pass's first kernel, at most two framework operations (the timer and the input
-  clone), 0.14 ms at twice the fitted host seconds per kernel. That bound is 10-25x
-  short of 1.6-3.5 ms, and the same instructions run at every tp (at tp > 1 they do
-  more: the partitioned sends), so a per-instruction cost cannot fit rows that want it
-  at tp=1 and not at tp=2-4: adding x ms per step to every pipelined row gives
-  single-node MAPE 6.26 / 6.22 / 6.34 / 6.63 % at x = 0.25 / 0.5 / 1 / 1.5 (tp=1
-  5.09 -> 4.25 % at 1 ms, tp=2 6.36 -> 7.19 %, tp=4 10.05 -> 10.56 %), and the
-  synchronisation at its bound (0.14 ms per forward on the critical path, every row)
-  6.32 %.
-- GEMM efficiency beyond the fit rows' sizes. The curve is monotone in every
-  dimension and near its ceiling at both: a layer's four GEMMs run at 232 TFLOP/s
-  (h 2,048, tp=1, micro-batch 8: the largest fit shape) and at 201-245 TFLOP/s for
-  the 18.4B-175B shapes at micro-batch 2 (18.4B tp=16 201, tp=8 222; 39.1B tp=2 243,
-  tp=4 239, tp=8 232; 175B tp=8 240), below
-  the 250-270 TFLOP/s NVIDIA's "Matrix Multiplication Background" guide gives for
-  4k-8k GEMMs. The fit rows with the largest GEMMs are predicted too slow, not too
-  fast (h 2,048 tp=1 micro-batch 4 / 8: +3.7 / +4.4 % mean signed), so they bound the
-  large shapes' efficiency from below, and a 39.1B tp=2 GEMM is larger than its tp=4
-  sibling's: the curve cannot make tp=2 slower per FLOP.
+What this pricing was checked against (the lock-step schedule, memory, cross-node sends,
+the data-parallel all-reduce) is recorded with the studies that did it (research/ in the
+repository, not installed).
 """
 
 from __future__ import annotations

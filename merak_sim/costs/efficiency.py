@@ -1,8 +1,8 @@
 """Achieved-efficiency curves: what fraction of peak a kernel of a given shape reaches.
 
 The curve is a frozen set of named parameters (:class:`Efficiency`) so a fit
-(:mod:`merak_sim.experiments.vtrain` fits it to the vTrain A100 single-node runs) can set them and a table
-can print them. Shapes enter through three factors:
+(``merak-sim calibrate``, :mod:`merak_sim.calibrate`, fits it to measured runs) can set
+them and a table can print them. Shapes enter through three factors:
 
     gemm_efficiency(m, n, k) = gemm_max * g(m) * g(n) * g(k) * W / (W + gemm_flops_half)
     g(d) = d / (d + gemm_dim_half),   W = 2 m n k (the GEMM's FLOPs)

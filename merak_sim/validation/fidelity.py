@@ -3,16 +3,16 @@
 Datasets and their role (the split between fitted and held-back rows):
 - ``vtrain-single`` (data/vtrain/ground_truth_single.csv, 1,440 A100 rows of 1-8 GPUs):
   the calibration set; the A100 efficiency curve is fitted to these rows only
-  (:mod:`merak_sim.experiments.vtrain`). Reported as "fit".
+  (``merak-sim calibrate``, :mod:`merak_sim.calibrate`). Reported as "fit".
 - ``vtrain-multi`` (ground_truth_multi.csv, 109 rows of 64-512 GPUs): held out, never
   fitted to.
 - ``public-runs/*`` (torchtitan, NeMo / Megatron-Bridge, llm-foundry, Sailor): the rows
   of the Hopper fits' declared subsets are "fit"
-  (:data:`merak_sim.experiments.hopper_fit.FIT_SPLIT`: llm-foundry H100 MPT-1b / 7b /
+  (:data:`FIT_SPLIT`: llm-foundry H100 MPT-1b / 7b /
   30b for the PyTorch stack, NeMo H100 GPT-3 / LLaMA-2 / Nemotron for Megatron with
   Transformer Engine, llm-foundry A100 MPT-1b / 7b for PyTorch on A100); every other
   row is held out. A row is predicted only if the model can express
-  it (:mod:`merak_sim.experiments.public_runs` maps it: FSDP / HSDP as ZeRO 3,
+  it (:mod:`merak_sim.validation.public_runs` maps it: FSDP / HSDP as ZeRO 3,
   Megatron's distributed optimizer as ZeRO 1, context parallelism, FP8 on Hopper);
   every other row is listed as skipped with its one-line reason (MoE, fine-tuning,
   Blackwell GPUs, heterogeneous clusters, unstated precision...), never dropped.
@@ -20,7 +20,7 @@ Datasets and their role (the split between fitted and held-back rows):
 Errors are relative, (predicted - measured) / measured, of the iteration time; memory
 error where the row publishes peak memory (torchtitan GiB, Sailor bytes), against the
 quantity the column measures
-(:func:`merak_sim.experiments.public_runs.comparable_peak_bytes`: allocator-level
+(:func:`merak_sim.validation.public_runs.comparable_peak_bytes`: allocator-level
 peaks, so the backward working set is added to the simulated stash peak). Per dataset and group (GPU type, tp, pp, cp, ZeRO
 stage, precision, ...):
 rows, MAPE, mean signed error and the worst row (:func:`summarise`). The group
@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from merak_sim.calibrate.fit import PreparedRun
+from merak_sim.calibrate.vtrain import vtrain_runs
 from merak_sim.costs.base import CostModel
 from merak_sim.costs.calibrated import CALIBRATED, CalibratedCostModel
 from merak_sim.costs.calibrated_hopper import (
@@ -44,8 +46,8 @@ from merak_sim.costs.calibrated_hopper import (
     is_hopper,
 )
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.hopper_fit import fit_profile_of, profile_of, role_of
-from merak_sim.experiments.public_runs import (
+from merak_sim.sim.api import simulate
+from merak_sim.validation.public_runs import (
     activation_profile,
     comparable_peak_bytes,
     load_rows,
@@ -56,10 +58,9 @@ from merak_sim.experiments.public_runs import (
     skip_reason,
     stage_layers,
 )
-from merak_sim.experiments.vtrain import load_vtrain, predict_row
-from merak_sim.sim.api import simulate
 
-__all__ = ["Outcome", "Skipped", "GroupStats", "vtrain_outcomes", "public_run_outcomes",
+__all__ = ["FIT_MODELS", "FIT_SPLIT", "fit_profile_of", "fit_rows", "profile_of", "role_of",
+           "Outcome", "Skipped", "GroupStats", "vtrain_outcomes", "public_run_outcomes",
            "summarise", "VTRAIN_GROUPS", "PUBLIC_GROUPS", "TARGET", "TARGET_GPUS",
            "TARGET_MAPE_PCT", "target_group"]
 
@@ -80,6 +81,56 @@ def target_group(role: str, gpu: str, dtype: str) -> str | None:
     if role == "held out" and gpu.startswith(TARGET_GPUS) and dtype == "bf16":
         return TARGET
     return None
+
+
+#: Per fitted profile: (dataset, GPU-type prefix, model-name prefixes) of the rows the
+#: fit sees.
+FIT_MODELS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "pytorch": ("public-runs/llmfoundry", "H100", ("MPT-1b", "MPT-7b", "MPT-30b")),
+    "megatron-te": ("public-runs/nemo_perf", "H100", ("GPT3-", "LLAMA2-", "Nemotron-")),
+    "a100-pytorch": ("public-runs/llmfoundry", "A100", ("MPT-1b", "MPT-7b")),
+}
+#: The split in words (printed with the fidelity table).
+FIT_SPLIT = ("Hopper fits: pytorch on llm-foundry H100 MPT-1b / 7b / 30b, megatron-te on "
+             "NeMo H100 GPT-3 / LLaMA-2 / Nemotron; A100 PyTorch fit (a100-pytorch) on "
+             "llm-foundry A100 MPT-1b / 7b; every other public-runs row is held out")
+
+
+def profile_of(row: dict) -> str:
+    """The Hopper profile of a row's software stack (NeMo / Megatron-Bridge:
+    ``megatron-te``; everything else: ``pytorch``)."""
+    fw = row.get("framework", "").lower()
+    return "megatron-te" if ("nemo" in fw or "megatron-bridge" in fw) else "pytorch"
+
+
+def fit_profile_of(row: dict) -> str | None:
+    """The fitted profile that prices a row: ``a100-pytorch`` for an A100 row of a
+    PyTorch stack, None for other A100 rows (vTrain's Megatron fit), else the row's
+    Hopper profile (:func:`profile_of`)."""
+    stack = profile_of(row)
+    if row.get("gpu_type", "").startswith("A100"):
+        return "a100-pytorch" if stack == "pytorch" else None
+    return stack
+
+
+def role_of(dataset: str, row: dict) -> str:
+    """"fit" for a row of its profile's fit set (:data:`FIT_MODELS`), else "held out"."""
+    key = fit_profile_of(row)
+    if key is None:
+        return "held out"
+    ds, gpu, prefixes = FIT_MODELS[key]
+    if (dataset == ds and row.get("gpu_type", "").startswith(gpu)
+            and row.get("model", "").startswith(prefixes)):
+        return "fit"
+    return "held out"
+
+
+def fit_rows(rows_by_dataset: dict[str, Sequence[dict]], profile: str
+             ) -> list[dict]:
+    """The expressible rows of ``profile``'s fit set."""
+    return [r for ds, rows in rows_by_dataset.items() for r in rows
+            if role_of(ds, r) == "fit" and fit_profile_of(r) == profile
+            and skip_reason(r) is None]
 
 
 @dataclass(frozen=True)
@@ -143,16 +194,15 @@ def vtrain_outcomes(data_dir: Path, efficiency: Efficiency | None = None,
     eff = efficiency or Efficiency(**{**Efficiency().to_dict(), **CALIBRATED["A100"]})
     out = []
     for name, role in (("single", "fit"), ("multi", "held out")):
-        rows = load_vtrain(Path(data_dir) / f"ground_truth_{name}.csv")[:limit]
-        for r in rows:
-            label = (f"h{r.hidden} L{r.layers} s{r.seq_len} gpus{r.gpus} tp{r.tp} dp{r.dp} "
-                     f"pp{r.pp} mbs{r.micro_batch} gbs{r.global_batch}")
-            out.append(Outcome(f"vtrain-{name}", role, label,
-                               {"gpu": "A100", "gpus": str(r.gpus), "tp": str(r.tp),
-                                "pp": str(r.pp)},
-                               r.time_ms / 1e3, predict_row(r, eff)))
+        runs = vtrain_runs(Path(data_dir) / f"ground_truth_{name}.csv")[:limit]
+        for r in runs:
+            c = r.config
+            out.append(Outcome(f"vtrain-{name}", role, r.label,
+                               {"gpu": "A100", "gpus": str(c.world_size), "tp": str(c.tp),
+                                "pp": str(c.pp)},
+                               r.step_time_s, PreparedRun.of(r).predict(eff)))
         if progress:
-            progress(f"vtrain-{name}: {len(rows)} rows")
+            progress(f"vtrain-{name}: {len(runs)} runs")
     return out
 
 
@@ -161,10 +211,10 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
     """Predict the expressible rows of one public-runs CSV (the first ``limit`` when
     given) with ``cost_model``, by default the calibrated model with, on Hopper GPUs,
     the profile of the row's software stack, on A100 the PyTorch profile for PyTorch
-    stacks (:func:`merak_sim.experiments.hopper_fit.fit_profile_of`;
-    :mod:`merak_sim.experiments.public_runs` maps the rows); list the rest as skipped
+    stacks (:func:`fit_profile_of`;
+    :mod:`merak_sim.validation.public_runs` maps the rows); list the rest as skipped
     with their reason. Roles follow the Hopper fits' split
-    (:func:`merak_sim.experiments.hopper_fit.role_of`)."""
+    (:func:`role_of`)."""
     dataset = f"public-runs/{Path(path).stem}"
     done, skipped = [], []
     served = CalibratedCostModel()

@@ -1,60 +1,44 @@
-"""Fidelity over every open dataset in data/: one table per dataset and group.
+"""The open-data fidelity report (``merak-sim fidelity``): one markdown document over
+every dataset in the repository's data/ folder.
 
-    .venv/bin/python benchmarks/fidelity.py            # the table (about a minute)
-    .venv/bin/python benchmarks/fidelity.py --fit      # refit the profiles, print values
-    .venv/bin/python benchmarks/fidelity.py --fit --profile a100-pytorch  # one profile
-    .venv/bin/python benchmarks/fidelity.py --limit 5  # 5 rows per file (a quick check)
-    .venv/bin/python benchmarks/fidelity.py --cv       # choose megatron-te's free parameters
-
-Prints and writes benchmarks/results/fidelity.md: first the target (per public-runs
-source, its held-out H100 / A100 bf16 rows: MAPE against 10 %), then per dataset and role (vTrain
-single-node = the A100 fit; llm-foundry H100 MPT-1b/7b/30b and NeMo H100 GPT-3 /
-LLaMA-2 / Nemotron = the two Hopper fits; llm-foundry A100 MPT-1b/7b = the A100
-PyTorch fit; every other row held out) and per group (GPU
-type, software stack, GPUs, tp, pp, cp, ZeRO stage, precision): rows, MAPE, mean signed
-error, worst row, and the peak-memory error where the data publishes peak memory; then
-every public-runs row the model cannot express with its reason
-(merak_sim/experiments/fidelity.py, public_runs.py). Uses the committed calibration
-(merak_sim/costs/calibrated.py, calibrated_hopper.py); ``--fit`` refits the Hopper
-and A100 PyTorch profiles (merak_sim/experiments/hopper_fit.py) and prints them to copy
-into calibrated_hopper.py, without writing the table; ``--cv`` cross-validates
-megatron-te's candidate parameter sets by model family inside its fit rows
-(merak_sim/experiments/fit_cv.py), refits the winner and prints it.
+First the targets (per public-runs source, its held-out H100 / A100 bf16 rows: MAPE
+against 10 %; peak memory within 10 % where published), then per dataset and role
+(vTrain single-node = the A100 fit; llm-foundry H100 MPT-1b/7b/30b and NeMo H100 GPT-3
+/ LLaMA-2 / Nemotron = the two Hopper fits; llm-foundry A100 MPT-1b/7b = the A100
+PyTorch fit; every other row held out) and per group (GPU type, software stack, GPUs,
+tp, pp, cp, ZeRO stage, precision): rows, MAPE, mean signed error, worst row, and the
+peak-memory error where the data publishes peak memory; then every public-runs row
+the model cannot express, with its reason (:mod:`merak_sim.validation.fidelity`,
+:mod:`merak_sim.validation.public_runs`). Uses the shipped calibration
+(:mod:`merak_sim.costs.calibrated`, :mod:`merak_sim.costs.calibrated_hopper`).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from merak_sim.costs.calibrated_hopper import A100_PROFILES, HOPPER_PROFILES
-from merak_sim.experiments.fidelity import (
+from merak_sim.validation.fidelity import (
+    FIT_SPLIT,
     PUBLIC_GROUPS,
     TARGET,
     TARGET_MAPE_PCT,
     VTRAIN_GROUPS,
+    GroupStats,
     Outcome,
+    Skipped,
     public_run_outcomes,
     summarise,
     vtrain_outcomes,
 )
-from merak_sim.experiments.fit_cv import choose
-from merak_sim.experiments.hopper_fit import (
-    CHOSEN,
-    FIT_SPLIT,
-    HopperParams,
-    cross_validate_profile,
-    fit,
-    fit_rows,
-    published_values,
-)
-from merak_sim.experiments.public_runs import load_rows
-from merak_sim.io import atomic_write_text
 
-ROOT = Path(__file__).resolve().parents[1]
+__all__ = ["TARGET_MEM_PCT", "FidelityReport", "check_data", "fidelity_report"]
+
+#: Peak memory target: within this share of the published figure, per source.
+TARGET_MEM_PCT = 10.0
 
 
 def _table(stats) -> list[str]:
@@ -86,10 +70,6 @@ def _target(stats) -> list[str]:
     return out + [""]
 
 
-#: Peak memory target: within this share of the published figure, per source.
-TARGET_MEM_PCT = 10.0
-
-
 def _memory_target(stats) -> list[str]:
     """Per source with published peak memory: its rows' memory MAPE against the target."""
     out = [f"## Target: peak memory within {TARGET_MEM_PCT:g} % where published (MAPE per "
@@ -108,108 +88,85 @@ def _by_role(outs: list[Outcome]) -> list[Outcome]:
                     o.predicted_s, o.mem_err) for o in outs]
 
 
-def _cv(paths: list[Path]) -> int:
-    """Leave-one-family-out choice of megatron-te's free parameters (hopper_fit)."""
-    data = {f"public-runs/{p.stem}": load_rows(p) for p in paths}
-    profile = "megatron-te"
-    rows = fit_rows(data, profile)
-    results = cross_validate_profile(rows, profile, log=print)
-    print("| variant | free | " + " | ".join(results[0].fold_losses) + " | score |")
-    for r in results:
-        print(f"| {r.variant.name} | {len(r.variant.free)} | "
-              + " | ".join(f"{v:.4f}" for v in r.fold_losses.values()) + f" | {r.score:.4f} |")
-    win = choose(results).variant
-    print(f"chosen: {win.name} ({', '.join(win.free) or 'nothing fitted'}); committed: "
-          f"{CHOSEN[profile]} ({'same' if CHOSEN[profile] == win.name else 'DIFFERS'})")
-    start = HopperParams(published_values(profile, win.free), profile)
-    params, loss = fit(rows, start, rounds=12)
-    print(f"{profile} refitted on {len(rows)} rows (mean |log error| {loss:.4f}): "
-          f"{params.values}")
-    return 0
+@dataclass(frozen=True)
+class FidelityReport:
+    """The report's parts.
 
+    Attributes:
+        stats: per dataset / role / group statistics (vTrain, then public runs).
+        public: every predicted public-runs row; skipped: every row not expressible.
+        seconds: how long the predictions took.
+    """
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=ROOT / "data")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fidelity.md")
-    ap.add_argument("--fit", action="store_true",
-                    help="refit the Hopper and A100 PyTorch values and print them")
-    ap.add_argument("--profile", action="append", choices=[*HOPPER_PROFILES, *A100_PROFILES],
-                    help="with --fit: refit only this profile (repeatable)")
-    ap.add_argument("--limit", type=int, default=0,
-                    help="at most this many rows per file (0: all; the table is not written)")
-    ap.add_argument("--cv", action="store_true",
-                    help="cross-validate megatron-te's candidate parameter sets by model "
-                         "family, refit the winner on all its fit rows and print it")
-    args = ap.parse_args(argv)
-    if not (args.data / "vtrain").is_dir():
-        print(f"fidelity: error: {args.data / 'vtrain'} not found; pass --data", file=sys.stderr)
-        return 2
-    t0 = time.perf_counter()
-    paths = sorted((args.data / "public-runs").glob("*.csv"))
-    if args.cv:
-        return _cv(paths)
-    if args.fit:
-        data = {f"public-runs/{p.stem}": load_rows(p) for p in paths}
-        print(FIT_SPLIT)
-        for profile in args.profile or [*HOPPER_PROFILES, *A100_PROFILES]:
-            rows = fit_rows(data, profile)
-            print(f"{profile}: {len(rows)} expressible fit rows", flush=True)
-            params, loss = fit(rows, HopperParams.committed(profile), log=print)
-            print(f"{profile} fitted (mean |log error| {loss:.4f}): {params.values}")
-        return 0
-    vt = vtrain_outcomes(args.data / "vtrain", progress=print, limit=args.limit or None)
-    stats = summarise(vt, VTRAIN_GROUPS)
-    skipped, public = [], []
-    for path in paths:
-        done, sk = public_run_outcomes(path, limit=args.limit or None)
-        public += done
-        skipped += sk
-        print(f"{path.stem}: {len(done)} predicted, {len(sk)} skipped "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    stats += summarise(_by_role(public), PUBLIC_GROUPS)
-    reasons = Counter((s.dataset, s.reason) for s in skipped)
-    doc = [
-        "# Fidelity over the open data",
-        "",
-        f"Command: `.venv/bin/python benchmarks/fidelity.py` ({time.strftime('%Y-%m-%d')}, "
-        f"{time.perf_counter() - t0:.0f} s). Calibration: merak_sim/costs/calibrated.py "
-        "(A100 under Megatron, fitted to vTrain's single-node rows only) and "
-        f"merak_sim/costs/calibrated_hopper.py ({FIT_SPLIT}); role \"fit\" marks the rows "
-        "a fit saw, every other row is held out (never fitted to). Error = predicted / "
-        "measured iteration time - 1; memory error = predicted / published peak memory "
-        "- 1 (the memory model, not fitted; compared with what each source's column "
-        "measures: torchtitan the caching allocator's peak reserved memory, live tensors "
-        "plus the allocator's documented reservations (merak_sim/allocator_memory.py), "
-        "Sailor the device's used memory, both including backward's transient tensors).",
-        "",
-        *_target(stats),
-        *_memory_target(stats),
-        *_table(stats),
-        "",
-        f"## Public-runs rows not expressible ({len(skipped)} of {len(skipped) + len(public)}"
-        " rows, none dropped)",
-        "",
-        "| dataset | reason | rows |",
-        "|---|---|---|",
-        *[f"| {d} | {r} | {n} |" for (d, r), n in sorted(reasons.items())],
-        "",
-    ]
-    rows = ["## Every predicted public-runs row", "",
+    stats: tuple[GroupStats, ...]
+    public: tuple[Outcome, ...]
+    skipped: tuple[Skipped, ...]
+    seconds: float
+
+    def summary_lines(self, command: str) -> list[str]:
+        """The summary: targets, the per-group table, the reasons rows were skipped
+        (``command``: how the report was made, for its first line)."""
+        reasons = Counter((s.dataset, s.reason) for s in self.skipped)
+        n = len(self.skipped) + len(self.public)
+        return [
+            "# Fidelity over the open data", "",
+            f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, {self.seconds:.0f} s). "
+            "Calibration: merak_sim/costs/profiles/a100.json (A100 under Megatron, fitted "
+            "by merak-sim calibrate to vTrain's single-node rows only) and "
+            f"merak_sim/costs/calibrated_hopper.py ({FIT_SPLIT}); role \"fit\" marks the "
+            "rows a fit saw, every other row is held out (never fitted to). Error = "
+            "predicted / measured iteration time - 1; memory error = predicted / published "
+            "peak memory - 1 (the memory model, not fitted; compared with what each "
+            "source's column measures: torchtitan the caching allocator's peak reserved "
+            "memory, live tensors plus the allocator's documented reservations "
+            "(merak_sim/allocator_memory.py), Sailor the device's used memory, both "
+            "including backward's transient tensors).", "",
+            *_target(self.stats), *_memory_target(self.stats), *_table(self.stats), "",
+            f"## Public-runs rows not expressible ({len(self.skipped)} of {n} rows, none "
+            "dropped)", "", "| dataset | reason | rows |", "|---|---|---|",
+            *[f"| {d} | {r} | {k} |" for (d, r), k in sorted(reasons.items())], ""]
+
+    def row_lines(self) -> list[str]:
+        """Every predicted and every skipped public-runs row."""
+        return [
+            "## Every predicted public-runs row", "",
             "| dataset | role | row | measured s | predicted s | error % | memory error % |",
             "|---|---|---|---|---|---|---|",
             *[f"| {o.dataset} | {o.role} | {o.label} | {o.measured_s:.4g} | "
               f"{o.predicted_s:.4g} | {100 * o.err:+.1f} | "
-              f"{'-' if o.mem_err is None else f'{100 * o.mem_err:+.1f}'} |" for o in public],
+              f"{'-' if o.mem_err is None else f'{100 * o.mem_err:+.1f}'} |"
+              for o in self.public],
             "", "## Every skipped row", "", "| dataset | row | reason |", "|---|---|---|",
-            *[f"| {s.dataset} | {s.label.replace('|', '/')} | {s.reason} |" for s in skipped],
-            ""]
-    print("\n".join(doc))
-    if not args.limit:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out, "\n".join(doc + rows))
-    return 0
+            *[f"| {s.dataset} | {s.label.replace('|', '/')} | {s.reason} |"
+              for s in self.skipped], ""]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def check_data(data: str | Path) -> None:
+    """ValueError (one line naming the fix) unless ``data`` holds the open data
+    (vtrain/ and public-runs/ as in the repository's data/ folder)."""
+    d = Path(data)
+    for sub in ("vtrain", "public-runs"):
+        if not (d / sub).is_dir():
+            raise ValueError(f"{d / sub} not found; pass --data with the repository's data "
+                             "folder (vtrain/ and public-runs/)")
+
+
+def fidelity_report(data: str | Path, limit: int | None = None,
+                    progress: Callable[[str], None] | None = None) -> FidelityReport:
+    """Predict every dataset of ``data`` (the first ``limit`` rows per file when given)
+    and gather the report (module docstring)."""
+    check_data(data)
+    t0 = time.perf_counter()
+    stats = summarise(vtrain_outcomes(Path(data) / "vtrain", progress=progress, limit=limit),
+                      VTRAIN_GROUPS)
+    public: list[Outcome] = []
+    skipped: list[Skipped] = []
+    for path in sorted((Path(data) / "public-runs").glob("*.csv")):
+        done, sk = public_run_outcomes(path, limit=limit)
+        public += done
+        skipped += sk
+        if progress:
+            progress(f"{path.stem}: {len(done)} predicted, {len(sk)} skipped "
+                     f"({time.perf_counter() - t0:.0f} s)")
+    stats += summarise(_by_role(public), PUBLIC_GROUPS)
+    return FidelityReport(tuple(stats), tuple(public), tuple(skipped), time.perf_counter() - t0)

@@ -1,14 +1,14 @@
 """An experiment: the A100 fits with one shared GEMM curve, against the separate fits.
 
-    .venv/bin/python benchmarks/a100_joint_fit.py             # the full joint fit
-    .venv/bin/python benchmarks/a100_joint_fit.py --rounds 3  # capped at 3 rounds
-    .venv/bin/python benchmarks/a100_joint_fit.py --fix gemm_dim_half=27.8 --out X.md
+    .venv/bin/python -m research.studies.a100_joint_fit             # the full joint fit
+    .venv/bin/python -m research.studies.a100_joint_fit --rounds 3  # capped at 3 rounds
+    .venv/bin/python -m research.studies.a100_joint_fit --fix gemm_dim_half=27.8 --out X.md
                                      # a diagnostic: one shared parameter held fixed
 
 Fits gemm_max, gemm_dim_half and gemm_flops_half jointly to vTrain's 1,440 single-node
 Megatron rows and llm-foundry's 36 A100 rows of MPT-1b / 7b, each stack keeping its
-own other parameters (merak_sim/experiments/a100_joint.py: loss, start, stopping
-rule). Prints and writes benchmarks/results/a100_joint_fit.md: the fitted values of the
+own other parameters (research/a100_joint.py: loss, start, stopping
+rule). Prints and writes research/results/a100_joint_fit.md: the fitted values of the
 separate fits (the committed constants) and of the joint fit side by side; the fit-row
 MAPE and mean signed error of both fit sets; the pre-declared adoption criterion and
 whether it holds; then, computed only after the fit and never used in it, the held-out
@@ -29,14 +29,14 @@ from pathlib import Path
 from merak_sim.costs.calibrated import CALIBRATED
 from merak_sim.costs.calibrated_hopper import A100_PROFILES, a100_cost_model
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments import a100_joint as aj
-from merak_sim.experiments.fidelity import public_run_outcomes
-from merak_sim.experiments.hopper_fit import FIT_SPLIT, fit_rows
-from merak_sim.experiments.public_runs import load_rows
-from merak_sim.experiments.vtrain import SEARCH, PreparedRow, load_vtrain, predict_row
+from research import a100_joint as aj
+from merak_sim.validation.fidelity import public_run_outcomes
+from research.hopper_fit import FIT_SPLIT, fit_rows
+from merak_sim.validation.public_runs import load_rows
+from research.vtrain import SEARCH, PreparedRow, load_vtrain, predict_row
 from merak_sim.io import atomic_write_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAME = "a100_joint_fit"
 
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="hold a shared parameter at VALUE (a diagnostic of how well the "
                          "fit sets pin it; repeatable)")
     ap.add_argument("--out", type=Path,
-                    default=ROOT / "benchmarks" / "results" / f"{NAME}.md",
+                    default=ROOT / "research" / "results" / f"{NAME}.md",
                     help="markdown file written")
     try:
         args = ap.parse_args(argv)
@@ -220,12 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     doc = [
         "# A100: separate fits against one joint fit with a shared GEMM curve",
         "",
-        f"Command: `.venv/bin/python benchmarks/a100_joint_fit.py"
+        f"Command: `.venv/bin/python -m research.studies.a100_joint_fit"
         f"{'' if args.rounds == int(SEARCH['rounds']) else f' --rounds {args.rounds}'}"
         + "".join(f" --fix {n}={v:g}" for n, v in fixed.items()) + "` "
         f"({time.strftime('%Y-%m-%d')}, {time.perf_counter() - t0:.0f} s: fit {fit_s:.0f} s, "
         f"held-out vTrain rows {held_s:.1f} s). An experiment "
-        "(merak_sim/experiments/a100_joint.py); "
+        "(research/a100_joint.py); "
         "the committed constants are unchanged.",
         "",
         f"Fit sets: vTrain's {len(single)} single-node Megatron rows and llm-foundry's "

@@ -4,12 +4,12 @@ One command reproduces the table and the committed constants exactly (the fit st
 from declared values, experiments.vtrain.START, and stops by a stated rule,
 experiments.vtrain.SEARCH; 10-30 minutes on 2 cores, each row's schedule built once):
 
-    .venv/bin/python benchmarks/vtrain_validation.py
+    .venv/bin/python -m research.studies.vtrain_validation
 
 ``--check`` skips the fit and reports the committed constants
 (merak_sim.costs.calibrated.CALIBRATED) instead (about 10 s with ``--no-simpy``).
 
-Protocol (merak_sim/experiments/vtrain.py): the A100 efficiency parameters of the
+Protocol (research/vtrain.py): the A100 efficiency parameters of the
 analytic cost model are fitted to ground_truth_single.csv only, within physical bounds
 (experiments.vtrain.BOUNDS: GEMM ceiling 0.80, host seconds per kernel 10-100 us);
 links inside a node come from vTrain's measured NCCL tables, the network between
@@ -18,7 +18,7 @@ communication is DeepSpeed's PipelineEngine's (the runs were Megatron-DeepSpeed'
 experiments.vtrain_engine); every row of
 ground_truth_multi.csv is then predicted without refitting, by the exact fast
 evaluator (contention-free) and by the SimPy engine with link contention. Writes
-benchmarks/results/vtrain_validation.md (per-row table, MAPE per GPU count and where
+research/results/vtrain_validation.md (per-row table, MAPE per GPU count and where
 each group's predicted time goes: compute, bubble, TP / PP / DP communication),
 vtrain_validation.csv and vtrain_calibration.json (the fitted parameters).
 vTrain's own published error: 8.37 % MAPE single-node, 14.73 % multi-node.
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from merak_sim.costs.calibrated import CALIBRATED
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.vtrain import (
+from research.vtrain import (
     BOUNDS,
     FIT_PARAMS,
     SEARCH,
@@ -47,10 +47,10 @@ from merak_sim.experiments.vtrain import (
     predict_row,
     start_efficiency,
 )
-from merak_sim.experiments.vtrain_breakdown import RowBreakdown, comm_scale_needed, row_breakdown
+from research.vtrain_breakdown import RowBreakdown, comm_scale_needed, row_breakdown
 from merak_sim.io import atomic_write_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _default_data() -> Path:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", type=Path, default=_default_data(),
                     help="folder with ground_truth_single.csv and ground_truth_multi.csv")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--out", type=Path, default=ROOT / "research" / "results")
     ap.add_argument("--rounds", type=int, default=int(SEARCH["rounds"]),
                     help="cap on coordinate-search rounds (the stopping rule usually "
                     "ends the search earlier)")
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = [
         "# vTrain validation: calibrate on single-node, predict multi-node",
         "",
-        f"Command: `.venv/bin/python benchmarks/vtrain_validation.py"
+        f"Command: `.venv/bin/python -m research.studies.vtrain_validation"
         f"{' --check' if args.check else ''}` "
         f"(data: data/vtrain; {time.strftime('%Y-%m-%d')}).",
         "Assumptions (the runs were Megatron-DeepSpeed's): GPT-2 vocabulary padded to a "
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "placement; collectives inside a node from vTrain's measured NCCL all-reduce "
         "tables (data/vtrain/nccl-a100); pipeline communication as DeepSpeed's "
         "PipelineEngine does it (synchronous, TP-partitioned, all-gathers on the compute "
-        "stream: merak_sim.experiments.vtrain_engine), so the SimPy column has no "
+        "stream: merak_sim.costs.deepspeed_pipe), so the SimPy column has no "
         "pipeline transfers to put on links; Megatron's kernels (merak_sim.costs.framework): "
         "the fused softmax only where its is_kernel_available allows (else the eager fp32 "
         "softmax), the fp32 vocab-parallel cross entropy.",
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "vTrain's own single-node MAPE: 8.37 %",
         f"- search: {search}",
         f"- fitted efficiency parameters: `{json.dumps(fitted)}`",
-        f"- bounds (physics, merak_sim.experiments.vtrain.BOUNDS): `{json.dumps(BOUNDS)}`",
+        f"- bounds (physics, research.vtrain.BOUNDS): `{json.dumps(BOUNDS)}`",
         "- links are not fitted: NVLink collectives are vTrain's measured NCCL tables, the "
         "inter-node network vTrain's 800 Gb/s per node at NCCL's measured 91 GB/s "
         "(merak_sim.costs.nccl.HDR4_A100_NODES)",

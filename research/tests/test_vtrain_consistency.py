@@ -1,4 +1,4 @@
-"""The sibling-consistency check of vTrain runs (experiments.vtrain_consistency) and its
+"""The sibling-consistency check of vTrain runs (research.vtrain_consistency) and its
 benchmark's command line."""
 
 import importlib.util
@@ -9,8 +9,8 @@ import pytest
 
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.efficiency import Efficiency
-from merak_sim.experiments.vtrain import VTrainRow
-from merak_sim.experiments.vtrain_consistency import (
+from research.vtrain import VTrainRow
+from research.vtrain_consistency import (
     Limits,
     RowShape,
     bounds,
@@ -24,7 +24,7 @@ from merak_sim.experiments.vtrain_consistency import (
     with_step_cost,
 )
 
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _stage(f: float, r: float, b: float, c: float = 0.0) -> StageCost:
@@ -148,7 +148,7 @@ def test_split_bound_caps_the_less_split_row():
 def test_the_project_model_taken_as_data_meets_every_bound():
     # Any model of the kind the criterion assumes must pass with no slack: the
     # project's own predictions of the held-out rows, priced by the benchmark.
-    from merak_sim.experiments.vtrain import load_vtrain
+    from research.vtrain import load_vtrain
 
     bench = _bench()
     rows = [r for r in load_vtrain(_ROOT / "data" / "vtrain" / "ground_truth_multi.csv")
@@ -200,7 +200,7 @@ def test_limits_reject_nonsense():
 
 def _bench():
     spec = importlib.util.spec_from_file_location(
-        "vtrain_consistency_bench", _ROOT / "benchmarks" / "vtrain_consistency.py")
+        "vtrain_consistency_bench", _ROOT / "research" / "studies" / "vtrain_consistency.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

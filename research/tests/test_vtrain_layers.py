@@ -1,4 +1,4 @@
-"""The fit rows as lines in the layer count (experiments.vtrain_layers)."""
+"""The fit rows as lines in the layer count (research.vtrain_layers)."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from merak_sim.costs.base import CostTable, StageCost
-from merak_sim.experiments.vtrain import PreparedRow, VTrainRow, load_vtrain
-from merak_sim.experiments.vtrain_layers import (
+from research.vtrain import PreparedRow, VTrainRow, load_vtrain
+from research.vtrain_layers import (
     layer_lines,
     layer_splits,
     predict_scaled,
@@ -15,7 +15,7 @@ from merak_sim.experiments.vtrain_layers import (
     slope_ratio_by_tp,
 )
 
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(layers: int, *, hidden=1024, tp=1, mbs=4, time_ms=0.0) -> VTrainRow:

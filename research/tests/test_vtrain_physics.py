@@ -1,6 +1,6 @@
 """Physics of the vTrain multi-node rows: NCCL's measured bus bandwidth between nodes
 (merak_sim.costs.nccl, costs.comm) and the per-row breakdown of a prediction
-(merak_sim.experiments.vtrain_breakdown)."""
+(research.vtrain_breakdown)."""
 
 import pytest
 
@@ -17,8 +17,8 @@ from merak_sim.costs.nccl import (
     VTRAIN_A100,
     InterNodeBusBandwidth,
 )
-from merak_sim.experiments.vtrain import PreparedRow, VTrainRow, vtrain_cost_model
-from merak_sim.experiments.vtrain_breakdown import RowBreakdown, comm_scale_needed, row_breakdown
+from research.vtrain import PreparedRow, VTrainRow, vtrain_cost_model
+from research.vtrain_breakdown import RowBreakdown, comm_scale_needed, row_breakdown
 from merak_sim.hardware import get_cluster
 
 GB = 1e9
@@ -113,3 +113,28 @@ def test_comm_scale_needed():
     assert comm_scale_needed([b(9, 10, 1), b(10, 11, 1)]) == pytest.approx(2.0)
     assert comm_scale_needed([b(11, 10, 2)]) == pytest.approx(0.5)
     assert comm_scale_needed([b(9, 10, 0)]) == float("inf")
+
+
+def test_breakdown_counts_the_exchange_as_pipeline_communication():
+    from merak_sim.calibrate.vtrain import VTrainRow
+    from research.vtrain import PreparedRow, vtrain_cost_model
+
+    # pp=4 with tp=2 dp=8: 16 GPUs per stage, so every stage boundary crosses nodes.
+    row = VTrainRow(gpus=64, global_batch=64, micro_batch=2, hidden=3072, heads=32,
+                    layers=8, seq_len=2048, tp=2, dp=8, pp=4, time_ms=1000.0)
+    p = PreparedRow.of(row)
+    cm = vtrain_cost_model()
+    base = cm.base.cost_table(p.model, p.cluster, p.config)
+    b = row_breakdown(p)
+    assert b.predicted_s == pytest.approx(p.predict())
+    ex = cm.exchange(base, p.cluster, p.config)
+    m = p.config.num_microbatches
+    # At least one stage's waits per micro-batch lie on the critical path.
+    assert b.pp_comm_s >= m * (ex[1].forward_s + ex[1].backward_s) * 0.5
+    # Compute excludes the waits: the busiest rank's compute in the table without them.
+    c = p.recompute
+    compute = max(m * (s.forward_s - s.tp_exposed_fwd_s + s.backward_s - s.tp_exposed_bwd_s
+                       + c[g] * (s.recompute_s - s.tp_exposed_recompute_s))
+                  for g, s in enumerate(base.stages))
+    assert b.compute_s == pytest.approx(compute)
+    assert abs(b.other_s) < 0.05 * b.predicted_s

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from merak_sim.costs.calibrated import CalibratedCostModel
-from merak_sim.experiments.vtrain import fit, load_vtrain, predict_row, row_setup
+from research.vtrain import fit, load_vtrain, predict_row, row_setup
 
 # Rows copied from vTrain's ground-truth files (MIT, VIA-Research/vTrain), with their
 # byte-order mark.
@@ -69,7 +69,7 @@ def test_fit_never_worsens_the_loss(files):
 
 def test_fit_stays_inside_the_physical_bounds(files):
     from merak_sim.costs.efficiency import Efficiency
-    from merak_sim.experiments.vtrain import BOUNDS
+    from research.vtrain import BOUNDS
 
     assert BOUNDS["gemm_max"][1] == 0.80
     eff, _ = fit(load_vtrain(files[0]), Efficiency(gemm_max=0.95), rounds=1,
@@ -79,7 +79,7 @@ def test_fit_stays_inside_the_physical_bounds(files):
 
 def test_prepared_row_predicts_as_predict_row(files):
     from merak_sim.costs.efficiency import Efficiency
-    from merak_sim.experiments.vtrain import PreparedRow
+    from research.vtrain import PreparedRow
 
     e = Efficiency(gemm_max=0.75, kernel_overhead_s=8e-6)
     for r in load_vtrain(files[0]) + load_vtrain(files[1]):
@@ -103,9 +103,9 @@ def test_calibrated_constants_match_the_recorded_fit():
     from pathlib import Path
 
     from merak_sim.costs.calibrated import CALIBRATED
-    from merak_sim.experiments.vtrain import SEARCH, START
+    from research.vtrain import SEARCH, START
 
-    rec = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    rec = json.loads((Path(__file__).resolve().parents[2] / "research" / "results"
                       / "vtrain_calibration.json").read_text())
     # Exactly: the constants are the recorded fit's, digit for digit, and the record
     # says it ran from the declared start under the declared stopping rule.
@@ -114,7 +114,7 @@ def test_calibrated_constants_match_the_recorded_fit():
 
 
 def test_fit_is_a_fixed_point_of_its_declared_start(files):
-    from merak_sim.experiments.vtrain import FIT_PARAMS, START, start_efficiency
+    from research.vtrain import FIT_PARAMS, START, start_efficiency
 
     rows = load_vtrain(files[0])
     assert {k: getattr(start_efficiency(), k) for k in FIT_PARAMS} == START

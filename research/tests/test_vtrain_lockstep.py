@@ -1,10 +1,10 @@
-"""DeepSpeed's lock-step TrainSchedule (experiments.vtrain_lockstep) as a cross-check
+"""DeepSpeed's lock-step TrainSchedule (research.vtrain_lockstep) as a cross-check
 of the evaluator's pricing of the vTrain runs' pipeline."""
 
 import pytest
 
-from merak_sim.experiments.vtrain import PreparedRow, VTrainRow
-from merak_sim.experiments.vtrain_lockstep import lockstep_makespan, step_micro_batch
+from research.vtrain import PreparedRow, VTrainRow
+from research.vtrain_lockstep import lockstep_makespan, step_micro_batch
 
 
 @pytest.mark.parametrize("stages,m", [(1, 3), (2, 4), (4, 4), (4, 7), (5, 2), (8, 16)])

@@ -1,5 +1,5 @@
-"""The coordinate search's result says why it ended, and the least-squares line
-(merak_sim.experiments.fitting)."""
+"""The calibration's coordinate search: its result says why it ended
+(merak_sim.calibrate.search)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from merak_sim.experiments.fitting import SearchResult, coordinate_search, least_squares_line
+from merak_sim.calibrate.search import SearchResult, coordinate_search
 
 BOUNDS = {"a": (0.1, 10.0), "b": (0.1, 10.0)}
 
@@ -59,15 +59,3 @@ def test_result_unpacks_as_params_and_loss_and_is_frozen():
     assert params is res.params and loss == res.loss
     with pytest.raises(AttributeError):
         res.loss = 0.0
-
-
-def test_least_squares_line_recovers_a_line_and_handles_flat_inputs():
-    a, b, r2 = least_squares_line([1.0, 2.0, 3.0, 4.0], [3.0, 5.0, 7.0, 9.0])
-    assert (a, b) == pytest.approx((1.0, 2.0)) and r2 == pytest.approx(1.0)
-    # Noisy points: a partial fit.
-    assert 0.0 < least_squares_line([0.0, 1.0, 2.0], [0.0, 2.0, 1.0])[2] < 1.0
-    # x that do not vary: no slope; y that do not vary: no r2.
-    assert least_squares_line([2.0, 2.0], [1.0, 3.0]) == (2.0, 0.0, 0.0)
-    assert least_squares_line([1.0, 2.0], [5.0, 5.0]) == (5.0, 0.0, 0.0)
-    with pytest.raises(ValueError, match="one y per x"):
-        least_squares_line([1.0, 2.0], [1.0])

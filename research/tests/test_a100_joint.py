@@ -1,4 +1,4 @@
-"""The joint A100 fit (experiments.a100_joint): the shared / per-stack split and its
+"""The joint A100 fit (research.a100_joint): the shared / per-stack split and its
 memo, the loss weighting, the bounds intersection, a planted-parameter recovery on two
 synthetic sets, the reduction to the vTrain fit, and the benchmark's bad input."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from merak_sim.experiments import a100_joint as aj
-from merak_sim.experiments import hopper_fit, vtrain
-from merak_sim.experiments.public_runs import load_rows
+from research import a100_joint as aj
+from research import hopper_fit, vtrain
+from merak_sim.validation.public_runs import load_rows
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def _counting(name, own, bounds, start, fn):

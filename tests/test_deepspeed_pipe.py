@@ -1,35 +1,43 @@
-"""DeepSpeed's pipeline exchange as the vTrain runs had it (experiments.vtrain_engine)
-and Megatron's padded vocabulary (experiments.vtrain.padded_vocab)."""
+"""DeepSpeed's pipeline exchange as the vTrain runs had it (costs.deepspeed_pipe, the
+megatron-deepspeed stack of the calibration) and Megatron's padded vocabulary
+(calibrate.vtrain.padded_vocab)."""
 
 import pytest
 
+from merak_sim.calibrate.fit import PreparedRun
+from merak_sim.calibrate.measured import MeasuredRun
+from merak_sim.calibrate.stacks import check_stack
+from merak_sim.calibrate.vtrain import VTrainRow, padded_vocab, row_setup
 from merak_sim.costs.comm import group_ranks, measured_collectives
-from merak_sim.costs.nccl import VTRAIN_A100
-from merak_sim.experiments.vtrain import (
-    PIPELINE_MODES,
-    PreparedRow,
-    VTrainRow,
-    padded_vocab,
-    predict_row,
-    vtrain_cost_model,
-)
-from merak_sim.experiments.vtrain_breakdown import row_breakdown
-from merak_sim.experiments.vtrain_engine import (
+from merak_sim.costs.deepspeed_pipe import (
     FULL_COPY_BYTES,
     DeepSpeedPipelineModel,
     exchange_seconds,
     with_exchange,
     without_exchange,
 )
+from merak_sim.costs.nccl import VTRAIN_A100
 
 # pp=4 with tp=2 dp=8: 16 GPUs per stage, so every stage boundary crosses nodes.
 _ROW = VTrainRow(gpus=64, global_batch=64, micro_batch=2, hidden=3072, heads=32, layers=8,
                  seq_len=2048, tp=2, dp=8, pp=4, time_ms=1000.0)
 
 
+class _Row:
+    """A prepared row with the names the checks below read."""
+
+    def __init__(self, row: VTrainRow, stack: str = "megatron-deepspeed") -> None:
+        self.model, self.cluster, self.config = row_setup(row)
+        self.prepared = PreparedRun.of(MeasuredRun("row", self.model, self.cluster,
+                                                   self.config, row.time_ms / 1e3, stack))
+
+    def predict(self) -> float:
+        return self.prepared.predict(None)
+
+
 def _base(row):
-    p = PreparedRow.of(row)
-    cm = vtrain_cost_model()
+    p = _Row(row)
+    cm = p.prepared.cost_model(None)
     assert isinstance(cm, DeepSpeedPipelineModel)
     return p, cm, cm.base.cost_table(p.model, p.cluster, p.config)
 
@@ -39,7 +47,7 @@ def test_padded_vocab_is_megatrons_rounding_of_gpt2():
     for t in (1, 2, 3, 4, 8, 16):
         v = padded_vocab(t)
         assert v % (128 * t) == 0 and 50257 <= v < 50257 + 128 * t
-    assert PreparedRow.of(_ROW).model.vocab == 50432
+    assert _Row(_ROW).model.vocab == 50432
 
 
 def test_exchange_terms_by_hand():
@@ -94,30 +102,12 @@ def test_the_exchange_moves_into_compute_and_back_out():
 
 
 def test_synchronous_exchange_costs_more_than_megatrons_asynchronous_sends():
-    ds = predict_row(_ROW)
-    sg = predict_row(_ROW, pipeline_send="scatter-gather")
+    ds = _Row(_ROW).predict()
+    sg = _Row(_ROW, "megatron").predict()
     assert ds > sg
     # One stage: no exchange, the engines agree.
     solo = VTrainRow(gpus=8, global_batch=16, micro_batch=2, hidden=1024, heads=16,
                      layers=4, seq_len=1024, tp=2, dp=4, pp=1, time_ms=100.0)
-    assert predict_row(solo) == pytest.approx(predict_row(solo, pipeline_send="full"))
-    with pytest.raises(ValueError, match="deepspeed"):
-        vtrain_cost_model(pipeline_send="bogus")
-    assert PIPELINE_MODES[0] == "deepspeed"
-
-
-def test_breakdown_counts_the_exchange_as_pipeline_communication():
-    p, cm, base = _base(_ROW)
-    b = row_breakdown(p)
-    assert b.predicted_s == pytest.approx(p.predict())
-    ex = cm.exchange(base, p.cluster, p.config)
-    m = p.config.num_microbatches
-    # At least one stage's waits per micro-batch lie on the critical path.
-    assert b.pp_comm_s >= m * (ex[1].forward_s + ex[1].backward_s) * 0.5
-    # Compute excludes the waits: the busiest rank's compute in the table without them.
-    c = p.recompute
-    compute = max(m * (s.forward_s - s.tp_exposed_fwd_s + s.backward_s - s.tp_exposed_bwd_s
-                       + c[g] * (s.recompute_s - s.tp_exposed_recompute_s))
-                  for g, s in enumerate(base.stages))
-    assert b.compute_s == pytest.approx(compute)
-    assert abs(b.other_s) < 0.05 * b.predicted_s
+    assert _Row(solo).predict() == pytest.approx(_Row(solo, "megatron").predict())
+    with pytest.raises(ValueError, match="megatron-deepspeed"):
+        check_stack("bogus")
