@@ -116,7 +116,7 @@ def check_shape(kind: str, hidden: int, heads: int, kv_heads: int, ffn: int, voc
     """Refuse, in one line naming the numbers and the fix, a model shape that cannot
     be built or split over ``tp`` ranks (before transformers or torch say it in
     dozens of lines)."""
-    fix = "choose --hidden, --heads (and --tp) so that they divide"
+    fix = "choose a head count (and tp) that divides the hidden size"
     if hidden % heads:
         raise ExecError(f"hidden size {hidden} is not divisible by {heads} attention heads; "
                         f"{fix}")
@@ -125,7 +125,8 @@ def check_shape(kind: str, hidden: int, heads: int, kv_heads: int, ffn: int, voc
                         "use a kv-head count that divides the heads")
     if kind == "llama" and (hidden // heads) % 2:
         raise ExecError(f"llama's rotary embedding needs an even head size, got hidden "
-                        f"{hidden} / {heads} heads = {hidden // heads}; {fix} evenly")
+                        f"{hidden} / {heads} heads = {hidden // heads}; choose a head count "
+                        "that leaves an even head size")
     for what, n in (("attention heads", heads), ("kv heads", kv_heads), ("MLP width", ffn),
                     ("vocabulary", vocab)):
         if n % tp:

@@ -51,10 +51,15 @@ _STATE: dict = {}
 def init(dp: int = 1, tp: int = 1, pp: int = 1, **config) -> Mesh:
     """Start torch.distributed (torchrun, srun or a single process) and build the
     dp x tp x pp groups. Extra keywords are ParallelConfig fields (schedule, recompute,
-    virtual_stages, tp_overlap, ...); batch fields come from TrainingArguments."""
+    virtual_stages, tp_overlap, ...); batch fields come from TrainingArguments. A bad
+    value is one ExecError line, before torch.distributed starts."""
+    degrees = dict(dp=dp, tp=tp, pp=pp, **config)
+    try:
+        cfg = _make_config(1, 1, **degrees)
+    except ValueError as e:  # ParallelConfig's own one-line check
+        raise (e if isinstance(e, ExecError) else ExecError(f"merak_exec.init: {e}")) from None
     init_distributed()
-    _STATE["degrees"] = dict(dp=dp, tp=tp, pp=pp, **config)
-    cfg = _make_config(1, 1, **_STATE["degrees"])
+    _STATE["degrees"] = degrees
     _STATE["mesh"] = build_mesh(cfg)
     return _STATE["mesh"]
 

@@ -273,3 +273,14 @@ def test_trainer_refuses_bad_data_when_built(tmp_path):
     assert "exceeds the model's 8 positions" in got["long"] and "(1, 8)" in got["two-d"]
     assert all(v.startswith("ExecError: ") for k, v in got.items() if k != "ok")
     assert len(got["ok"]) == 1 and (tmp_path / "run" / "checkpoint-1").is_dir()
+
+
+def test_init_refuses_a_bad_configuration_before_starting_ranks():
+    import torch.distributed as dist
+
+    import merak_exec
+
+    with pytest.raises(ExecError) as e:
+        merak_exec.init(schedule="nope")
+    one_line(e, "merak_exec.init: unknown schedule 'nope'")
+    assert not dist.is_initialized()
