@@ -35,6 +35,7 @@ from .options import (
     json_options,
     parse_recompute,
 )
+from .profile_option import load_profile, profile_option
 
 MiB = 2**20
 GiB = 2**30
@@ -126,6 +127,7 @@ def _wrapped(text: str, width: int) -> str:
 @click.option("--pipeline-send", type=click.Choice(PIPELINE_SENDS), default="full",
               show_default=True, help="How activations cross a pipeline boundary (see "
                                       "simulate --pipeline-send).")
+@profile_option
 @click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
               show_default=True, help="Attention kernel (auto: flash on GPU presets, the "
                                       "measured profile on CPU).")
@@ -139,7 +141,8 @@ def _wrapped(text: str, width: int) -> str:
 def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
                   micro_batch_size, global_batch_size, schedule, recompute, sequence_parallel,
                   tp_overlap, tp_overlap_parts, zero, zero_group, cp, order, pipeline_send,
-                  attention, dtype, partition_method, traces, as_json, json_out):
+                  attention, dtype, partition_method, traces, as_json, json_out,
+                  profile_file):
     """Print the per-layer time and memory breakdown (and per-stage totals with peak
     memory from the schedule) that the cost model charges for one configuration."""
     check_writable(("--json-out", json_out))
@@ -156,7 +159,10 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
         attention=attention, dtype=dtype, order=order)
     check_work(pp * virtual_stages * config.num_microbatches,
                "pp x virtual stages x micro-batches", "use a smaller global batch size")
-    analytic = AnalyticCostModel(partition_method=partition_method,
+    profile = load_profile(profile_file)
+    eff, kernels = (None, None) if profile is None else profile.efficiency_for(cluster.gpu.name)
+    analytic = AnalyticCostModel(efficiency=eff, kernels=kernels,
+                                 partition_method=partition_method,
                                  pipeline_send=pipeline_send)
     if traces:
         from merak_sim.costs.trace_model import TraceCostModel

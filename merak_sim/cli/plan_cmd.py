@@ -26,6 +26,7 @@ from .options import (
     emit_json,
     json_options,
 )
+from .profile_option import load_profile, profile_option
 
 _SYSTEM_CHOICES = ["full", "megatron", "deepspeed", "merak"]
 
@@ -84,6 +85,7 @@ def _clean(v):
 @click.option("--order", default=None, help=ORDER_HELP + " Every candidate uses it.")
 @click.option("--pipeline-send", type=click.Choice(PIPELINE_SENDS), default=None,
               help=PIPELINE_SEND_HELP)
+@profile_option
 @click.option("--micro-batch-sizes", "--mbs", "micro_batch_sizes", cls=AliasOption,
               default=None, help="Allowed micro-batch sizes.")
 @click.option("--schedules", default=None,
@@ -101,7 +103,7 @@ def _clean(v):
 def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp,
                  cp, zero, zero_groups, attention, overlap_param_gather, dtype, order,
                  pipeline_send, micro_batch_sizes, schedules, memory_margin, no_confirm,
-                 executable, out, csv_path, as_json, json_out):
+                 executable, out, csv_path, as_json, json_out, profile_file):
     """Search parallel configurations; print the ranking and write the best plan."""
     import sys
 
@@ -143,7 +145,9 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
         from merak_sim.resolve import resolve_model
 
         space = executable_space(space, resolve_model(model))
-    cost_model = None if pipeline_send is None else calibrated_cost_model(pipeline_send)
+    profile = load_profile(profile_file)
+    cost_model = (None if pipeline_send is None and profile is None
+                  else calibrated_cost_model(pipeline_send, profile))
     res = search(model, cluster, global_batch_size, nodes=nodes, space=space, top_k=top_k,
                  cost_model=cost_model, confirm=not no_confirm, memory_margin=memory_margin,
                  progress="bar" if sys.stderr.isatty() else "lines")

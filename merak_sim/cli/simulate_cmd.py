@@ -27,6 +27,7 @@ from .options import (
     json_options,
     parse_recompute,
 )
+from .profile_option import load_profile, profile_option
 
 
 def _pairs(values: tuple[str, ...], what: str, key_type=int) -> dict:
@@ -121,6 +122,7 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
 @click.option("--order", default=None, help=ORDER_HELP)
 @click.option("--pipeline-send", type=click.Choice(PIPELINE_SENDS), default=None,
               help=PIPELINE_SEND_HELP)
+@profile_option
 @click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
               show_default=True, help="Attention kernel (auto: flash on GPU presets, the "
                                       "measured profile on CPU).")
@@ -156,7 +158,7 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
                      tp_overlap_parts, zero, zero_group, attention, overlap_param_gather,
                      dtype, pipeline_send, trace_file, mode, engine, contention, overlap_dp,
                      sub_cluster, slow_gpu, degrade_link, as_json, json_out, chrome_trace, plot,
-                     **given):
+                     profile_file, **given):
     """Simulate one training iteration: time, breakdown, FLOP/s and memory."""
     from pathlib import Path
 
@@ -187,7 +189,12 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
                + (" x dp x tp (full mode)" if mode == "full" else ""),
                "use a smaller global batch size (the iteration time scales linearly "
                "with the micro-batches once the pipeline is full)")
-    cost_model = None if pipeline_send is None else calibrated_cost_model(pipeline_send)
+    profile = load_profile(profile_file)
+    if profile is not None and trace_file:
+        raise click.UsageError("--profile prices from the analytic model, --trace from a "
+                               "profiled trace: give one of them")
+    cost_model = (None if pipeline_send is None and profile is None
+                  else calibrated_cost_model(pipeline_send, profile))
     if trace_file:
         try:
             from merak_sim.costs.trace_model import TraceCostModel
