@@ -257,14 +257,18 @@ def calibrate(fit_runs: Sequence[MeasuredRun], held_out: Sequence[MeasuredRun] =
               log: Callable[[str], None] | None = None) -> Calibration:
     """Fit the efficiency curve to ``fit_runs`` (module docstring) and score it on
     ``held_out``; ``rounds`` caps the search (default :data:`SEARCH`'s), ``log``
-    receives one line per round. Runs of several GPU families, fewer than two fit
-    runs or an unknown parameter are one-line RunsErrors."""
+    receives the published defaults' error, then one line per round. Runs of several
+    GPU families, fewer than two fit runs or an unknown parameter are one-line
+    RunsErrors."""
     gpu_name = _check_runs(fit_runs, held_out, free)
     bounds = {k: bounds_for(gpu_name)[k] for k in free}
     start = start_values(gpu_name, free, bounds)
     base = default_efficiency(gpu_name)
     prepared = [PreparedRun.of(r) for r in fit_runs]
     published = errors(prepared, base)
+    if log:
+        log(f"published defaults: fit runs MAPE {published.mape_pct:.2f} %, mean |log "
+            f"error| {published.log_loss:.4f}")
     res = coordinate_search(
         fit_loss(prepared, base), start, bounds,
         rounds=int(SEARCH["rounds"]) if rounds is None else rounds, step=SEARCH["step"],

@@ -170,10 +170,11 @@ def load_runs(path: str | Path) -> list[MeasuredRun]:
     if not p.is_file():
         raise RunsError(f"{path}: no such file; give a runs CSV (docs/calibrate.md)")
     try:
-        with open(p, encoding="utf-8-sig", newline="") as f:
-            first = f.readline()
-    except (OSError, UnicodeDecodeError) as e:
-        raise RunsError(f"{path}: not a readable text file ({e})") from None
+        with open(p, "rb") as f:
+            # Only the header decides the format; the reader reports bad bytes later.
+            first = f.readline().decode("utf-8-sig", errors="replace")
+    except OSError as e:
+        raise RunsError(f"{path}: cannot read it ({e.strerror or e})") from None
     if set(VTRAIN_COLUMNS) <= {c.strip() for c in first.split(",")}:
         return vtrain_runs(p)
     return read_csv_runs(p)

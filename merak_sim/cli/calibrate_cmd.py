@@ -114,7 +114,6 @@ def calibrate_command(runs, held_out, run_dirs, cluster, every, free, rounds, ou
         click.echo(msg.split(" {", 1)[0])  # the round's summary, without the point
 
     cal = calibrate(fit_runs, held, free=names, rounds=rounds, log=log)
-    click.echo(f"published defaults: fit runs MAPE {cal.published.mape_pct:.2f} %")
     profile = cal.profile(_command(runs, held_out, run_dirs, cluster, every, free, rounds, out))
     atomic_write_text(out, profile.to_json())
     _report(cal, out, time.perf_counter() - t0)

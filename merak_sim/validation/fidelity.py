@@ -21,9 +21,8 @@ Errors are relative, (predicted - measured) / measured, of the iteration time; m
 error where the row publishes peak memory (torchtitan GiB, Sailor bytes), against the
 quantity the column measures
 (:func:`merak_sim.validation.public_runs.comparable_peak_bytes`: allocator-level
-peaks, so the backward working set is added to the simulated stash peak). Per dataset and group (GPU type, tp, pp, cp, ZeRO
-stage, precision, ...):
-rows, MAPE, mean signed error and the worst row (:func:`summarise`). The group
+peaks, so the backward working set is added to the simulated stash peak). Per dataset
+and group (GPU type, tp, pp, cp, ZeRO stage, precision, ...): rows, MAPE, mean signed error and the worst row (:func:`summarise`). The group
 ``target=H100/A100 bf16`` (:func:`target_group`) holds a source's held-out bf16 rows
 on H100 and A100 GPUs: the rows of the public-runs target (MAPE <= 10 % per source).
 """

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from merak_sim.validation.public_runs import load_rows
 from research import a100_joint as aj
 from research import hopper_fit, vtrain
-from merak_sim.validation.public_runs import load_rows
+from research.studies import a100_joint_fit
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 
@@ -172,14 +173,14 @@ def test_adoption_rule():
     (["--fix", "gemm_dim_half=1000"], "the value must be a number in [1, 256]"),
     (["--fix", "gemm_max"], "'gemm_max': the value must be a number in [0.3, 0.8]"),
     (["--data", "/nonexistent-merak-data"], "not found; pass --data")])
-def test_bad_cli_input_is_one_line_exit_2(argv, says, capsys, load_benchmark):
-    assert load_benchmark("a100_joint_fit").main(argv) == 2
+def test_bad_cli_input_is_one_line_exit_2(argv, says, capsys):
+    assert a100_joint_fit.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("a100_joint_fit: error:")
     assert says in err[0]
 
 
-def test_out_naming_a_folder_is_one_line_exit_2(tmp_path, capsys, load_benchmark):
-    assert load_benchmark("a100_joint_fit").main(["--out", str(tmp_path)]) == 2
+def test_out_naming_a_folder_is_one_line_exit_2(tmp_path, capsys):
+    assert a100_joint_fit.main(["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is a folder" in err[0]

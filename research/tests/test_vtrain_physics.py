@@ -17,9 +17,9 @@ from merak_sim.costs.nccl import (
     VTRAIN_A100,
     InterNodeBusBandwidth,
 )
+from merak_sim.hardware import get_cluster
 from research.vtrain import PreparedRow, VTrainRow, vtrain_cost_model
 from research.vtrain_breakdown import RowBreakdown, comm_scale_needed, row_breakdown
-from merak_sim.hardware import get_cluster
 
 GB = 1e9
 
