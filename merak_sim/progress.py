@@ -1,8 +1,16 @@
-"""Long work: its limit, and its progress on stderr.
+"""Long work: its bounds, and its progress on stderr.
 
-:data:`WORK_LIMIT` bounds what one command simulates. Progress is a rich bar on a
-terminal, one line every few seconds elsewhere (logs, pipes, CI), nothing for work
-that ends within seconds.
+Work is counted in micro-batch passes (pipeline stages x model chunks x micro-batches,
+times the pipelines in full mode). Each engine has its own :class:`WorkBound`, set by
+its measured cost per pass (``benchmarks/bench_scale.py``) so that the largest run it
+admits takes seconds to tens of seconds, not minutes: the exact evaluator admits a
+million passes (every published run: Megatron-LM's 1T model is 65,536 of them), the
+SimPy engine an eighth of that with progress reported, and the commands that build,
+print and replay a schedule action by action (``schedule``, ``costs``, ``demo``) and
+a plan's candidates the 16,384 they always did. Beyond a bound a command refuses at
+once, in one line naming an engine that can do the run (:meth:`WorkBound.refusal`).
+Progress is a rich bar on a terminal, one line every few seconds elsewhere (logs,
+pipes, CI), nothing for work that ends within seconds.
 
 Usage::
 
@@ -16,19 +24,109 @@ Usage::
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Progress", "progress_reporter", "LINE_AFTER_S", "LINE_EVERY_S", "WORK_LIMIT"]
+__all__ = ["Progress", "progress_reporter", "LINE_AFTER_S", "LINE_EVERY_S", "WORK_LIMIT",
+           "WorkBound", "EVALUATOR_BOUND", "SIMPY_BOUND", "REPLAY_BOUND", "PLANNER_BOUND",
+           "TEARDOWN_AFTER", "is_console_process", "exit_without_teardown"]
 
-#: Micro-batch passes (pipeline stages x model chunks x micro-batches, times the
-#: pipelines in full mode) one schedule, simulation or plan candidate may take: about
-#: 5 s of work on one CPU core. Larger inputs are refused (the planner prunes such
-#: candidates) rather than running for minutes.
-WORK_LIMIT = 16384
+
+@dataclass(frozen=True)
+class WorkBound:
+    """How many micro-batch passes one run of an engine may take.
+
+    Attributes:
+        engine: what runs the work, as a user names it ("the exact evaluator").
+        passes: the most micro-batch passes one run may take.
+        s_per_pass: its measured cold cost per pass on one core of a 2-core machine
+            (``benchmarks/bench_scale.py``): the bound is about
+            ``passes * s_per_pass`` seconds of work.
+        alternative: the option or command that goes further, "" where none does.
+    """
+
+    engine: str
+    passes: int
+    s_per_pass: float
+    alternative: str = ""
+
+    @property
+    def seconds(self) -> float:
+        """About how long a run at the bound takes."""
+        return self.passes * self.s_per_pass
+
+    def admits(self, passes: int) -> bool:
+        """Whether a run of ``passes`` micro-batch passes is within the bound."""
+        return passes <= self.passes
+
+    def refusal(self, passes: int, what: str, fix: str, alternative: str | None = None
+                ) -> str:
+        """The one-line refusal of a run of ``passes`` passes: ``what`` says how they
+        are counted, ``fix`` ("use ...") how to shrink the run, ``alternative`` (default
+        :attr:`alternative`) what goes further."""
+        alt = self.alternative if alternative is None else alternative
+        go = f"use {alt}, or {fix.removeprefix('use ')}" if alt else fix
+        return (f"{what} = {passes:,} micro-batch passes exceeds the limit of "
+                f"{self.passes:,} for {self.engine} (about {self.seconds:.0f} s of work at "
+                f"the limit); {go}")
+
+
+#: The exact evaluator (``simulate --engine evaluator``): about 9 us per pass cold
+#: when it evaluates in full (1T: 0.6 s), far less where the periodic shortcut
+#: applies; a million passes hold about 2 GB of actions.
+EVALUATOR_BOUND = WorkBound("the exact evaluator", 1 << 20, 9e-6)
+#: The SimPy engine (contention, full mode): about 140-170 us per pass with contention
+#: (1T: 11 s), reported as progress on stderr once past a few seconds.
+SIMPY_BOUND = WorkBound("the SimPy engine", 1 << 17, 170e-6,
+                        "--engine evaluator (exact without contention, up to "
+                        f"{EVALUATOR_BOUND.passes:,} passes)")
+#: Building, validating, printing and replaying a schedule action by action
+#: (``schedule``, ``costs``, ``demo``): about 270 us per pass.
+REPLAY_BOUND = WorkBound("building and replaying the schedule action by action", 16384,
+                         270e-6, "merak-sim simulate --engine evaluator (up to "
+                                 f"{EVALUATOR_BOUND.passes:,} passes)")
+#: A plan candidate: a plan evaluates thousands of them and confirms its top K with
+#: SimPy, so a candidate keeps the former bound (raised to SimPy's, a 20M-sample batch
+#: on 64 GPUs planned for minutes instead of refusing at once).
+PLANNER_BOUND = WorkBound("a plan candidate", 16384, SIMPY_BOUND.s_per_pass)
+#: The replay bound, under its former name.
+WORK_LIMIT = REPLAY_BOUND.passes
+
+#: Micro-batch passes from which the merak-sim process skips the interpreter's
+#: teardown once its output is out (:func:`exit_without_teardown`): freeing a large
+#: run's objects one by one at exit took 0.75 s of the 1T run's 1.9 s.
+TEARDOWN_AFTER = 16384
+#: How ``sys.argv[0]`` ends in the merak-sim process itself: the console script,
+#: ``python -m merak_sim`` and ``python -m merak_sim.cli``.
+_CONSOLE_ENDINGS = ("merak-sim", "merak_sim/__main__.py", "merak_sim/cli/__main__.py")
+
+
+def is_console_process() -> bool:
+    """Whether this process is the merak-sim command itself, not a program (a test,
+    a notebook) that calls :func:`merak_sim.cli.main` and goes on afterwards."""
+    argv0 = (sys.argv[0] if sys.argv else "").replace(os.sep, "/")
+    return argv0.endswith(_CONSOLE_ENDINGS)
+
+
+def exit_without_teardown(status: int = 0) -> None:
+    """In the merak-sim process itself (:func:`is_console_process`), flush stdout and
+    stderr and end the process with ``status`` at once, skipping the interpreter's
+    teardown (the objects of a large run freed one by one, for nothing); elsewhere
+    return and let the caller go on. Call it only once every output is written."""
+    if not is_console_process():
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more to deliver
+            pass
+    os._exit(status)
+
 
 #: Off a terminal, the first line appears after this many seconds of work ...
 LINE_AFTER_S = 5.0

@@ -8,7 +8,8 @@ before any work starts.
 - :func:`check_writable` proves every output path can be written before a command
   computes anything, without leaving a file or folder behind
   (:func:`merak_sim.io.check_output_path`, shared with merak-exec).
-- :func:`check_work` refuses inputs whose work would take minutes, naming the limit.
+- :func:`check_work` refuses inputs whose work would take minutes, naming the limit
+  and what goes further.
 - :func:`emit_json` is ``--json`` (print) and ``--json-out FILE`` (write atomically).
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 import click
 
 from merak_sim.io import OutputPathError, check_output_path
-from merak_sim.progress import WORK_LIMIT
+from merak_sim.progress import REPLAY_BOUND, WorkBound
 
 __all__ = ["ORDER_HELP", "PIPELINE_SEND_HELP", "AliasOption", "Recompute", "parse_recompute",
            "check_writable", "check_work", "emit_json", "json_options", "POSITIVE", "NON_NEGATIVE"]
@@ -135,12 +136,13 @@ def check_writable(*named: tuple[str, str | None], folder: bool = False) -> None
             raise click.UsageError(f"{flag} {e}") from None
 
 
-def check_work(units: int, what: str, fix: str) -> None:
-    """Refuse at once when ``units`` micro-batch passes exceed :data:`WORK_LIMIT`."""
-    if units > WORK_LIMIT:
-        raise click.UsageError(
-            f"{what} = {units:,} micro-batch passes exceeds the limit of {WORK_LIMIT:,} "
-            f"(simulation time grows with it: minutes beyond the limit); {fix}")
+def check_work(units: int, what: str, fix: str, bound: WorkBound = REPLAY_BOUND,
+               alternative: str | None = None) -> None:
+    """Refuse at once, in one line, when ``units`` micro-batch passes exceed ``bound``
+    (default: building and replaying a schedule action by action), naming what goes
+    further (``alternative``, default the bound's own)."""
+    if not bound.admits(units):
+        raise click.UsageError(bound.refusal(units, what, fix, alternative))
 
 
 def emit_json(obj: Any, as_json: bool, json_out: str | None, **dumps: Any) -> str:

@@ -14,6 +14,7 @@ import click
 
 from merak_sim.config import ATTENTIONS, DTYPES, TP_OVERLAPS
 from merak_sim.costs.comm import PIPELINE_SENDS
+from merak_sim.progress import TEARDOWN_AFTER, exit_without_teardown
 from merak_sim.schedule import SCHEDULES
 
 from .options import (
@@ -28,19 +29,6 @@ from .options import (
     parse_recompute,
 )
 from .profile_option import load_profile, profile_option
-
-
-def _pairs(values: tuple[str, ...], what: str, key_type=int) -> dict:
-    out = {}
-    for v in values:
-        key, sep, factor = v.rpartition(":")
-        if not sep:
-            raise click.UsageError(f"{what} takes KEY:FACTOR, got {v!r}")
-        try:
-            out[key_type(key)] = float(factor)
-        except ValueError:
-            raise click.UsageError(f"{what} takes KEY:FACTOR, got {v!r}") from None
-    return out
 
 
 _PLAN_FIELDS = ("dp", "tp", "pp", "cp", "virtual_stages", "micro_batch_size",
@@ -82,6 +70,54 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
         sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
         tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype,
         order=given["order"] or DEFAULT_ORDER, **more)
+
+
+def _what_ifs(slow_gpu, degrade_link, cfg, cluster, nodes, mode):
+    """The checked --slow-gpu / --degrade-link values (:mod:`merak_sim.whatif`)."""
+    from merak_sim.resolve import resolve_cluster
+    from merak_sim.whatif import WhatIfError, parse_what_ifs
+
+    if not (slow_gpu or degrade_link):
+        return parse_what_ifs((), (), world_size=1, gpus_per_node=1, mode=mode)
+    try:
+        return parse_what_ifs(slow_gpu, degrade_link, world_size=cfg.world_size,
+                              gpus_per_node=resolve_cluster(cluster, nodes).gpus_per_node,
+                              mode=mode)
+    except WhatIfError as e:
+        raise click.UsageError(str(e)) from None
+
+
+_SHRINK = ("use a smaller global batch size (the iteration time scales linearly with the "
+           "micro-batches once the pipeline is full)")
+
+
+def _check_bounds(cfg, mode: str, engine: str) -> str:
+    """Refuse a run beyond its engine's work bound (:mod:`merak_sim.progress`) in one
+    line naming an engine or mode that can do it; else the progress mode for the run
+    ("off" where it ends within seconds)."""
+    import sys
+
+    from merak_sim.progress import EVALUATOR_BOUND, LINE_AFTER_S, SIMPY_BOUND
+
+    one = cfg.pp * cfg.virtual_stages * cfg.num_microbatches
+    what = "pp x virtual stages x micro-batches"
+    if engine == "evaluator":
+        check_work(one, what, _SHRINK, EVALUATOR_BOUND)
+        return "off"
+    if mode == "full":
+        passes, what = one * cfg.dp * cfg.tp, what + " x dp x tp (full mode)"
+        alt = ("--mode representative (one pipeline, the replicas folded by symmetry)"
+               if SIMPY_BOUND.admits(one) else
+               "--mode representative --engine evaluator" if EVALUATOR_BOUND.admits(one)
+               else "")
+    else:
+        # Beyond every engine: name the furthest one's limit.
+        check_work(one, what, _SHRINK, EVALUATOR_BOUND)
+        passes, alt = one, None
+    check_work(passes, what, _SHRINK, SIMPY_BOUND, alt)
+    if passes * SIMPY_BOUND.s_per_pass < LINE_AFTER_S / 2:
+        return "off"
+    return "bar" if sys.stderr.isatty() else "lines"
 
 
 @click.command("simulate")
@@ -145,9 +181,11 @@ def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, 
 @click.option("--sub-cluster", is_flag=True,
               help="Allow dp*tp*pp below the cluster's GPU count.")
 @click.option("--slow-gpu", multiple=True, metavar="RANK:FACTOR",
-              help="Full mode: GPU RANK computes FACTOR times slower (repeatable).")
+              help="Full mode: GPU RANK computes FACTOR times slower (repeatable, each "
+                   "GPU once).")
 @click.option("--degrade-link", multiple=True, metavar="LINK:FACTOR",
-              help="Full mode: scale a link's capacity, e.g. node0.nic.out:0.5.")
+              help="Full mode: scale a link's capacity, e.g. node0.nic.out:0.5 "
+                   "(gpu<R>.out|in, node<N>.nic.out|in; repeatable, each link once).")
 @json_options
 @click.option("--chrome-trace", type=click.Path(dir_okay=False), default=None,
               help="Write a Chrome trace (open in Perfetto).")
@@ -183,12 +221,8 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
         cfg = _config(given, sequence_parallel, tp_overlap, tp_overlap_parts, zero, dtype,
                       zero_group=zero_group, attention=attention,
                       overlap_param_gather=overlap_param_gather)
-    pipelines = cfg.dp * cfg.tp if mode == "full" else 1
-    check_work(cfg.pp * cfg.virtual_stages * cfg.num_microbatches * pipelines,
-               "pp x virtual stages x micro-batches"
-               + (" x dp x tp (full mode)" if mode == "full" else ""),
-               "use a smaller global batch size (the iteration time scales linearly "
-               "with the micro-batches once the pipeline is full)")
+    what_ifs = _what_ifs(slow_gpu, degrade_link, cfg, cluster, nodes, mode)
+    progress = _check_bounds(cfg, mode, engine)
     profile = load_profile(profile_file)
     if profile is not None and trace_file:
         raise click.UsageError("--profile prices from the analytic model, --trace from a "
@@ -209,9 +243,8 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
     res = simulate(
         model, cluster, cfg, nodes=nodes, cost_model=cost_model, mode=mode, engine=engine,
         contention=contention, overlap_dp=overlap_dp, sub_cluster=sub_cluster,
-        slowdown=_pairs(slow_gpu, "--slow-gpu") or None,
-        degraded_links=_pairs(degrade_link, "--degrade-link", str) or None,
-        keep_trace=bool(chrome_trace or plot))
+        slowdown=what_ifs.slowdown or None, degraded_links=what_ifs.degraded_links or None,
+        keep_trace=bool(chrome_trace or plot), progress=progress)
     if chrome_trace:
         res.write_chrome_trace(chrome_trace)
     if plot:
@@ -229,6 +262,8 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
                            ("JSON", json_out)):
             if path:
                 click.echo(f"wrote {what}: {path}")
+    if cfg.pp * cfg.virtual_stages * cfg.num_microbatches >= TEARDOWN_AFTER:
+        exit_without_teardown(0)  # everything is written; freeing the run is wasted time
 
 
 command = simulate_command

@@ -46,7 +46,7 @@ from merak_sim.config import ParallelConfig
 from merak_sim.costs.calibrated import calibrated_cost_model
 from merak_sim.memo import IdentityMemo
 from merak_sim.plan import Plan
-from merak_sim.progress import WORK_LIMIT, Progress, progress_reporter
+from merak_sim.progress import PLANNER_BOUND, Progress, progress_reporter
 from merak_sim.resolve import cluster_record, resolve_cluster, resolve_model
 from merak_sim.schedule import SCHEDULES, ScheduleError
 from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
@@ -109,9 +109,9 @@ def _rule_pruned(c: Candidate, rows: RowBook, counts: dict, prog: Progress) -> b
     """Record ``c`` as pruned when it breaks a rule (the work limit included)."""
     counts["considered"] += 1
     passes = c.pp * c.virtual_stages * c.microbatches
-    if not c.pruned and passes > WORK_LIMIT:
+    if not c.pruned and not PLANNER_BOUND.admits(passes):
         c = replace(c, pruned=f"{passes:,} micro-batch passes (pp x v x micro-batches) "
-                              f"exceed the work limit of {WORK_LIMIT:,}")
+                              f"exceed the work limit of {PLANNER_BOUND.passes:,}")
     if c.pruned:
         counts["pruned_rule"] += 1
         rows.append(row(c, "pruned", f"pruned: {c.pruned}"))
@@ -466,6 +466,7 @@ def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | Non
                space or SearchSpace(),
                _default_cost_model() if cost_model is None else cost_model, memory_margin,
                top_k, exhaustive)
+    job.cluster.gpu.peak(job.space.dtype)  # --dtype vs the hardware, before any search
     rows = RowBook()
     counts = new_counts()
     label = f"planning {job.model.name} on {job.cluster.world_size} GPUs"

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from merak_sim.progress import WORK_LIMIT, Progress
+from merak_sim.progress import PLANNER_BOUND, Progress
 from merak_sim.schedule import SCHEDULES
 
 from .bounds import bound_parts, bound_values
@@ -236,7 +236,7 @@ def _ruled(b: Block, ix: _Index) -> tuple[np.ndarray, np.ndarray]:
     rules = dict(b.rules)
     passes = b.pp * b.virtual_stages * b.microbatches
     limit = (f"{passes:,} micro-batch passes (pp x v x micro-batches) exceed the work "
-             f"limit of {WORK_LIMIT:,}") if passes > WORK_LIMIT else ""
+             f"limit of {PLANNER_BOUND.passes:,}") if not PLANNER_BOUND.admits(passes) else ""
     rule_of = [rules[k] or limit for k in ix.rule]
     ruled = np.array([bool(r) for r in rule_of])[ix.rule_idx]
     reason = np.array([f"pruned: {r}" for r in rule_of] + [None],

@@ -21,6 +21,7 @@ from merak_sim.costs.calibrated import CalibratedCostModel
 from merak_sim.hardware import GPU, Cluster, get_gpu
 from merak_sim.layout import RankLayout
 from merak_sim.model import ModelSpec
+from merak_sim.progress import Progress, progress_reporter
 from merak_sim.resolve import resolve_cluster, resolve_model
 from merak_sim.schedule import SCHEDULES, generate, lower
 from merak_sim.schedule.ir import Schedule
@@ -229,6 +230,7 @@ def simulate(
     degraded_links: dict[str, float] | None = None,
     gpu_types: dict[int, GPU | str] | None = None,
     keep_trace: bool = True,
+    progress: bool | str | Progress = False,
     **config_kwargs: Any,
 ) -> SimResult:
     """Simulate one training iteration.
@@ -265,6 +267,9 @@ def simulate(
             ``node1.nic.in``); GPU type (preset name or GPU) per global rank, priced by
             the ratio of peak FLOP/s and with its own memory capacity.
         keep_trace: keep the timeline (events, Chrome trace, plots) in the result.
+        progress: the SimPy engine's progress on stderr (compute actions done):
+            "bar", "lines" (a line every few seconds once past a few), a
+            :class:`~merak_sim.progress.Progress`, or False (none).
     """
     cfg = resolve_config(config, **config_kwargs)
     overlap_dp = overlap_dp or cfg.overlap_param_gather
@@ -306,7 +311,8 @@ def simulate(
                                  buckets=buckets, slowdown=slowdown,
                                  degraded_links=degraded_links, gpu_types=gpu_types,
                                  keep_trace=keep_trace)
-    tr = run_engine(prog, placement, capacity, opts, capacities=caps)
+    with progress_reporter(progress, "simulating") as prog_bar:
+        tr = run_engine(prog, placement, capacity, opts, capacities=caps, progress=prog_bar)
     return build_result(tr, engine=engine, keep_trace=keep_trace, **common)
 
 
@@ -325,13 +331,25 @@ def _compiled(cfg: ParallelConfig, table: CostTable,
     return compile_program(sched, table, cfg.recompute_per_stage(sched))
 
 
+#: Objects a paused block may leave alive before :func:`_collector_paused` freezes
+#: them (a schedule of a few thousand passes stays below it).
+FREEZE_AFTER = 200_000
+
+
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for the block (if it runs): building
-    and evaluating a schedule allocates tens of thousands of acyclic tuples, actions
-    and lists that reference counting frees, and a collection started part way
-    only walks them in vain (about a tenth of the evaluator's cold path, more with
-    a large heap). Cycles made meanwhile are collected after the block."""
+    and evaluating a schedule allocates hundreds of thousands of acyclic tuples,
+    actions and lists that reference counting frees, and a collection started part
+    way only walks them in vain. Cycles made meanwhile are collected after the
+    block.
+
+    Where the block leaves more than :data:`FREEZE_AFTER` new objects alive (a large
+    schedule and its structure, kept in the caches, and the result) they are frozen
+    (``gc.freeze``) before the collector resumes: otherwise its next full collections
+    walk every one of them again (0.7 s after the 1T run's 0.85 s). They are
+    long-lived and acyclic, so reference counting still frees them when dropped;
+    only a cycle alive now and dropped later would wait for ``gc.unfreeze``."""
     if not gc.isenabled():
         yield
         return
@@ -339,6 +357,8 @@ def _collector_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        if gc.get_count()[0] > FREEZE_AFTER:
+            gc.freeze()
         gc.enable()
 
 

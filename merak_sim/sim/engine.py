@@ -50,6 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from merak_sim.layout import RankLayout
+from merak_sim.progress import Progress
 
 from .entities import HBM
 from .gpu import GPU, EngineOptions, EngineRun
@@ -120,17 +121,29 @@ def _check_slowdown(opts: EngineOptions, placement: RankLayout, ranks: list[int]
                              f"simulates only ranks {ranks})")
 
 
-def _run_to_end(env) -> int:
+#: Events between two progress reports (a report sums the GPUs' finished actions).
+PROGRESS_EVERY = 4096
+
+
+def _run_to_end(env, gpus: list[GPU], progress: Progress | None = None) -> int:
     """Run ``env`` until no event is left; the number of events processed (SimPy has
-    no counter, so count the steps)."""
+    no counter, so count the steps). With ``progress``, the compute actions the
+    ``gpus`` finished are reported every :data:`PROGRESS_EVERY` events."""
     import simpy
 
     n_events = 0
     step = env.step
     try:
+        if progress is None or progress.mode == "off":
+            while True:
+                step()
+                n_events += 1
+        every = PROGRESS_EVERY
         while True:
             step()
             n_events += 1
+            if not n_events % every:
+                progress.advance(sum(len(g.acts) for g in gpus) - progress.done)
     except simpy.core.EmptySchedule:
         pass
     return n_events
@@ -152,9 +165,11 @@ def _makespan(gpus: list[GPU], xfer_times: list[tuple[list[float], list[float]]]
 
 
 def run_engine(prog: Compiled, placement: RankLayout, capacity: float,
-               opts: EngineOptions, capacities: dict[int, float] | None = None) -> EventLog:
+               opts: EngineOptions, capacities: dict[int, float] | None = None,
+               progress: Progress | None = None) -> EventLog:
     """Simulate one iteration of ``prog`` and return its :class:`EventLog`
-    (``capacities``: memory capacity per global rank where it differs)."""
+    (``capacities``: memory capacity per global rank where it differs; ``progress``
+    counts the compute actions done)."""
     import simpy
 
     _check(prog, placement, opts)
@@ -169,7 +184,9 @@ def run_engine(prog: Compiled, placement: RankLayout, capacity: float,
         gpus.append(GPU(run, s, ci, rank, HBM(cap, prog.state_bytes[s], opts.record_memory)))
     for g in gpus:
         env.process(g.compute_stream())
-    n_events = _run_to_end(env)
+    if progress is not None:
+        progress.start(sum(1 for g in gpus for c, _x, _y in prog.ops[g.stage] if c != OP_POST))
+    n_events = _run_to_end(env, gpus, progress)
     for g in gpus:
         if len(g.acts) != sum(1 for c, _x, _y in prog.ops[g.stage] if c != OP_POST):
             raise RuntimeError(
