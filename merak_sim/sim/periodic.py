@@ -28,9 +28,18 @@ compute, recompute and exposed communication gain k times what block J adds
 and the FLOPs k times block J's; peak memory is G(n)'s when each block frees what
 it allocates (checked, as is the absence of out-of-memory). Rounding: the maps are
 non-expansive in the maximum norm, so a progression that holds to a tolerance keeps
-every extended time within it. Any failed check returns None and the caller
-evaluates in full; a base still in its transient is retried with twice the blocks,
-up to BASES_TRIED bases.
+every extended time within it.
+
+Bases: the first has :data:`BASE_BLOCKS` more blocks than the generator's smallest
+schedule, or fewer where that would exceed :data:`BASE_SHARE` of the micro-batches
+(interleaved 1F1B at M = 8 pp, the published runs' shape, has room for three: a
+base of 5 pp micro-batches, enough where the transient ends within the first block,
+as it does on near-uniform stages). A base still in its transient (checks 1 to 3
+fail on its dependencies or times) is retried with twice the blocks while it stays
+within that share; a base that cannot apply whatever its size (out of memory, blocks
+that do not free what they allocate, programs of another shape) stops the search at
+once. Either way the caller then evaluates in full, so the bases tried cost at most
+about one full evaluation more.
 """
 
 from __future__ import annotations
@@ -48,14 +57,19 @@ from .result import SimResult, rank_breakdown
 
 __all__ = ["Evaluated", "Extended", "extended", "BASE_BLOCKS"]
 
-#: Complete blocks the first base has (doubled while the transient has not ended),
-#: and how many bases are tried before evaluating in full (a schedule that never
-#: settles into a one-block progression costs at most that many small evaluations).
+#: Blocks the first base adds to the generator's smallest schedule (doubled while
+#: the transient has not ended).
 BASE_BLOCKS = 6
-BASES_TRIED = 3
+#: The largest base, as a share of the micro-batches: beyond it the base saves too
+#: little over evaluating in full.
+BASE_SHARE = 0.65
 #: Blocks whose dependencies and times are checked (a block may depend on the
-#: WINDOW - 1 blocks before it).
-WINDOW = 3
+#: WINDOW - 1 blocks before it): one-block recursions cover every declared period
+#: (1F1B, ZB-H1, interleaved 1F1B) and need the fewest blocks in a base.
+WINDOW = 2
+#: What :func:`_checked` says of a base that does not extend: a larger base may
+#: (its transient has not ended), or no base will.
+GROW, STOP = "grow", "stop"
 #: Relative tolerance of the progression checks (times are sums of a few thousand
 #: durations, so rounding stays far below it).
 TOLERANCE = 1e-12
@@ -205,30 +219,33 @@ def _balanced(prog: Compiled, period: Period, last: int) -> bool:
     return True
 
 
-def _checked(ev: Evaluated, period: Period) -> tuple[int, float] | None:
+def _checked(ev: Evaluated, period: Period) -> tuple[int, float] | str:
     """(last complete block J, shift L) when every check of the module docstring
-    holds for the base ``ev``, else None."""
+    holds for the base ``ev``; else :data:`GROW` where a larger base may pass, or
+    :data:`STOP` where none will."""
     if ev.result.oom is not None:
-        return None
+        return STOP  # a larger base holds at least as much
     blocks = _layout(ev.prog, period)
     if blocks is None:
-        return None
+        return STOP
     last = min(blocks) - 1
     if last - WINDOW < 0:
-        return None
+        return GROW
+    if not _balanced(ev.prog, period, last):
+        return STOP
     maps = _block_map(ev.prog, period, last, WINDOW)
     if not _pattern_ok(ev.prog, plan(ev.prog), maps, last, WINDOW):
-        return None
+        return GROW
     shift = _progression(ev, period, last, WINDOW)
-    if shift is None or shift < 0 or not _balanced(ev.prog, period, last):
-        return None
+    if shift is None or shift < 0:
+        return GROW
     tr = ev.trace
     top = max((e for rows in tr.buckets for _c, _s, e in rows), default=0.0)
     for r, rows in enumerate(tr.acts):
         for _aid, _s, e in rows[period.prefix[r] + (last + 1) * period.block[r]:]:
             if e > top:  # max(top, e), written as the comparison it makes
                 top = e
-    return (last, shift) if top == tr.makespan else None
+    return (last, shift) if top == tr.makespan else GROW
 
 
 def _block_breakdown(tr: EventLog, period: Period, last: int
@@ -282,20 +299,22 @@ def extended(period: Period | None, microbatches: int,
              evaluated: Callable[[int], Evaluated]) -> Extended | None:
     """The figures for ``microbatches`` micro-batches from a base evaluated by
     ``evaluated(M)`` (the exact path at M micro-batches), or None where the schedule
-    declares no period, M is too small to gain, or a check fails."""
+    declares no period, M is too small to gain, or no base passes the checks (module
+    docstring: which bases are tried)."""
     if period is None:
         return None
     m0, p = period.first_microbatches, period.microbatches
     if microbatches < m0 or (microbatches - m0) % p:
         return None
-    q = BASE_BLOCKS
-    for _ in range(BASES_TRIED):
+    most = (int(microbatches * BASE_SHARE) - m0) // p  # blocks a base may add
+    q = min(BASE_BLOCKS, most)
+    while q >= 1:
         m1 = m0 + p * q
-        if m1 >= microbatches:
-            break
         ev = evaluated(m1)
         found = _checked(ev, period)
-        if found is not None:
+        if not isinstance(found, str):
             return _extend(ev, period, *found, (microbatches - m1) // p)
-        q *= 2
+        if found == STOP or q == most:
+            return None
+        q = min(2 * q, most)
     return None
