@@ -78,8 +78,9 @@ class GPU:
         if alt in self.peak_flops:
             return self.peak_flops[alt]
         if dtype == "fp8":
-            raise HardwareError(f"gpu {self.name} has no FP8 tensor cores (dtype 'fp8'); "
-                                "use --dtype bf16, or a GPU with FP8 such as H100 / H200")
+            raise HardwareError(f"gpu {self.name} has no FP8 tensor cores, so --dtype fp8 "
+                                "cannot run on it; use --dtype bf16, or a GPU with FP8 "
+                                "such as H100 / H200")
         raise HardwareError(f"gpu {self.name} has no peak for dtype {dtype!r}; known: "
                             f"{', '.join(self.peak_flops)}")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import sys
 
 import click
@@ -29,6 +30,28 @@ def cli() -> None:
 for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
     if _info.name.endswith("_cmd"):
         cli.add_command(importlib.import_module(f"{__name__}.{_info.name}").command)
+
+
+def _as_flags(text: str, argv: list[str] | None) -> str:
+    """``text`` with each Python keyword form ``name='value'`` (``name=True`` for a
+    flag) of an option of the command being run written as that option
+    (``mode='full'`` -> ``--mode full``): errors raised below the command line name
+    its flags."""
+    args = sys.argv[1:] if argv is None else argv
+    cmd = cli.commands.get(next((a for a in args if not a.startswith("-")), ""))
+    if cmd is None:
+        return text
+    opts = {p.name: p for p in cmd.params
+            if isinstance(p, click.Option) and p.opts[0].startswith("--")}
+
+    def flag(m: re.Match) -> str:
+        p = opts.get(m.group(1))
+        if p is None or (m.group(2) == "True") != bool(p.is_flag):
+            return m.group(0)
+        return p.opts[0] if p.is_flag else f"{p.opts[0]} {m.group(3)}"
+
+    text = re.sub(r"\b([a-z_]+)=(True|'([^']*)')", flag, text)
+    return re.sub(r"(--[\w-]+) \(\1\)", r"\1", text)  # "--x (--x)" said twice
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("merak-sim: aborted", err=True)
         return 1
     except (ValueError, OSError, KeyError) as e:
-        text = str(e) or type(e).__name__
+        text = _as_flags(str(e) or type(e).__name__, argv)
         lines = text.splitlines()
         click.echo(f"merak-sim: error: {lines[0]}", err=True)
         # Multi-line diagnostics (like a deadlock grid) follow the one-line error.

@@ -11,6 +11,7 @@ error naming the smallest memory shortfall and the closest candidate (exit 2).
 from __future__ import annotations
 
 import math
+import textwrap
 
 import click
 
@@ -186,9 +187,10 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
               f"{b.iteration_time_s:.3f} s/iteration, "
               f"{b.throughput_samples_per_s:.2f} samples/s, MFU {b.mfu:.1%}, peak "
               f"{max(b.peak_memory_bytes) / 2**30:.1f} GiB ({b.engine})")
-    con.print("why this plan (best alternative per knob):", markup=False)
+    con.print("why this plan (the closest alternative per knob):", markup=False)
     for line in res.explanation():
-        con.print(f"  {line}", markup=False)
+        con.print(textwrap.fill(line, width=max(40, con.width), initial_indent="  - ",
+                                subsequent_indent="    "), markup=False, soft_wrap=True)
     for n in res.notes:
         con.print(f"assumption: {n}", markup=False)
     con.print(f"wrote plan: {out}", markup=False)

@@ -137,14 +137,31 @@ def _compact_row(i: int, r) -> list[str]:
     extras = ((" sp" if r.sequence_parallel else "")
               + (" ovl" if r.tp_overlap != "none" else "")
               + (f" z{r.zero}" if r.zero else ""))
-    return [str(i + 1), r.status,
+    return [str(i + 1),
             f"{r.dp}.{r.tp}.{r.pp} v{r.virtual_stages} m{r.micro_batch_size}{extras}",
-            f"{r.schedule} {_recompute_text(r)}",
+            f"{r.schedule}\n{r.recompute}",
             _fmt(r.time_s, ".3f"), _fmt(r.mfu, ".1%"), _fmt(r.peak_memory_gib, ".1f")]
 
 
-#: Below this many columns the table drops samples/s, folds sp / overlap / ZeRO into
-#: the configuration and lists the reasons under the table.
+def _compact_note(i: int, r) -> str:
+    """Line ``i`` under the compact table: how the row ended, why, and the stage-aware
+    fractions the table leaves out."""
+    reason = str(r.reason)
+    head = "" if reason.split(":")[0] in ("bounded", "pruned", "memory") else f"{r.status}: "
+    fr = r.recompute_fractions if r.recompute == "stage-aware" else None
+    if fr is None:
+        tail = ""
+    elif not any(fr):
+        tail = "; no stage checkpointed"
+    else:
+        tail = f"; checkpointed per stage {_recompute_text(r)[len(r.recompute):].strip()}"
+    return f"{i + 1:>2}. {head}{reason}{tail}"
+
+
+#: Below this many columns the table drops the status and samples/s, folds sp /
+#: overlap / ZeRO into the configuration, puts the recompute policy under the
+#: schedule and lists how each row ended (with stage-aware fractions) beneath it;
+#: the time, MFU and peak-memory columns always stay.
 WIDE_TABLE = 120
 
 
@@ -211,17 +228,17 @@ class PlanResult:
             for i, r in enumerate(rows):
                 t.add_row(*_table_row(i, r))
             return t
-        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
-        for col in ("#", "status", "dp.tp.pp v mbs"):
-            t.add_column(col, no_wrap=True)
-        # Wide enough for every schedule name; the recompute part wraps under it.
-        t.add_column("schedule recompute", min_width=max(len(r.schedule) for r in rows))
+        # Every column has a bounded width (the longest schedule name is 21), so the
+        # whole table fits 80 columns and rich never drops one.
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        t.add_column("#", no_wrap=True, justify="right")
+        t.add_column("dp.tp.pp v mbs", no_wrap=True)
+        t.add_column("schedule / recompute", no_wrap=True)
         for col in ("time s", "MFU", "peak GiB"):
             t.add_column(col, justify="right", no_wrap=True)
         for i, r in enumerate(rows):
             t.add_row(*_compact_row(i, r))
-        why = Text("\n".join(f"{i + 1:>2}. {r.reason}" for i, r in enumerate(rows)
-                             if str(r.reason)))
+        why = Text("\n".join(_compact_note(i, r) for i, r in enumerate(rows)))
         return Group(t, Text("why each lost:"), why)
 
     def explanation(self) -> list[str]:
