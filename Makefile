@@ -1,6 +1,7 @@
 # Two set-up commands for a fresh machine (see README):
 #   make demo   -- create .venv, install everything, run the main job on the embedded default
 #   make test   -- create .venv, install everything, run the whole test suite
+#   make test-research -- the tests of the studies in research/ (not installed)
 # Both install the simulator, the backend's `exec` extra (torch, transformers), the
 # `data` extra (HuggingFace datasets folders) and the test extras; `pip install .`
 # alone gives the simulator only.
@@ -9,7 +10,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean notebooks
+.PHONY: demo test test-research venv clean notebooks
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,6 +25,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder tests
+
+# The studies in research/ (not installed, not part of make test): their own tests.
+test-research: $(STAMP)
+	$(BIN)/python -m pytest -q research/tests
 
 # Rebuild every notebook from its build script and store its executed outputs (figures
 # included) in the committed .ipynb files.
