@@ -12,7 +12,7 @@ where the spec refuses):
 
 Every schedule is validated first. docs/schedules.md holds the printed table::
 
-    .venv/bin/python benchmarks/schedule_table.py
+    .venv/bin/python tools/schedule_table.py
 """
 
 from __future__ import annotations
