@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,9 +47,13 @@ LAYOUTS = {"pp2": (2, ["--pp", "2"]), "tp2": (2, ["--tp", "2"]), "dp2": (2, ["--
 #: the rank has written its share and the others wait for it)
 PHASES = {"startup": "startup", "mid-step": "step@2", "checkpoint": "op:checkpoint@2"}
 #: further places, asked for by name (--phases): the groups' creation after the
-#: rendezvous and the world-wide gradient-norm all-reduce of iteration 2
+#: rendezvous, the world-wide gradient-norm all-reduce of iteration 2, the first
+#: checkpoint collective of a resume (from a checkpoint a clean run saved first), and
+#: "outside": real ``python -m merak_exec`` processes, the victim stopped (SIGSTOP) or
+#: killed (SIGKILL) by the driver once rank 0 logged step 3, no fault hook involved
 EXTRA_PHASES = {"groups": "op:creating the process groups",
-                "grad-norm": "op:gradient-norm@2"}
+                "grad-norm": "op:gradient-norm@2", "load": "op:checkpoint@1",
+                "outside": None}
 MODES = ("kill", "stall")
 ALL_PHASES = {**PHASES, **EXTRA_PHASES}
 SLACK_S = 10.0  # the promise: every survivor ends within MERAK_TIMEOUT_S + SLACK_S
@@ -67,12 +72,20 @@ def scenarios(layouts=None, modes=None, phases=None, victim: str = "last",
         world, degrees = LAYOUTS[lay]
         v = world - 1 if victim == "last" else int(victim)
         for phase in phases or PHASES:
-            extra = ["--save-dir", "ckpt", "--save-every", "2"] if phase == "checkpoint" else []
+            extra = {"checkpoint": ["--save-dir", "ckpt", "--save-every", "2"],
+                     "load": ["--resume", "ckpt/checkpoint-2"]}.get(phase, [])
             for mode in modes or MODES:
-                argv = ["train", *MODEL, *degrees, *extra]
-                out.append({"layout": lay, "mode": mode, "phase": phase, "world": world,
-                            "victim": v, "store": store, "argv": argv,
-                            "fault": f"{v}:{mode}:{ALL_PHASES[phase]}"})
+                case = {"layout": lay, "mode": mode, "phase": phase, "world": world,
+                        "victim": v, "store": store,
+                        "argv": ["train", *MODEL, *degrees, *extra],
+                        "fault": f"{v}:{mode}:{ALL_PHASES[phase]}"}
+                if phase == "outside":  # trains until stopped; the driver signals
+                    case.update(real=True, signal={"stall": "stop"}.get(mode, mode),
+                                fault=None, argv=["train", *MODEL[:-1], "100000", *degrees])
+                if phase == "load":
+                    case["pre_argv"] = ["train", *MODEL[:-1], "2", *degrees, "--save-dir",
+                                        "ckpt", "--save-every", "2"]
+                out.append(case)
     return out
 
 
@@ -96,6 +109,8 @@ def run_matrix(cases: list[dict], timeout_s: float = 3.0, jobs: int = 3) -> list
 
 def judge(case: dict, timeout_s: float) -> list[str]:
     """What is wrong with one finished case (empty: it passed)."""
+    if case.get("setup_error"):
+        return [f"the set-up run failed: {case['setup_error']}"]
     if case["fired"] is None:
         return ["the fault never fired"]
     bad = []
@@ -161,18 +176,28 @@ def _store_host(world: int) -> tuple[int, int]:
         return pid, int(f.read() or 0)
 
 
-def _child(case: dict, rank: int, port: int, timeout_s: float, folder: Path) -> None:
-    """A forked rank: the launcher's environment, its own files, the console entry."""
+def _rank_env(case: dict, rank: int, port: int, timeout_s: float) -> dict[str, str]:
+    """What the launcher gives rank ``rank`` (torchrun's variables; the launcher's store
+    or rank 0's; MERAK_FAULT when the case injects one)."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+           "WORLD_SIZE": str(case["world"]), "LOCAL_RANK": str(rank),
+           "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+           "MERAK_TIMEOUT_S": str(timeout_s)}
+    if case["store"] == "launcher":
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    if case["fault"]:
+        env["MERAK_FAULT"] = case["fault"]
+    return env
+
+
+def _child(case: dict, env: dict[str, str], folder: Path, out: str, err: str) -> None:
+    """A forked rank: its folder, environment and files, then the console entry with
+    ``case["argv"]``; it never returns."""
     code = 1
     try:
         os.chdir(folder)
-        if case["store"] == "launcher":
-            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                          WORLD_SIZE=str(case["world"]), LOCAL_RANK=str(rank),
-                          GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-                          MERAK_TIMEOUT_S=str(timeout_s), MERAK_FAULT=case["fault"])
-        for fd, name in ((1, f"rank{rank}.out"), (2, f"rank{rank}.err")):
+        os.environ.update(env)
+        for fd, name in ((1, out), (2, err)):
             f = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(f, fd)
             os.close(f)
@@ -192,73 +217,152 @@ def _child(case: dict, rank: int, port: int, timeout_s: float, folder: Path) -> 
         os._exit(code)
 
 
+class _Forked:
+    """A forked rank, with the two calls of :class:`subprocess.Popen` used here."""
+
+    def __init__(self, case: dict, env: dict[str, str], folder: Path, out: str,
+                 err: str) -> None:
+        self.pid = os.fork()
+        if self.pid == 0:
+            _child(case, env, folder, out, err)
+        self.returncode = None
+
+    def poll(self) -> int | None:
+        """The exit status once ended (reaped here), else None."""
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL it."""
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        """Reap it (blocking); its exit status."""
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def _start_rank(case: dict, rank: int, port: int, timeout_s: float, folder: Path,
+                tag: str):
+    """Rank ``rank`` of ``case``: forked from this driver, or with ``case["real"]`` a
+    real ``python -m merak_exec`` process; its output in ``<tag>rank<r>.out/.err``."""
+    env = _rank_env(case, rank, port, timeout_s)
+    out, err = (str(folder / f"{tag}rank{rank}.{x}") for x in ("out", "err"))
+    if not case.get("real"):
+        return _Forked(case, env, folder, out, err)
+    with open(out, "w") as fo, open(err, "w") as fe:
+        return subprocess.Popen([sys.executable, "-m", "merak_exec", *case["argv"]],
+                                cwd=folder, env={**os.environ, **env}, stdout=fo, stderr=fe)
+
+
 class _Running:
-    """One scenario's forked ranks, watched until the survivors have ended."""
+    """One scenario's ranks, watched until the survivors have ended. A scenario with
+    ``pre_argv`` first runs that command on every rank, without a fault, in a world of
+    its own (it makes the checkpoint a faulted resume loads); one with ``signal``
+    ("stop" or "kill") has no MERAK_FAULT: the victim gets SIGSTOP or SIGKILL from here
+    once rank 0 has logged step 3."""
 
     def __init__(self, case: dict, timeout_s: float, folder: Path) -> None:
-        from merak_exec.launch import free_port
-
         self.case, self.timeout_s, self.folder = case, timeout_s, folder
         folder.mkdir(parents=True)
+        self.stages = [(case["pre_argv"], None, "pre-")] if case.get("pre_argv") else []
+        self.stages.append((case["argv"], case["fault"], ""))
+        self.start = time.monotonic()
+        self.fault: float | None = None
+        self.setup_error: str | None = None
+        self._launch()
+
+    def _launch(self) -> None:
+        """Start the first stage: its store (the launcher's) and its ranks."""
+        from merak_exec.launch import free_port
+
+        argv, fault, tag = self.stages[0]
         self.store_pid = None
-        if case["store"] == "launcher":
-            self.store_pid, port = _store_host(case["world"])
+        if self.case["store"] == "launcher":
+            self.store_pid, port = _store_host(self.case["world"])
         else:
             port = free_port()
-        self.pids = {}
-        for r in range(case["world"]):
-            pid = os.fork()
-            if pid == 0:
-                _child(case, r, port, timeout_s, folder)
-            self.pids[r] = pid
-        self.start = time.monotonic()
+        stage = {**self.case, "argv": argv, "fault": fault}
+        self.procs = {r: _start_rank(stage, r, port, self.timeout_s, self.folder, tag)
+                      for r in range(self.case["world"])}
         self.ended: dict[int, tuple[float, int]] = {}
-        self.fault: float | None = None
 
     def poll(self) -> bool:
         """Reap what ended and notice the fault; True when the scenario is over."""
         now = time.monotonic()
-        for r, pid in self.pids.items():
-            if r not in self.ended:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    self.ended[r] = (now, os.waitstatus_to_exitcode(status))
+        for r, proc in self.procs.items():
+            if r not in self.ended and proc.poll() is not None:
+                self.ended[r] = (now, proc.returncode)
+        if len(self.stages) > 1:  # the set-up run
+            return self._setup_poll(now)
         v = self.case["victim"]
-        if self.fault is None and "MERAK_FAULT" in self._err(v):  # written just before
-            self.fault = now
-        survivors = [r for r in self.pids if r != v]
-        if all(r in self.ended for r in survivors):
+        if self.fault is None:
+            self._notice_fault(v, now)
+        if all(r in self.ended for r in self.procs if r != v):
             return True
         hard = (self.start + SETUP_LIMIT_S if self.fault is None
                 else self.fault + self.timeout_s + 3 * SLACK_S)
         return now > hard
 
-    def _err(self, r: int) -> str:
+    def _setup_poll(self, now: float) -> bool:
+        """The set-up run: once every rank ended well, start the faulted one."""
+        if len(self.ended) == len(self.procs):
+            bad = [r for r, (_, code) in self.ended.items() if code != 0]
+            if bad:
+                self.setup_error = f"rank {bad[0]}: {self._read(bad[0], 'pre-')[-300:]}"
+                return True
+            self._stop_store()
+            self.stages.pop(0)
+            self._launch()
+        return now > self.start + SETUP_LIMIT_S
+
+    def _notice_fault(self, v: int, now: float) -> None:
+        """The fault's time: the victim's MERAK_FAULT line (written just before it), or
+        the signal sent from here once rank 0 logged step 3."""
+        sig = self.case.get("signal")
+        if sig is None:
+            if "MERAK_FAULT" in self._read(v):
+                self.fault = now
+        elif "step 3 " in self._read(0, ext="out") and v not in self.ended:
+            os.kill(self.procs[v].pid, signal.SIGSTOP if sig == "stop" else signal.SIGKILL)
+            self.fault = now
+
+    def _read(self, r: int, tag: str = "", ext: str = "err") -> str:
         try:
-            return (self.folder / f"rank{r}.err").read_text(errors="replace")
+            return (self.folder / f"{tag}rank{r}.{ext}").read_text(errors="replace")
         except OSError:
             return ""
 
+    def _stop_store(self) -> None:
+        if self.store_pid is not None:
+            os.kill(self.store_pid, signal.SIGKILL)
+            os.waitpid(self.store_pid, 0)
+            self.store_pid = None
+
     def finish(self) -> dict:
         """Kill what is left, reap it; the scenario's result."""
-        for r, pid in self.pids.items():
-            if r not in self.ended:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-        if self.store_pid is not None:
-            os.kill(self.store_pid, 9)
-            os.waitpid(self.store_pid, 0)
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self._stop_store()
         v, ranks = self.case["victim"], {}
-        for r in self.pids:
-            if r == v:
+        for r in self.procs:
+            if r == v or self.setup_error:
                 continue
             t, code = self.ended.get(r, (None, None))
             after = (t - self.fault) if (t is not None and self.fault is not None) else None
             ranks[str(r)] = {"code": code, "after_s": after if after is not None else
                              float("inf"),
-                             "stderr": [ln for ln in self._err(r).splitlines() if ln.strip()]}
+                             "stderr": [ln for ln in self._read(r).splitlines() if ln.strip()]}
         fired = None if self.fault is None else self.fault - self.start
-        return {**self.case, "fired": fired, "ranks": ranks}
+        return {**self.case, "fired": fired, "ranks": ranks, "setup_error": self.setup_error}
 
 
 def _drive(job_path: str) -> None:
