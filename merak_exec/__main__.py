@@ -81,14 +81,47 @@ def _aliases(**old_names):
 _MODEL_OPTS = [
     click.option("--model", "kind", type=click.Choice(["gpt", "gpt2", "llama"]), default="gpt",
                  show_default=True, help="built-in GPT or a HuggingFace model from a config"),
-    click.option("--layers", type=_POS, default=4, show_default=True),
-    click.option("--hidden", type=_POS, default=64, show_default=True),
-    click.option("--heads", type=_POS, default=4, show_default=True),
-    click.option("--vocab", type=_POS, default=256, show_default=True),
-    click.option("--seq", type=_POS, default=32, show_default=True),
+    click.option("--layers", type=_POS, default=4, show_default=True,
+                 help="transformer blocks"),
+    click.option("--hidden", type=_POS, default=64, show_default=True, help="hidden size"),
+    click.option("--heads", type=_POS, default=4, show_default=True, help="attention heads"),
+    click.option("--vocab", type=_POS, default=256, show_default=True,
+                 help="vocabulary size (every token id of --data must be below it)"),
+    click.option("--seq", type=_POS, default=32, show_default=True,
+                 help="sequence length (--data is packed into sequences of this length)"),
     click.option("--dropout", type=_Finite(0.0, 1.0, max_open=True), default=0.0,
                  show_default=True),
 ]
+
+
+def _load_config(ctx, param, path: str | None):
+    """--config FILE: a TOML table of this command's options (names as the flags, with
+    '-' or '_'); the values become the defaults, so flags given beside it win."""
+    if path is None:
+        return None
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {path}: {e.strerror}", param=param) from None
+    except tomllib.TOMLDecodeError as e:
+        raise click.BadParameter(f"{path} is not TOML: {e}", param=param) from None
+    names = {p.name: p for p in ctx.command.params if p.name != "config"}
+    flags = {o.lstrip("-").replace("-", "_"): p.name for p in ctx.command.params
+             for o in p.opts}
+    out = {}
+    for key, value in table.items():
+        name = flags.get(key.replace("-", "_"))
+        if name is None or names[name].hidden:
+            known = sorted(o.lstrip("-") for p in names.values() if not p.hidden for o in p.opts
+                           if o.startswith("--"))
+            raise click.BadParameter(f"{path}: unknown key {key!r}; keys are the flags of "
+                                     f"this command: {', '.join(known)}", param=param)
+        out[name] = value
+    ctx.default_map = {**(ctx.default_map or {}), **out}
+    return path
 
 
 def _model_opts(f):
@@ -126,13 +159,47 @@ def cli() -> None:
 @click.option("--micro-batch-size", "mbs", type=_POS, default=1, show_default=True,
               help="samples per micro-batch")
 @click.option("--mbs", "mbs_alias", type=_POS, default=None, hidden=True)
-@click.option("--microbatches", type=_POS, default=4, show_default=True, help="per pipeline (M)")
-@click.option("--steps", type=_POS, default=10, show_default=True)
+@click.option("--microbatches", type=_POS, default=None,
+              help="micro-batches per iteration per pipeline (M)  [default: 4]")
+@click.option("--global-batch-size", "global_batch", type=_POS, default=None,
+              help="samples per iteration over all replicas (as merak-sim): dp x "
+                   "micro-batch size x M")
+@click.option("--steps", type=_POS, default=10, show_default=True,
+              help="training iterations (optimizer steps)")
 @click.option("--lr", type=_Finite(min=0.0, min_open=True), default=1e-3, show_default=True,
-              callback=_learning_rate, help="AdamW learning rate, at most 1")
-@click.option("--save-dir", default=None, help="checkpoint directory root")
-@click.option("--save-every", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--resume", default=None, help="checkpoint to resume from")
+              callback=_learning_rate,
+              help="peak AdamW learning rate (at most 1), followed by --lr-schedule")
+@click.option("--lr-schedule", type=click.Choice(["linear", "cosine", "constant",
+                                                  "constant_with_warmup"]),
+              default="linear", show_default=True,
+              help="decay from the peak to 0 over --steps after --warmup-steps")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="seeds the model's initialisation and the data order")
+@click.option("--data", "data_path", default=None,
+              help="train on this data: a token file (uint16/uint32 ids end to end), a "
+                   "HuggingFace datasets folder (save_to_disk) or a .jsonl of {\"text\"} "
+                   "with --tokenizer  [default: synthetic tokens]")
+@click.option("--tokenizer", default=None, help="a local HuggingFace tokenizer folder for "
+                                                "text data (nothing is downloaded)")
+@click.option("--data-dtype", type=click.Choice(["auto", "uint16", "uint32", "int32", "int64"]),
+              default="auto", show_default=True,
+              help="token width of a token file (auto: uint16 when --vocab fits)")
+@click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="evaluate loss and perplexity on the held-out data every N steps and at "
+                   "the end (0: never)")
+@click.option("--eval-fraction", type=_Finite(0.0, 0.5, min_open=True), default=0.01,
+              show_default=True, help="share of --data's sequences held out for evaluation")
+@click.option("--save-dir", default=None,
+              help="write checkpoints here (checkpoint-<step>), at least one at the end")
+@click.option("--save-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="checkpoint every N steps too (needs --save-dir)")
+@click.option("--resume", default=None, help="checkpoint to resume from (any degrees)")
+@click.option("--export-hf", "export_dir", default=None,
+              help="at the end, write the model in HuggingFace's layout to this new folder")
+@click.option("--config", "config_file", default=None, is_eager=True, expose_value=False,
+              callback=_load_config,
+              help="a TOML file of these options (keys as the flags); flags given win")
 @click.option("--chrome-trace", "trace_path", default=None,
               help="write the last step's Chrome trace here (rank 0)")
 @click.option("--trace", "trace_alias", default=None, hidden=True)
@@ -148,61 +215,137 @@ def cli() -> None:
           trace_path=("trace_alias", "--chrome-trace", "--trace"))
 def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_stages,
           schedule, recompute, tp_overlap, zero, sequence_parallel, order, dtype, mbs,
-          microbatches, steps, lr, save_dir, save_every, resume, trace_path, split_points, meta,
-          plan_path) -> None:
-    """Train a model on synthetic tokens with dp x tp x pp; prints ``parameters: N``
-    first. With --plan, every field the simulator priced (model shape, dtype, degrees,
-    schedule, recompute, TP overlap) is what runs."""
+          microbatches, global_batch, steps, lr, lr_schedule, warmup_steps, seed, data_path,
+          tokenizer, data_dtype, eval_every, eval_fraction, save_dir, save_every, resume,
+          export_dir, trace_path, split_points, meta, plan_path) -> None:
+    """Train a model with dp x tp x pp on --data (synthetic tokens without it); prints
+    ``parameters: N`` first. With --plan, every field the simulator priced (model
+    shape, dtype, degrees, schedule, recompute, TP overlap) is what runs."""
     from merak_exec.builders import build_model, model_from_spec, parameter_count
     from merak_exec.mesh import ExecError
 
-    # Every value checked before any work: outputs, inputs, the configuration.
-    _check_writable(trace_path, "--chrome-trace")
-    _check_writable(save_dir, "--save-dir", folder=True)
-    if resume is not None and not Path(resume).exists():
-        raise click.BadParameter(f"{resume} does not exist", param_hint="--resume")
-    try:
-        points = [int(x) for x in split_points.split(",")] if split_points else None
-    except ValueError:
-        raise click.BadParameter("comma-separated integers, got " + repr(split_points),
-                                 param_hint="--split-points") from None
+    _check_outputs(trace_path, save_dir, save_every, export_dir, resume)
+    points = _split_points(split_points)
+    M = _microbatches(microbatches, global_batch, dp, mbs, plan_path)
     flags = dict(kind=kind, layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq,
                  dropout=dropout)
     spec, config = _checked_run(plan_path, flags, dict(
         dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages, micro_batch_size=mbs,
-        global_batch_size=mbs * microbatches * dp, schedule=schedule, recompute=recompute,
+        global_batch_size=mbs * M * dp, schedule=schedule, recompute=recompute,
         tp_overlap=tp_overlap, zero=zero, sequence_parallel=sequence_parallel, dtype=dtype,
         order=order))
-
+    if spec is not None:
+        seq, vocab = spec.seq_len, spec.vocab
+    train_ds, eval_ds = _datasets(data_path, tokenizer, data_dtype, seq, vocab,
+                                  eval_fraction if eval_every else 0.0, seed,
+                                  config.global_batch_size)
     import torch
 
     import merak_exec
 
-    torch.manual_seed(0)
-    if spec is not None:
-        model = model_from_spec(spec, dropout, meta)
-        seq, vocab = spec.seq_len, spec.vocab
-    else:
-        model = build_model(kind, layers, hidden, heads, vocab, seq, dropout, meta)
+    torch.manual_seed(seed)
+    model = (model_from_spec(spec, dropout, meta) if spec is not None else
+             build_model(kind, layers, hidden, heads, vocab, seq, dropout, meta))
     n_params = parameter_count(model)
     if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
         click.echo(f"parameters: {n_params}")
     if spec is not None and n_params != spec.total_params():
         raise ExecError(f"the built model has {n_params} parameters but the plan's model "
                         f"has {spec.total_params()}; merak-exec cannot build it as planned")
-    g = torch.Generator().manual_seed(0)
-    n = max(64, config.global_batch_size * 4)
-    toks = torch.randint(0, vocab, (n, seq), generator=g)
-    ds = [{"input_ids": t} for t in toks]  # labels = input_ids (the loss shifts them)
     args = merak_exec.TrainingArguments(
         output_dir=save_dir or "merak_out", per_device_train_batch_size=config.micro_batch_size,
         gradient_accumulation_steps=config.num_microbatches, max_steps=steps,
-        learning_rate=lr, save_steps=save_every if save_dir else 0,
+        learning_rate=lr, lr_scheduler_type=lr_schedule, warmup_steps=warmup_steps,
+        seed=seed, save_steps=(save_every or steps) if save_dir else 0,
+        eval_strategy="steps" if eval_every else "no", eval_steps=eval_every or None,
         resume_from_checkpoint=resume, trace_path=trace_path, split_points=points)
-    res = merak_exec.Trainer(model=model, args=args, train_dataset=ds, config=config).train()
+    trainer = merak_exec.Trainer(model=model, args=args, train_dataset=train_ds,
+                                 eval_dataset=eval_ds, config=config)
+    res = trainer.train()
+    if export_dir is not None:
+        trainer.save_model(export_dir)
     if torch.distributed.get_rank() == 0 and res.step_times_s:
         click.echo(f"median step {res.iteration_time_s * 1e3:.2f} ms, first loss "
                    f"{res.losses[0]:.5f}, final loss {res.losses[-1]:.5f}")
+
+
+def _check_outputs(trace_path, save_dir, save_every, export_dir, resume) -> None:
+    """Every output and the resume path checked before any work."""
+    _check_writable(trace_path, "--chrome-trace")
+    _check_writable(save_dir, "--save-dir", folder=True)
+    if save_every and save_dir is None:
+        raise click.UsageError("--save-every needs --save-dir (where the checkpoints go)")
+    if export_dir is not None:
+        if Path(export_dir).exists():
+            raise click.BadParameter(f"{export_dir} exists; give a new folder",
+                                     param_hint="--export-hf")
+        _check_writable(export_dir, "--export-hf", folder=True)
+    if resume is not None and not Path(resume).exists():
+        raise click.BadParameter(f"{resume} does not exist", param_hint="--resume")
+
+
+def _split_points(text: str | None) -> list[int] | None:
+    try:
+        return [int(x) for x in text.split(",")] if text else None
+    except ValueError:
+        raise click.BadParameter("comma-separated integers, got " + repr(text),
+                                 param_hint="--split-points") from None
+
+
+def _microbatches(microbatches: int | None, global_batch: int | None, dp: int, mbs: int,
+                  plan_path: str | None) -> int:
+    """M from --microbatches or --global-batch-size (one batch vocabulary with
+    merak-sim); both must agree when given together."""
+    if global_batch is None:
+        return microbatches or 4
+    if global_batch % (dp * mbs):
+        raise click.BadParameter(f"{global_batch} is not divisible by dp x micro-batch size "
+                                 f"= {dp} x {mbs}", param_hint="--global-batch-size")
+    M = global_batch // (dp * mbs)
+    if microbatches is not None and microbatches != M:
+        raise click.UsageError(f"--microbatches {microbatches} and --global-batch-size "
+                               f"{global_batch} disagree (dp x micro-batch size x M = "
+                               f"{dp * mbs * microbatches}); give one of them")
+    return M
+
+
+def _datasets(data_path, tokenizer, data_dtype, seq: int, vocab: int, eval_fraction: float,
+              seed: int, global_batch: int):
+    """(train, eval) datasets: ``data_path`` packed into ``seq`` windows with a held-out
+    tail when evaluating, else synthetic tokens (and a synthetic held-out set)."""
+    import torch
+
+    if data_path is None:
+        g = torch.Generator().manual_seed(seed)
+        n = max(64, global_batch * 4)
+        toks = torch.randint(0, vocab, (n + (global_batch if eval_fraction else 0), seq),
+                             generator=g)
+        ds = [{"input_ids": t} for t in toks]  # labels = input_ids (the loss shifts them)
+        return ds[:n], (ds[n:] or None)
+    from merak_exec.data import load_data
+
+    splits = load_data(data_path, seq, vocab, tokenizer=tokenizer, dtype=data_dtype,
+                       eval_fraction=eval_fraction)
+    if splits.eval is not None and len(splits.eval) < global_batch:
+        need = math.ceil(global_batch / eval_fraction)
+        raise click.UsageError(f"--eval-fraction {eval_fraction} of {data_path} holds out "
+                               f"{len(splits.eval)} sequences, fewer than one global batch "
+                               f"({global_batch}); raise it, or give at least {need} "
+                               "sequences")
+    return splits.train, splits.eval
+
+
+@cli.command()
+@click.argument("checkpoint")
+@click.option("--hf", "out", required=True,
+              help="the new folder to write (AutoModelForCausalLM.from_pretrained loads it)")
+def export(checkpoint, out) -> None:
+    """Write the model of CHECKPOINT (saved at any degrees) in HuggingFace's layout; the
+    built-in GPT becomes a GPT2LMHeadModel."""
+    from merak_exec.export import export_hf
+
+    _check_writable(out, "--hf", folder=True)
+    click.echo(f"wrote {export_hf(checkpoint, out)}")
 
 
 def _checked_run(plan_path: str | None, flags: dict, degrees: dict):

@@ -39,11 +39,16 @@ class ExportError(ExecError):
 def export_hf(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write the model of ``checkpoint`` to the folder ``out`` in HuggingFace's layout;
     returns ``out``. ``out`` must not exist yet (it is written beside, then renamed)."""
+    from merak_sim.io import OutputPathError, check_output_path
+
     out = Path(out)
     if out.exists() or out.is_symlink():
         raise ExportError(f"{out} exists; choose a new folder for the export")
-    if not out.parent.is_dir():
-        raise ExportError(f"cannot write {out}: {out.parent} is not a directory")
+    try:
+        check_output_path(out, folder=True)
+    except OutputPathError as e:
+        raise ExportError(str(e)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
     try:
         manifest = read_manifest(checkpoint)
     except StoreError as e:
