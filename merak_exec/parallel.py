@@ -217,6 +217,9 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
         tied = _tied_params(chain, ranges, chunks, config.rank_of_stage)  # sharded now
     params = trainable_parameters(chunks)
     opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(params)
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise ExecError(f"optimizer_fn returned {type(opt).__name__}, not a torch.optim."
+                        "Optimizer; return one built over the parameters it is given")
     opt, grad_sync = _apply_options(config, mesh, chunks, ranges, family, opt)
     opt = _training_optimizer(opt, chunks, mesh, tied, config, max_grad_norm, lr_schedule)
     specs = _boundary_specs(chain, ranges, config.micro_batch_size,

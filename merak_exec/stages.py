@@ -126,6 +126,9 @@ def partition_split(chain: LayerChain, num_stages: int, method: str = "uniform",
 def split_from_points(chain: LayerChain, points: list[int], num_stages: int) -> list[range]:
     """Stages from explicit split points: layer indices where a new stage begins."""
     pts = sorted(points)
+    if num_stages == 1 and pts:
+        raise ExecError(f"split points {points} cut a model that runs as one stage (pp 1, "
+                        "one virtual stage); drop them or raise pp")
     if len(pts) != num_stages - 1 or len(set(pts)) != len(pts) or (
         pts and (pts[0] <= 0 or pts[-1] >= len(chain.layers))
     ):
