@@ -309,11 +309,26 @@ class Fabric:
         return f
 
     def _touching(self, links) -> dict[int, _Flow]:
-        out: dict[int, _Flow] = {}
+        """The flows on any of ``links`` by increasing id: the order their speeds are
+        reset in, which fixes the order of simultaneous SimPy events. Each link keeps
+        its flows in id order (a new flow has the largest id), so one busy link, or
+        several carrying the same flows (the links of a ring collective), are copied
+        as they are: the merge and sort run only where the sets differ."""
+        on = self._on
+        out: dict[int, _Flow] | None = None
+        merged = False
         for link, _w in links:
-            for fid, f in self._on.get(link, {}).items():
-                out[fid] = f
-        return dict(sorted(out.items()))
+            g = on.get(link)
+            if not g:
+                continue
+            if out is None:
+                out = dict(g)
+            elif g.keys() != out.keys():
+                out.update(g)
+                merged = True
+        if out is None:
+            return {}
+        return dict(sorted(out.items())) if merged else out
 
     def _advance(self, flows: dict[int, _Flow]) -> None:
         now = self.env.now
