@@ -80,9 +80,10 @@ class WorkBound:
 #: when it evaluates in full (1T: 0.6 s), far less where the periodic shortcut
 #: applies; a million passes hold about 2 GB of actions.
 EVALUATOR_BOUND = WorkBound("the exact evaluator", 1 << 20, 9e-6)
-#: The SimPy engine (contention, full mode): about 140-170 us per pass with contention
-#: (1T: 11 s), reported as progress on stderr once past a few seconds.
-SIMPY_BOUND = WorkBound("the SimPy engine", 1 << 17, 170e-6,
+#: The SimPy engine (contention, full mode): 120-260 us per pass with contention (the
+#: 1T run: 17 s of CPU through the CLI on a loaded 2-core machine), reported as
+#: progress on stderr once past a few seconds.
+SIMPY_BOUND = WorkBound("the SimPy engine", 1 << 17, 250e-6,
                         "--engine evaluator (exact without contention, up to "
                         f"{EVALUATOR_BOUND.passes:,} passes)")
 #: Building, validating, printing and replaying a schedule action by action
