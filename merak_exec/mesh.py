@@ -210,7 +210,8 @@ def _silent_peers(peers: list[int]) -> str:
     """After an operation with several ``peers`` timed out: give them a short grace to
     report failing too (every rank reports any failure; the live peers of a lost rank
     time out alike, or fail at once when a neighbour ends) and name those that did not.
-    Empty when the store cannot tell."""
+    Empty when the store cannot tell. Only after a timeout: a rank that failed at once
+    (a closed connection) would otherwise blame live peers still inside their wait."""
     store, key, left = _RDZV.get("store"), f"{_RDZV.get('prefix')}/failed/", list(peers)
     deadline = time.monotonic() + min(2.0, default_timeout_s() / 2)
     try:
@@ -326,8 +327,8 @@ def timed_collective(fn: Callable, *args, group, what: str,
     ``dist.reduce_scatter``) and wait for it within ``timeout_s``
     (default MERAK_TIMEOUT_S); a failure, posting included, is one
     :class:`RankTimeoutError` line naming this rank, ``what`` and the group's other
-    ranks (those that did not report a timeout too, when several). Entering it is a
-    fault point (``op:TEXT``)."""
+    ranks (after a timeout with several, also those that did not report in: the lost
+    ones). Entering it is a fault point (``op:TEXT``)."""
     fault_point(what, op=True)
     t = default_timeout_s() if timeout_s is None else timeout_s
     try:
@@ -471,6 +472,9 @@ def init_distributed(timeout_s: float | None = None, backend: str | None = None)
     if not alone:
         check_launch_env(env)
     t = timeout_s if timeout_s is not None else default_timeout_s()
+    if not (math.isfinite(t) and 0 < t <= MAX_TIMEOUT_S):
+        raise ExecError(f"timeout_s={t!r}: give a finite number of seconds above 0 and at "
+                        f"most {MAX_TIMEOUT_S:g}")
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
@@ -486,20 +490,29 @@ def init_distributed(timeout_s: float | None = None, backend: str | None = None)
 def _rendezvous(t: float):
     """Connect to the rendezvous store (rank 0 hosts it, or the launcher's agent under
     torchrun, as torch's ``env://`` does) and check in: every rank waits until all
-    have, else names the ranks that never came. Returns the store."""
+    have, else names the ranks that never came. Returns the store. A client first
+    waits (at most ``t``) for the store to listen: TCPStore's own connect retries
+    with back-off past its timeout, up to three times it."""
     env = os.environ
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    master = rank == 0 and not agent
     host = "the launcher's store" if agent else "rank 0"
-    timeout = datetime.timedelta(seconds=t)
+    verb = "host" if master else f"reach {host} at"
+    deadline = time.monotonic() + t
+    if not master and not _listening(addr, port, deadline):
+        raise RankTimeoutError(f"merak_exec: rank {rank} could not reach {host} at the "
+                               f"rendezvous {addr}:{port} within {t:g} s: nothing listens "
+                               f"there; is {host} running?")
+    left = max(1.0, deadline - time.monotonic())
     try:
         with _quiet_stderr():
-            store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent,
-                                  timeout=timeout, wait_for_workers=False,
-                                  multi_tenant=True)
+            store = dist.TCPStore(addr, port, world, is_master=master,
+                                  timeout=datetime.timedelta(seconds=left),
+                                  wait_for_workers=False, multi_tenant=True)
+            store.set_timeout(datetime.timedelta(seconds=t))
     except RuntimeError as e:
-        verb = "host" if rank == 0 and not agent else f"reach {host} at"
         raise RankTimeoutError(f"merak_exec: rank {rank} could not {verb} the rendezvous "
                                f"{addr}:{port} (timeout {t:g} s): {_first_line(e)}") from None
     if port == 0:
@@ -509,6 +522,20 @@ def _rendezvous(t: float):
     if world > 1:
         _check_in(store, f"{prefix}/joined", rank, world, t, f"{addr}:{port}")
     return store
+
+
+def _listening(addr: str, port: int, deadline: float) -> bool:
+    """Whether something accepts connections at ``addr:port`` before ``deadline``
+    (monotonic seconds), trying every 0.1 s."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            with socket.create_connection((addr, port), timeout=min(1.0, left)):
+                return True
+        except OSError:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
 def _check_in(store, key: str, rank: int, world: int, t: float, where: str) -> None:
