@@ -418,6 +418,7 @@ def check_launch_env(env=None) -> None:
         return
 
     def integer(name: str, low: int) -> int:
+        """The variable ``name`` as an integer >= ``low``, else the one-line refusal."""
         text = env.get(name)
         try:
             v = int(text)

@@ -41,6 +41,7 @@ def _id(key) -> str:
 
 @pytest.fixture(scope="module")
 def matrix(load_benchmark):
+    """(the fault_matrix module, {SUBSET key: its finished case}), one driver launch."""
     fm = load_benchmark("fault_matrix")
     cases = [fm.scenarios([lay], [mode], [phase], victim, store)[0]
              for lay, mode, phase, victim, store in SUBSET]
