@@ -274,15 +274,22 @@ def is_comm_failure(e: BaseException) -> bool:
     """Whether ``e`` is a torch.distributed failure (a store or group timeout, a closed
     connection): a DistError, a RuntimeError with a gloo / NCCL / c10d message, or
     DCP's CheckpointException gathering one."""
+    return _comm_cause(e) is not None
+
+
+def _comm_cause(e: BaseException) -> BaseException | None:
+    """The communication failure ``e`` is or wraps (see :func:`is_comm_failure`)."""
     if isinstance(e, dist.DistError):
-        return True
+        return e
     if isinstance(e, RuntimeError) and not isinstance(e, RankTimeoutError):
-        return any(m in str(e) for m in _COMM_MARKERS)
+        return e if any(m in str(e) for m in _COMM_MARKERS) else None
     api = sys.modules.get("torch.distributed.checkpoint.api")
     if api is not None and isinstance(e, api.CheckpointException):
-        return any(isinstance(f, BaseException) and is_comm_failure(f)
-                   for f in getattr(e, "failures", {}).values())
-    return False
+        for f in getattr(e, "failures", {}).values():  # (exception, its stack) per rank
+            inner = f[0] if isinstance(f, tuple) else f
+            if isinstance(inner, BaseException) and _comm_cause(inner) is not None:
+                return _comm_cause(inner)
+    return None
 
 
 @contextlib.contextmanager
@@ -300,11 +307,11 @@ def bounded(what: str, group=None, quiet: bool = False):
     except RankTimeoutError:
         raise
     except BaseException as e:
-        if not is_comm_failure(e):
+        cause = _comm_cause(e)
+        if cause is None:
             raise
         peers = _peers(group) if dist.is_initialized() else None
-        t = default_timeout_s()
-        raise RankTimeoutError(_failure(what, peers, t, e)) from None
+        raise RankTimeoutError(_failure(what, peers, default_timeout_s(), cause)) from None
 
 
 def _peers(group) -> list[int]:
