@@ -29,7 +29,9 @@ plan is dispatched. The environment step (``venv``: its ``bin/activate``; ``setu
 shell lines such as ``module load ...``, run as written) comes first in each script
 and is named in its header; with neither, the job runs in the environment it is
 started from (sbatch exports the submitting shell's), and a missing ``torchrun``
-stops it with one line naming both options. Every path is shell-quoted, ``#SBATCH``
+stops it with one line naming both options. Both set
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` unless it is set already: the
+memory model the plan was priced with assumes it (:mod:`merak_sim.runtime_memory`). Every path is shell-quoted, ``#SBATCH``
 values in sbatch's own quoting (double quotes, backslash escapes).
 
 A plan is refused before anything is written when its degrees do not fit the shape
@@ -117,10 +119,14 @@ class JobEnvironment:
                 + ([f"{len(self.setup)} setup line(s) from --setup"] if self.setup else []))
                 + "."]
         act = [f"source {shlex.quote(self.venv + '/bin/activate')}"] if self.venv else []
+        # The simulator's memory model assumes PyTorch's allocator grows its segments
+        # in pages (merak_sim.runtime_memory): no blocks stranded between segments.
+        alloc = ['export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-'
+                 'expandable_segments:True}"']
         check = (f'command -v torchrun >/dev/null || {{ echo "{name}: error: torchrun is '
                  "not on PATH; dispatch again with --venv DIR or --setup 'module load ...'"
                  '" >&2; exit 2; }')
-        return [*say, *act, *self.setup, check]
+        return [*say, *act, *self.setup, check, *alloc]
 
 
 def planned_shape(plan: Plan) -> tuple[int, int, str]:

@@ -5,7 +5,7 @@ Simulated (:class:`~merak_sim.sim.result.SimResult`), measured (merak_exec's
 timelines share one events schema, :data:`EVENT_COLUMNS`: ``rank`` the global rank,
 ``stage`` the pipeline rank, ``chunk`` the virtual stage, ``stream`` one of
 "compute", "p2p", "collective", ``kind`` the :class:`~merak_sim.schedule.ir.Kind` name
-(or :data:`TP_KIND`), ``action`` the IR token, ``microbatch`` (-1 for AR/OPT), times in
+(or :data:`TP_KIND`, :data:`ZERO_KIND`), ``action`` the IR token, ``microbatch`` (-1 for AR/OPT), times in
 seconds and ``bytes`` moved. Every function here takes events as a pandas DataFrame
 with those columns, as dicts keyed by them, or as tuples in their order.
 
@@ -24,7 +24,8 @@ from typing import Any
 
 from merak_sim.io import atomic_write_bytes, atomic_write_text
 
-__all__ = ["EVENT_COLUMNS", "TP_KIND", "IDLE", "KIND_COLORS", "event_rows", "chrome_trace",
+__all__ = ["EVENT_COLUMNS", "TP_KIND", "ZERO_KIND", "IDLE", "KIND_COLORS", "event_rows",
+           "chrome_trace",
            "write_chrome_trace", "plot_gantt", "plot_side_by_side", "plot_memory",
            "save_figure"]
 
@@ -34,6 +35,9 @@ EVENT_COLUMNS = ("rank", "stage", "chunk", "stream", "kind", "action", "microbat
 
 #: Events-table kind of an action's tensor-parallel collectives (stream "collective").
 TP_KIND = "TP_COLLECTIVE"
+#: Events-table kind of an action's ZeRO-3 (FSDP) all-gathers and reduce-scatters
+#: (stream "collective"; :mod:`merak_sim.zero_comm`).
+ZERO_KIND = "ZERO3_COLLECTIVE"
 
 #: Legend label of the time a rank runs nothing (drawn as the chart's background).
 IDLE = "IDLE"
@@ -55,15 +59,19 @@ KIND_COLORS: dict[str, str] = {
     "SEND_GRAD": _COMM,
     "RECV_GRAD": _COMM,
     TP_KIND: _COMM,
+    ZERO_KIND: "#DA8BC3",
     "ALL_REDUCE": "#8172B3",
     "OPTIMIZER": "#937860",
     IDLE: "#EEEEEE",
 }
 _UNKNOWN = "grey"
 
-# Chrome-trace thread of each stream; TP collectives get a track of their own because
-# they may overlap a data-parallel bucket in time, and slices on one track must nest.
-_TIDS = {"compute": 0, "p2p": 1, "collective": 2, "collective (tp)": 3}
+# Chrome-trace thread of each stream; TP and ZeRO-3 collectives get tracks of their own
+# because they may overlap a data-parallel bucket (or each other) in time, and slices
+# on one track must nest.
+_TIDS = {"compute": 0, "p2p": 1, "collective": 2, "collective (tp)": 3,
+         "collective (zero-3)": 4}
+_KIND_TIDS = {TP_KIND: _TIDS["collective (tp)"], ZERO_KIND: _TIDS["collective (zero-3)"]}
 
 # Gantt lanes (centre offset, height) inside a rank's row: compute fills the row,
 # collectives the lower part, transfers (when drawn) the upper part.
@@ -92,12 +100,14 @@ def chrome_trace(events: Any, other_data: dict | None = None) -> dict:
     """Chrome trace-event JSON (opens in Perfetto / chrome://tracing).
 
     One process per rank (named "GPU r (stage s)"), one thread per stream ("compute",
-    "p2p", "collective", and "collective (tp)" for :data:`TP_KIND` events), one complete
+    "p2p", "collective", "collective (tp)" for :data:`TP_KIND` events and "collective
+    (zero-3)" for :data:`ZERO_KIND` events), one complete
     ("X") event per row: name the action token, category its kind, microseconds, args
     stage, chunk, micro-batch and bytes. ``other_data`` goes to the trace's
     ``otherData``.
     """
     rows = event_rows(events)
+    zero = any(r[4] == ZERO_KIND for r in rows)  # its track only where it has events
     stage_of: dict[int, int] = {}
     for r in rows:
         stage_of.setdefault(r[0], r[1])
@@ -106,9 +116,10 @@ def chrome_trace(events: Any, other_data: dict | None = None) -> dict:
         out.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
                     "args": {"name": f"GPU {rank} (stage {stage_of[rank]})"}})
         out.extend({"name": "thread_name", "ph": "M", "pid": rank, "tid": t,
-                    "args": {"name": name}} for name, t in _TIDS.items())
+                    "args": {"name": name}} for name, t in _TIDS.items()
+                   if name != "collective (zero-3)" or zero)
     for rank, s, ch, stream, kind, action, mb, st, en, nbytes in rows:
-        tid = _TIDS["collective (tp)"] if kind == TP_KIND else _TIDS[stream]
+        tid = _KIND_TIDS.get(kind, _TIDS[stream])
         out.append({"name": action, "cat": kind, "ph": "X", "pid": rank, "tid": tid,
                     "ts": st * 1e6, "dur": max(0.0, en - st) * 1e6,
                     "args": {"stage": s, "chunk": ch, "microbatch": mb, "bytes": nbytes}})

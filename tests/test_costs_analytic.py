@@ -9,6 +9,7 @@ from merak_sim.costs import AnalyticCostModel, CostModel, CostTable, Efficiency
 from merak_sim.costs.comm import collective_time, group_ranks
 from merak_sim.hardware import get_cluster
 from merak_sim.model import ModelSpecError, get_model
+from merak_sim.runtime_memory import reserve_bytes
 
 
 def cfg(**kw):
@@ -29,7 +30,8 @@ def test_protocol_and_stage_count():
     t = cm.cost_table(M, C, cfg(pp=4, virtual_stages=2, schedule="interleaved-1f1b"))
     assert isinstance(t, CostTable) and len(t.stages) == 8
     assert sum(s.layers for s in t.stages) == M.layers
-    assert t.peak_flops == 312e12 and t.memory_capacity_bytes == 80e9
+    # 80 GB less the reserve for the CUDA context and NCCL buffers (runtime_memory)
+    assert t.peak_flops == 312e12 and t.memory_capacity_bytes == 80e9 - reserve_bytes("A100-80GB")
 
 
 def test_times_positive_and_consistent():

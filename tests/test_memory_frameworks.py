@@ -37,6 +37,7 @@ from merak_sim.memory import (
 )
 from merak_sim.model import get_model
 from merak_sim.runtime_memory import (
+    DEFAULT_RESERVE,
     RUNTIME_MEMORY,
     runtime_memory_bytes,
     usable_memory_bytes,
@@ -180,7 +181,13 @@ def test_cost_table_capacity_leaves_the_runtime_its_share():
     cm = AnalyticCostModel()
     assert cm.cost_table(m, gh, cfg).memory_capacity_bytes == \
         pytest.approx(gh.gpu.memory_bytes - runtime_memory_bytes(gh.gpu.name))
-    assert cm.cost_table(m, h100, cfg).memory_capacity_bytes == h100.gpu.memory_bytes
+    # Without a measurement: the default reserve (CUDA context, NCCL buffers); none on CPU.
+    assert cm.cost_table(m, h100, cfg).memory_capacity_bytes == \
+        pytest.approx(h100.gpu.memory_bytes - DEFAULT_RESERVE.outside_allocator_bytes)
+    cpu = get_cluster("local-cpu")
+    assert cm.cost_table(get_model("bert-large"), cpu, ParallelConfig(
+        dp=4, micro_batch_size=1, global_batch_size=8)).memory_capacity_bytes == \
+        cpu.gpu.memory_bytes
 
 
 def test_with_profile_changes_the_stash_and_nothing_else():

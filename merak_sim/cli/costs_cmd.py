@@ -241,6 +241,15 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
                      f"{p.total_bytes / GiB:.2f}" if i < pp else "(rank)",
                      str(p.peak_in_flight)])
     echo(_table(hdr, rows, width))
+    if any(s.fsdp_comm_fwd_s or s.fsdp_comm_bwd_s for s in table.stages):
+        echo("\nZeRO-3 all-gathers and reduce-scatters per model stage, one micro-batch "
+             "(ms; priced alone, and the exposed part, inside F and B above; GiB sent per "
+             "GPU):")
+        hdr = ["stage", "fwd all", "fwd exposed", "bwd all", "bwd exposed", "GiB sent"]
+        echo(_table(hdr, [[str(i), _ms(s.fsdp_comm_fwd_s), _ms(s.fsdp_exposed_fwd_s),
+                           _ms(s.fsdp_comm_bwd_s), _ms(s.fsdp_exposed_bwd_s),
+                           f"{(s.fsdp_bytes_fwd + s.fsdp_bytes_bwd) / GiB:.2f}"]
+                          for i, s in enumerate(table.stages)], width))
     cap = table.memory_capacity_bytes
     worst = max(p.total_bytes for p in peaks)
     echo(f"\npeak memory (state + activations in flight per the {schedule} schedule): "

@@ -92,7 +92,10 @@ def _clean(v):
 @click.option("--schedules", default=None,
               help=f"Comma-separated schedules ({', '.join(SCHEDULES)}).")
 @click.option("--memory-margin", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
-              show_default=True, help="Fraction of GPU memory kept free, in [0, 1).")
+              show_default=True,
+              help="Fraction of GPU memory kept free beyond the reserve every plan keeps "
+                   "(CUDA context and NCCL buffers, 2.28 GiB on a GPU without a measurement: "
+                   "merak_sim.runtime_memory), in [0, 1); 0.15 without expandable segments.")
 @click.option("--no-confirm", is_flag=True, help="Rank by the fast evaluator only.")
 @click.option("--executable", is_flag=True,
               help="Only options merak-exec runs today (what dispatch accepts).")
@@ -156,17 +159,22 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
     if csv_path:
         atomic_write_text(csv_path, res.table.to_csv(index=False))
     if as_json or json_out:
+        from merak_sim.runtime_memory import reserve_bytes
+
         top = [{k: _clean(v) for k, v in row.items()}
                for row in res.top(max(top_k, 10)).to_dict(orient="records")]
         emit_json({"plan": res.best.to_dict(), "plan_file": str(out),
                    "counts": res.counts, "seconds": res.seconds, "top": top,
-                   "notes": list(res.notes), "explanation": res.explanation()},
+                   "notes": list(res.notes), "explanation": res.explanation(),
+                   "memory_reserve_bytes": reserve_bytes(res.cluster.gpu.name),
+                   "memory_margin": memory_margin},
                   as_json, json_out)
     if as_json:
         return
     from rich.console import Console
 
     from merak_sim.costs.attention_choice import attention_label
+    from merak_sim.runtime_memory import reserve_note
 
     # The terminal's width; off a terminal $COLUMNS or 80 (the table folds to fit).
     con = Console()
@@ -191,6 +199,7 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
     for line in res.explanation():
         con.print(textwrap.fill(line, width=max(40, con.width), initial_indent="  - ",
                                 subsequent_indent="    "), markup=False, soft_wrap=True)
+    con.print(f"assumption: {reserve_note(res.cluster.gpu, memory_margin)}", markup=False)
     for n in res.notes:
         con.print(f"assumption: {n}", markup=False)
     con.print(f"wrote plan: {out}", markup=False)

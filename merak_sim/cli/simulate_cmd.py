@@ -87,6 +87,33 @@ def _what_ifs(slow_gpu, degrade_link, cfg, cluster, nodes, mode):
         raise click.UsageError(str(e)) from None
 
 
+def _zero3_table(cfg, model, cluster, nodes, cost_model):
+    """The cost table of a ZeRO-3 run, priced here so its all-gathers and
+    reduce-scatters can be reported on their own lines (:mod:`merak_sim.zero_comm`);
+    None below ZeRO 3 (the simulator prices its own)."""
+    if cfg.zero != 3:
+        return None
+    from merak_sim.costs.calibrated import CalibratedCostModel
+    from merak_sim.resolve import resolve_cluster, resolve_model
+
+    cm = cost_model if cost_model is not None else CalibratedCostModel()
+    return cm.cost_table(resolve_model(model), resolve_cluster(cluster, nodes), cfg)
+
+
+def _write_trace(res, table, zc, path) -> None:
+    """The Chrome trace, with a ZeRO-3 track when the run has one."""
+    if zc is None:
+        res.write_chrome_trace(path)
+        return
+    from merak_sim import timeline
+    from merak_sim.zero_comm import zero_events
+
+    ev = res.events()
+    timeline.write_chrome_trace(
+        timeline.event_rows(ev) + zero_events(ev, res, table), path,
+        {"iteration_time_s": res.iteration_time_s, "mode": res.mode, "engine": res.engine})
+
+
 _SHRINK = ("use a smaller global batch size (the iteration time scales linearly with the "
            "micro-batches once the pipeline is full)")
 
@@ -240,24 +267,41 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
 
         cost_model = TraceCostModel(trace_file, fallback=None if pipeline_send is None
                                     else AnalyticCostModel(pipeline_send=pipeline_send))
+    table = _zero3_table(cfg, model, cluster, nodes, cost_model)
     res = simulate(
-        model, cluster, cfg, nodes=nodes, cost_model=cost_model, mode=mode, engine=engine,
+        model, cluster, cfg, nodes=nodes, cost_model=cost_model, cost_table=table,
+        mode=mode, engine=engine,
         contention=contention, overlap_dp=overlap_dp, sub_cluster=sub_cluster,
         slowdown=what_ifs.slowdown or None, degraded_links=what_ifs.degraded_links or None,
         keep_trace=bool(chrome_trace or plot), progress=progress)
+    zc = None
+    if table is not None:
+        from merak_sim.zero_comm import zero_comm
+
+        zc = zero_comm(res, table)
     if chrome_trace:
-        res.write_chrome_trace(chrome_trace)
+        _write_trace(res, table, zc, chrome_trace)
     if plot:
         res.plot_gantt(plot)
         res.plot_memory(memory_png)
-    emit_json(res.to_dict(), as_json, json_out)
+    emit_json({**res.to_dict(), **({"zero3_comm": zc.to_dict()} if zc else {})}, as_json,
+              json_out)
     if not as_json:
         from merak_sim.costs.attention_choice import attention_label
         from merak_sim.resolve import resolve_cluster
 
-        click.echo(res.summary())
+        if zc is None:
+            click.echo(res.summary())
+        else:
+            from merak_sim.zero_comm import summary_with
+
+            click.echo(summary_with(res, zc))
         # The kernel "auto" resolved to, printed as costs and plan print it.
-        click.echo(f"note: attention={attention_label(cfg, resolve_cluster(cluster).gpu.name)}")
+        from merak_sim.runtime_memory import reserve_note
+
+        gpu = resolve_cluster(cluster).gpu
+        click.echo(f"note: attention={attention_label(cfg, gpu.name)}")
+        click.echo(f"note: {reserve_note(gpu)}")
         for what, path in (("Chrome trace", chrome_trace), ("Gantt chart", plot),
                            ("JSON", json_out)):
             if path:

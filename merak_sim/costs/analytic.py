@@ -386,6 +386,7 @@ class AnalyticCostModel:
         shard = config.shard_group if config.zero else 1
         state = model_state_bytes(params, dt, shard, config.zero)
         weight_b, grad_b = state.weight_bytes, state.grad_bytes
+        fsdp = {}
         if config.zero == 3:
             units = self._fsdp_units(model, n, first, last, tp, params)
             fs = self._fsdp(cluster, config, pp_rank, units, lay, emb, head, first, last, n)
@@ -395,6 +396,11 @@ class AnalyticCostModel:
             gw, gg = fsdp_working_bytes([u for u in units if u > 0], dt)
             weight_b += gw
             grad_b += gg
+            g_sh = len(sync_groups(config, pp_rank)[1])
+            sent = sum(units) * sixteen_bit_bytes(dt) * (g_sh - 1) / max(g_sh, 1)
+            fsdp = dict(fsdp_comm_fwd_s=fs.fwd_total_s, fsdp_exposed_fwd_s=fs.fwd_exposed_s,
+                        fsdp_comm_bwd_s=fs.bwd_total_s, fsdp_exposed_bwd_s=fs.bwd_exposed_s,
+                        fsdp_bytes_fwd=sent, fsdp_bytes_bwd=2 * sent)
         # Communication off the compute stream.
         nxt = config.rank_of_stage(g + 1) if not last else pp_rank
         if nxt == pp_rank:  # the last stage, or a hand-off to a chunk of the same rank
@@ -435,7 +441,7 @@ class AnalyticCostModel:
             tp_comm_fwd_s=tp_f[0], tp_exposed_fwd_s=tp_f[1], tp_bytes_fwd=tp_f[2],
             tp_comm_bwd_s=tp_b[0], tp_exposed_bwd_s=tp_b[1], tp_bytes_bwd=tp_b[2],
             tp_comm_recompute_s=tp_r[0], tp_exposed_recompute_s=tp_r[1],
-            tp_bytes_recompute=tp_r[2],
+            tp_bytes_recompute=tp_r[2], **fsdp,
         )
 
     @staticmethod

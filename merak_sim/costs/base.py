@@ -85,6 +85,16 @@ class StageCost:
         tp_bytes_fwd / tp_bytes_bwd / tp_bytes_recompute: bytes one GPU sends over
             its links for those collectives (ring: 2 (t-1)/t of each all-reduce's
             payload), for link occupancy in the simulator.
+    ZeRO-3 (FSDP) collectives of one micro-batch (all 0 below ZeRO 3), reported on
+    their own lines (:mod:`merak_sim.zero_comm`):
+        fsdp_comm_fwd_s / fsdp_exposed_fwd_s: every unit's all-gather before its
+            forward priced alone, and the part prefetching cannot hide, *included in*
+            ``forward_s`` (so also in an F* and an explicit R).
+        fsdp_comm_bwd_s / fsdp_exposed_bwd_s: the backward's all-gathers and
+            reduce-scatters, and their exposed part, included in ``backward_s`` and
+            ``backward_input_s``.
+        fsdp_bytes_fwd / fsdp_bytes_bwd: bytes one GPU sends for them (ring:
+            (g-1)/g of each unit's gathered or reduced bytes).
     """
 
     forward_s: float
@@ -113,6 +123,12 @@ class StageCost:
     tp_bytes_fwd: float = 0.0
     tp_bytes_bwd: float = 0.0
     tp_bytes_recompute: float = 0.0
+    fsdp_comm_fwd_s: float = 0.0
+    fsdp_exposed_fwd_s: float = 0.0
+    fsdp_comm_bwd_s: float = 0.0
+    fsdp_exposed_bwd_s: float = 0.0
+    fsdp_bytes_fwd: float = 0.0
+    fsdp_bytes_bwd: float = 0.0
 
     @property
     def state_bytes(self) -> float:

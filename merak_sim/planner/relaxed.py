@@ -8,8 +8,8 @@ selective recompute, attention) can reuse:
 
 - One three-stage *probe* table per such key (dp = 1, ZeRO 0) gives, per field, the
   cost of one transformer layer (the middle stage over its layer count) and the extras
-  of the first stage (embedding) and the last (head) (a one-stage pipeline gets no
-  model state: a tied embedding is stored once there). A stage's forward, backward,
+  of the first stage (embedding) and the last (head) (a one-stage pipeline drops the
+  smaller end's extra model state: a tied embedding is stored once there). A stage's forward, backward,
   re-forward, activation and checkpoint bytes are affine in its layer count under the
   cost models of this package (``AnalyticCostModel.stage_cost``), so the arrays of any
   (pp, virtual stages) are rebuilt with numpy over the cost model's uniform partition.
@@ -162,8 +162,14 @@ class RelaxedPricer:
             by_zero = np.stack((at["state_bytes"], w + g, w, zeros), axis=1)
             if n_st == 1 and getattr(self.model, "tied_embeddings", True):
                 # One stage holds the embedding and the head: a tied word embedding is
-                # stored once there, not once per end as in the probe.
-                by_zero = np.zeros((len(ok), 4, n_st))
+                # stored once there, not once per end as in the probe. Each end's extra
+                # state holds that copy, so dropping the smaller end's extra keeps a
+                # lower bound (zero here let a 175B model look 0.1 GiB short).
+                ix = {f: i for i, f in enumerate(fields)}
+                st, w, g = (np.maximum(at[f] - np.minimum(first[:, ix[f]],
+                                                         last[:, ix[f]])[:, None], 0.0)
+                            for f in ("state_bytes", "weight_bytes", "grad_bytes"))
+                by_zero = np.stack((st, w + g, w, zeros), axis=1)
             for x in (zeros, by_zero):
                 x.setflags(write=False)
             kept = [f for f in fields if f not in ("weight_bytes", "grad_bytes")]

@@ -68,26 +68,31 @@ def _describe(r: dict) -> str:
     return s
 
 
-def no_fit(model, cluster, gbs: int, rows: RowBook, space: SearchSpace
-           ) -> NoFeasiblePlanError:
+def no_fit(model, cluster, gbs: int, rows: RowBook, space: SearchSpace,
+           closest: Any = None) -> NoFeasiblePlanError:
     """The error when nothing was evaluated: every candidate broke a rule, or the one
-    closest to fitting and its shortfall."""
-    rows = list(rows.dicts())
-    mem = [r for r in rows if not np.isnan(r["shortfall_gib"])]
-    if not mem:
-        reasons = sorted({r["reason"] for r in rows})[:3]
+    closest to fitting (``closest``: :func:`~merak_sim.planner.closest.closest_exact`,
+    its exact shortfall, the one simulating it reports) and its shortfall."""
+    if closest is None:
+        rules = sorted({r["reason"] for r in rows.dicts()})
         return NoFeasiblePlanError(
             f"no configuration of {model.name} on {cluster.name} ({cluster.world_size} GPUs) "
-            f"with global batch {gbs} passes the divisibility rules ({'; '.join(reasons)}); "
-            "change the global batch size or the search space")
-    r = min(mem, key=lambda x: x["shortfall_gib"])
+            f"with global batch {gbs} passes the divisibility rules "
+            f"({'; '.join(rules[:3])}); change the global batch size or the search space")
+    r = closest.row
+    fr = r["recompute_fractions"]
+    how = (" at stage-aware fractions " + ",".join(f"{x:.2g}" for x in fr)
+           if fr is not None and any(fr) else "")
+    stopped = (" (the closest of the first candidates priced; the search for it stopped "
+               "there)" if closest.stopped else "")
     return NoFeasiblePlanError(
         f"{model.name} fits nowhere on {cluster.name} ({cluster.world_size} GPUs, "
-        f"{cluster.gpu.memory_bytes / GiB:.1f} GiB each) with global batch {gbs} in the "
-        f"{space.name} space: the closest candidate ({_describe(r)}) is short "
-        f"{r['shortfall_gib']:.2f} GiB ({r['reason']}); add nodes, use GPUs with more "
+        f"{closest.capacity_bytes / GiB:.1f} GiB usable each) with global batch {gbs} in "
+        f"the {space.name} space: the closest candidate ({_describe(r)}{how}) is short "
+        f"{closest.shortfall_bytes / GiB:.2f} GiB (stage {closest.stage} needs "
+        f"{closest.peak_bytes / GiB:.1f} GiB){stopped}; add nodes, use GPUs with more "
         "memory, or allow more recompute / ZeRO / sequence parallelism",
-        closest=r, shortfall_bytes=r["shortfall_gib"] * GiB)
+        closest=r, shortfall_bytes=closest.shortfall_bytes)
 
 
 def _fmt(x, fmt: str) -> str:

@@ -127,6 +127,35 @@ class RowBook:
                                                                           dtype=float)))
         self._n += n
 
+    def memory_pruned(self) -> tuple[np.ndarray, list[tuple]]:
+        """(shortfall in GiB, source) of every row with a shortfall: a source is a dict
+        row or (block index, variant position); :meth:`candidate_of` turns it into its
+        candidate."""
+        short, src = [], []
+        for seg in self._segments:
+            if isinstance(seg, list):
+                for r in seg:
+                    if not np.isnan(r["shortfall_gib"]):
+                        short.append(r["shortfall_gib"])
+                        src.append((r,))
+                continue
+            bids, pos, _status, _reasons, _bounds, sh = seg
+            for j in np.nonzero(~np.isnan(sh))[0].tolist():
+                short.append(float(sh[j]))
+                src.append((int(bids[j]), int(pos[j])))
+        return np.asarray(short, dtype=float), src
+
+    def candidate_of(self, source: tuple) -> Candidate:
+        """The candidate of a :meth:`memory_pruned` source."""
+        if len(source) == 2:
+            return self._blocks[source[0]].candidate(source[1])
+        r = source[0]
+        return Candidate(r["dp"], r["tp"], r["pp"], r["virtual_stages"],
+                         r["micro_batch_size"], r["microbatches"], r["schedule"],
+                         r["recompute"], bool(r["sequence_parallel"]), r["tp_overlap"],
+                         r["zero"], "", r["cp"], r["zero_group"], r["attention"],
+                         bool(r["overlap_param_gather"]))
+
     def dicts(self):
         """Every row as a dict, in order (chunks materialised: the slow path)."""
         for seg in self._segments:

@@ -52,6 +52,7 @@ from merak_sim.schedule import SCHEDULES, ScheduleError
 from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 
 from .bounds import bound_parts, lower_bound
+from .closest import closest_exact
 from .report import GiB, PlannerError, PlanResult, new_counts, no_fit
 from .relaxed import RelaxedPricer, admissible
 from .rows import RowBook, ranked_table, row
@@ -475,7 +476,8 @@ def search(model: Any, cluster: Any, global_batch_size: int, *, nodes: int | Non
                                      prog) if exhaustive else _best_first(job, rows, counts,
                                                                           prog))
         if not evaluated:
-            raise no_fit(job.model, job.cluster, global_batch_size, rows, job.space)
+            raise no_fit(job.model, job.cluster, global_batch_size, rows, job.space,
+                         closest_exact(job, rows))
         top = evaluated[:top_k]
         if confirm:
             prog.phase(f"confirming the top {len(top)} with SimPy")
