@@ -222,8 +222,9 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_
     ``parameters: N`` first. With --plan, every field the simulator priced (model
     shape, dtype, degrees, schedule, recompute, TP overlap) is what runs."""
     from merak_exec.builders import build_model, model_from_spec, parameter_count
-    from merak_exec.mesh import ExecError
+    from merak_exec.mesh import ExecError, check_launch_env
 
+    check_launch_env()  # MERAK_TIMEOUT_S, RANK < WORLD_SIZE, MASTER_ADDR: before any work
     _check_outputs(trace_path, save_dir, save_every, export_dir, resume)
     points = _split_points(split_points)
     M = _microbatches(microbatches, global_batch, dp, mbs, plan_path)
@@ -543,6 +544,14 @@ def main(argv: list[str] | None = None) -> None:
         code = 2
     except RankTimeoutError as e:
         click.echo(f"merak-exec: error: {e}", err=True)
+        code = 1
+    except RuntimeError as e:  # a collective torch raised outside merak's own waits
+        from merak_exec.mesh import is_comm_failure
+
+        if not is_comm_failure(e):
+            raise
+        click.echo(f"merak-exec: error: merak_exec: a peer was lost: "
+                   f"{str(e).splitlines()[0][:200]}", err=True)
         code = 1
     if not code:
         import torch.distributed as dist
