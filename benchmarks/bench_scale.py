@@ -8,7 +8,8 @@ each side by side with a previous release in the same run.
 Printed, never asserted (timings depend on the machine's load, shown first):
 
 1. Passes per second over pp 8-64, micro-batches 8-4,096, virtual stages 1-4
-   (1F1B for v = 1, interleaved 1F1B above), each a fresh, cold evaluation
+   (1F1B for v = 1, interleaved 1F1B above; the two trees in turn, shape by shape),
+   each a fresh, cold evaluation
    (:func:`merak_sim.sim.api.forget_schedules` first), median of ``--repeat`` CPU
    times (this process's CPU, which other processes on a shared machine disturb less
    than the wall clock): ``evaluator`` as ``simulate`` runs it (the periodic shortcut
@@ -235,8 +236,13 @@ def main() -> None:
           + f"; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     if not a.skip_grid:
         grid = QUICK if a.quick else GRID
-        now = _grid_times(ROOT, grid, a.repeat)
-        prev = _grid_times(a.prev, grid, a.repeat) if a.prev else None
+        # Shape by shape, the two trees in turn: a shared machine's load drifts, and
+        # alternating spreads the drift over both columns instead of one.
+        now, prev = [], [] if a.prev else None
+        for shape in grid:
+            now += _grid_times(ROOT, [shape], a.repeat)
+            if a.prev:
+                prev += _grid_times(a.prev, [shape], a.repeat)
         print_grid(now, prev)
     print("\n## 2. Published runs through merak-sim simulate --engine evaluator "
           f"(wall, fresh process, median of {a.repeat})")
