@@ -85,10 +85,20 @@ def test_a_base_out_of_memory_stops_at_once():
 
 
 def test_a_base_in_its_transient_is_retried_larger():
-    # random stage costs keep 1F1B on 4 ranks in its transient for about 24 blocks
+    """Random stage costs keep 1F1B on 4 ranks in its transient for many blocks on
+    some seeds: there the first base fails, a larger one within the share passes, and
+    the extension equals the full evaluation."""
     period = SCHEDULES["1f1b"].steady_period(4)
     M = period.first_microbatches + 60
-    evaluated, seen = counted(_bases("1f1b", 4, 1, table(4, "random", 3)))
-    assert periodic.extended(period, M, evaluated) is not None
-    assert len(seen) > 1 and seen == sorted(seen)
-    assert max(seen) <= periodic.BASE_SHARE * M
+    retried = 0
+    for seed in range(12):
+        tab = table(4, "random", seed)
+        evaluated, seen = counted(_bases("1f1b", 4, 1, tab))
+        ext = periodic.extended(period, M, evaluated)
+        assert seen == sorted(seen) and max(seen) <= periodic.BASE_SHARE * M
+        if ext is None or len(seen) == 1:
+            continue
+        retried += 1
+        assert ext.makespan == pytest.approx(full_run("1f1b", 4, 1, M, tab).iteration_time_s,
+                                             rel=1e-12)
+    assert retried
