@@ -31,7 +31,8 @@ and is named in its header; with neither, the job runs in the environment it is
 started from (sbatch exports the submitting shell's), and a missing ``torchrun``
 stops it with one line naming both options. Both set
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` unless it is set already: the
-memory model the plan was priced with assumes it (:mod:`merak_sim.runtime_memory`). Every path is shell-quoted, ``#SBATCH``
+memory model the plan was priced with assumes it
+(:mod:`merak_sim.runtime_memory`). Every path is shell-quoted, ``#SBATCH``
 values in sbatch's own quoting (double quotes, backslash escapes).
 
 A plan is refused before anything is written when its degrees do not fit the shape

@@ -5,9 +5,10 @@ Simulated (:class:`~merak_sim.sim.result.SimResult`), measured (merak_exec's
 timelines share one events schema, :data:`EVENT_COLUMNS`: ``rank`` the global rank,
 ``stage`` the pipeline rank, ``chunk`` the virtual stage, ``stream`` one of
 "compute", "p2p", "collective", ``kind`` the :class:`~merak_sim.schedule.ir.Kind` name
-(or :data:`TP_KIND`, :data:`ZERO_KIND`), ``action`` the IR token, ``microbatch`` (-1 for AR/OPT), times in
-seconds and ``bytes`` moved. Every function here takes events as a pandas DataFrame
-with those columns, as dicts keyed by them, or as tuples in their order.
+(or :data:`TP_KIND`, :data:`ZERO_KIND`), ``action`` the IR token, ``microbatch`` (-1
+for AR/OPT), times in seconds and ``bytes`` moved. Every function here takes events as
+a pandas DataFrame with those columns, as dicts keyed by them, or as tuples in their
+order.
 
 Every chart colours actions by kind from the one :data:`KIND_COLORS` map and carries a
 legend of the kinds it shows, idle time (the axes' background) included. pandas is not

@@ -1,7 +1,8 @@
 """Build notebook 04 (validation report) from the cell sources below (run: ``python
 notebooks/build_notebook_04.py``). ``make notebooks`` executes it and stores its outputs; tests/test_notebooks.py
 executes it. Like the other notebooks, its cells ``assert`` on what they compute and
-its last code cell prints one line ``NOTEBOOK_RESULT {json}``.
+its metadata (``merak.result``) holds the expression of its headline numbers
+(notebooks/build_notebooks.py).
 
 The notebook shows the committed CPU validation suite (benchmarks/cpu_validation.py
 writes the run directories it reads) and re-runs the whole loop live on a small
@@ -221,21 +222,22 @@ for r in live:
 print(live[1].to_markdown())"""),
     new_code_cell("""\
 fig = live[1].plot()
-plt.show()
-result = {"suite_runs": len(suite),
-          "suite": {k: v for k, v in targets.items() if isinstance(v, (int, float))},
-          "live_errors": {r.name: r.iteration_error for r in live},
-          "live_activation_error": max(float(r.memory["activation_error"].abs().max())
-                                       for r in live), "quick": QUICK}
-print("NOTEBOOK_RESULT " + json.dumps(result))"""),
+plt.show()"""),
 ]
+#: The headline numbers (notebook metadata ``merak.result``, not a cell).
+RESULT = """{"suite_runs": len(suite),
+ "suite": {k: v for k, v in targets.items() if isinstance(v, (int, float))},
+ "live_errors": {r.name: r.iteration_error for r in live},
+ "live_activation_error": max(float(r.memory["activation_error"].abs().max())
+                              for r in live), "quick": QUICK}"""
 
 
 def build() -> Path:
     """Write notebooks/04_validation.ipynb (no outputs)."""
     nb = new_notebook(cells=CELLS, metadata={"kernelspec": {"name": "python3",
                                                             "display_name": "Python 3",
-                                                            "language": "python"}})
+                                                            "language": "python"},
+                                             "merak": {"result": RESULT}})
     path = HERE / "04_validation.ipynb"
     nbformat.write(nb, path)
     return path

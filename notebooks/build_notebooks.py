@@ -4,10 +4,13 @@ outputs (figures included) in the committed .ipynb files; tests/test_notebooks.p
 executes every notebook in this folder and checks each shows at least one figure.
 
 Convention for every notebook here (tests rely on it): its cells ``assert`` on what
-they compute, and its last code cell prints one line ``NOTEBOOK_RESULT {json}`` with the
-headline numbers. A notebook whose full setting takes minutes (02, 04) reads
+they compute, and its metadata (``merak.result``, which a reader does not see) holds a
+Python expression of the headline numbers. ``make notebooks`` and the tests evaluate
+it in the notebook's kernel after the last cell, in a cell that is never saved
+(``run_notebooks.execute``); ``make notebooks`` stores the value in
+``merak.result_value``. A notebook whose full setting takes minutes (02, 04) reads
 ``MERAK_NOTEBOOK_QUICK=1`` (the tests set it) to run the same cells on a smaller one and
-says so in that line (``"quick": true``); ``make notebooks`` runs the full setting.
+says so in its numbers (``"quick": true``); ``make notebooks`` runs the full setting.
 """
 
 from __future__ import annotations
@@ -174,14 +177,13 @@ tab.plot(marker="o", logx=True, ylabel="iteration s", xlabel="share of 100 Gb/s"
 plt.show()
 slowdown = tab.loc[0.125] / tab.loc[1.0]
 assert slowdown["dp=8"] > slowdown["pp=8"]"""),
-    new_code_cell("""\
-print("NOTEBOOK_RESULT " + json.dumps({
+]
+RESULT01 = """{
     "straggler_slowdown": straggler,
     "dp8_network_slowdown": float(slowdown["dp=8"]),
     "pp8_network_slowdown": float(slowdown["pp=8"]),
     "bubble_1f1b_pp8_M8": float(one.bubble[8]),
-    "unit_makespan_S4_M8": {n: float(x) for n, x in units.makespan.items()}}))"""),
-]
+    "unit_makespan_S4_M8": {n: float(x) for n, x in units.makespan.items()}}"""
 
 NB02 = [
     new_markdown_cell("""\
@@ -281,15 +283,16 @@ fig = plot_regimes(regs)
 plt.show()
 for line in explain_regimes(regs):
     print(line)
-assert all(r.factor(s) >= 1 - 1e-9 for r in regs for s in ("+T1", "+T2", "+T3"))
+# A step that fits nowhere at a memory level has no factor there.
+assert all(r.factor(s) >= 1 - 1e-9 for r in regs for s in ("+T1", "+T2", "+T3")
+           if r.factor(s) is not None)
 assert (t.speedup_vs_free_baselines < t.speedup_up_to).all()"""),
-    new_code_cell("""\
-print("NOTEBOOK_RESULT " + json.dumps({
+]
+RESULT02 = """{
     "speedups": {r.model: r.speedup for r in rep.models},
     "free": {r.model: r.speedup_vs_free_baselines for r in rep.models},
     "paper": {r.model: r.paper for r in rep.models},
-    "hand_configs": int(len(hand)), "hand_min_ratio": float(worst), "quick": QUICK}))"""),
-]
+    "hand_configs": int(len(hand)), "hand_min_ratio": float(worst), "quick": QUICK}"""
 
 NB03 = [
     new_markdown_cell("""\
@@ -362,12 +365,11 @@ gain = meg.best_result.iteration_time_s / res.best_result.iteration_time_s
 print(f"Megatron-like best {meg.best_result.iteration_time_s:.2f} s, full search "
       f"{res.best_result.iteration_time_s:.2f} s: {gain:.2f}x")
 assert gain >= 1.0 - 1e-9"""),
-    new_code_cell("""\
-print("NOTEBOOK_RESULT " + json.dumps({
+]
+RESULT03 = """{
     "best_time_s": res.best_result.iteration_time_s, "mfu": res.best_result.mfu,
     "counts": res.counts, "gain_over_megatron_like": gain,
-    "best": res.best_config.to_dict()}))"""),
-]
+    "best": res.best_config.to_dict()}"""
 
 NB05 = [
     new_markdown_cell("""\
@@ -447,28 +449,29 @@ ax.set(ylabel="speed-up over all RTX 3090")
 ax.legend()
 plt.show()
 assert mixed.iloc[-1] > mixed.iloc[1] >= 1.0 - 1e-9"""),
-    new_code_cell("""\
-print("NOTEBOOK_RESULT " + json.dumps({
-    "base_s": base, "straggler_2x": float(strag[2.0]), "link_10pct": float(link[0.1]),
-    "all_a100_speedup": float(mixed.iloc[-1])}))"""),
 ]
+RESULT05 = """{
+    "base_s": base, "straggler_2x": float(strag[2.0]), "link_10pct": float(link[0.1]),
+    "all_a100_speedup": float(mixed.iloc[-1])}"""
 
+#: notebook -> (cells, the expression of its headline numbers: metadata, not a cell).
 NOTEBOOKS = {
-    "01_what_if_schedules.ipynb": NB01,
-    "02_paper_reproduction.ipynb": NB02,
-    "03_planner_175b.ipynb": NB03,
-    "05_what_if_64gpu.ipynb": NB05,
+    "01_what_if_schedules.ipynb": (NB01, RESULT01),
+    "02_paper_reproduction.ipynb": (NB02, RESULT02),
+    "03_planner_175b.ipynb": (NB03, RESULT03),
+    "05_what_if_64gpu.ipynb": (NB05, RESULT05),
 }
 
 
 def build(out_dir: Path = HERE) -> list[Path]:
     """Write every notebook (no outputs) and return their paths."""
     paths = []
-    for name, cells in NOTEBOOKS.items():
+    for name, (cells, result) in NOTEBOOKS.items():
         nb = new_notebook(cells=cells)
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                      "language": "python"}
         nb.metadata["language_info"] = {"name": "python"}
+        nb.metadata["merak"] = {"result": result}
         p = out_dir / name
         text = nbformat.writes(nb) + "\n"
         tmp = p.with_suffix(".tmp")

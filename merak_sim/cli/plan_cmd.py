@@ -56,6 +56,47 @@ def _clean(v):
     return v
 
 
+def _print_plan(res, top_k: int, memory_margin: float, written) -> None:
+    """The readable answer: the ranked table, the counts, the best plan, why it won
+    (one short line per knob), the assumptions (the memory kept free first) and the
+    ``(what, path)`` files written."""
+    from rich.console import Console
+
+    from merak_sim.costs.attention_choice import attention_label
+    from merak_sim.runtime_memory import reserve_note
+
+    # The terminal's width; off a terminal $COLUMNS or 80 (the table folds to fit).
+    con = Console()
+    con.print(res.rich_table(max(top_k, 10), width=con.width))
+    con.print(res.counts_line())
+    b = res.best_result
+    cfg = res.best_config
+    con.print(f"[bold]best[/bold]: dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} "
+              f"v={cfg.virtual_stages} mbs={cfg.micro_batch_size} {cfg.schedule} "
+              f"recompute={cfg.recompute}"
+              + (f" {list(cfg.recompute_fractions)}" if cfg.recompute_fractions else "")
+              + f" sp={cfg.sequence_parallel} tp-overlap={cfg.tp_overlap} zero={cfg.zero}"
+              + (f" hsdp={cfg.zero_group}" if cfg.zero_group else "")
+              + (f" cp={cfg.cp}" if cfg.cp > 1 else "")
+              + f" attention={attention_label(cfg, res.cluster.gpu.name)}"
+              f" overlap-param-gather={cfg.overlap_param_gather}"
+              f" dtype={cfg.dtype}: "
+              f"{b.iteration_time_s:.3f} s/iteration, "
+              f"{b.throughput_samples_per_s:.2f} samples/s, MFU {b.mfu:.1%}, peak "
+              f"{max(b.peak_memory_bytes) / 2**30:.1f} GiB ({b.engine})")
+    con.print("why this plan (the closest alternative per knob):", markup=False)
+    for line in res.explanation():
+        con.print(textwrap.fill(line, width=max(40, con.width), initial_indent="  - ",
+                                subsequent_indent="    "), markup=False, soft_wrap=True)
+    con.print(f"assumption: {reserve_note(res.cluster.gpu, memory_margin)}", markup=False)
+    for n in res.notes:
+        con.print(f"assumption: {n}", markup=False)
+    for what, path in written:
+        if path:
+            con.print(f"wrote {what}: {path}", markup=False)
+
+
+
 @click.command("plan")
 @click.option("--model", "--model-json", "model", cls=AliasOption, required=True,
               help="Model preset name or JSON file.")
@@ -171,42 +212,7 @@ def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp
                   as_json, json_out)
     if as_json:
         return
-    from rich.console import Console
-
-    from merak_sim.costs.attention_choice import attention_label
-    from merak_sim.runtime_memory import reserve_note
-
-    # The terminal's width; off a terminal $COLUMNS or 80 (the table folds to fit).
-    con = Console()
-    con.print(res.rich_table(max(top_k, 10), width=con.width))
-    con.print(res.counts_line())
-    b = res.best_result
-    cfg = res.best_config
-    con.print(f"[bold]best[/bold]: dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} "
-              f"v={cfg.virtual_stages} mbs={cfg.micro_batch_size} {cfg.schedule} "
-              f"recompute={cfg.recompute}"
-              + (f" {list(cfg.recompute_fractions)}" if cfg.recompute_fractions else "")
-              + f" sp={cfg.sequence_parallel} tp-overlap={cfg.tp_overlap} zero={cfg.zero}"
-              + (f" hsdp={cfg.zero_group}" if cfg.zero_group else "")
-              + (f" cp={cfg.cp}" if cfg.cp > 1 else "")
-              + f" attention={attention_label(cfg, res.cluster.gpu.name)}"
-              f" overlap-param-gather={cfg.overlap_param_gather}"
-              f" dtype={cfg.dtype}: "
-              f"{b.iteration_time_s:.3f} s/iteration, "
-              f"{b.throughput_samples_per_s:.2f} samples/s, MFU {b.mfu:.1%}, peak "
-              f"{max(b.peak_memory_bytes) / 2**30:.1f} GiB ({b.engine})")
-    con.print("why this plan (the closest alternative per knob):", markup=False)
-    for line in res.explanation():
-        con.print(textwrap.fill(line, width=max(40, con.width), initial_indent="  - ",
-                                subsequent_indent="    "), markup=False, soft_wrap=True)
-    con.print(f"assumption: {reserve_note(res.cluster.gpu, memory_margin)}", markup=False)
-    for n in res.notes:
-        con.print(f"assumption: {n}", markup=False)
-    con.print(f"wrote plan: {out}", markup=False)
-    if csv_path:
-        con.print(f"wrote candidates: {csv_path}", markup=False)
-    if json_out:
-        con.print(f"wrote JSON: {json_out}", markup=False)
-
+    _print_plan(res, top_k, memory_margin, (("plan", out), ("candidates", csv_path),
+                                             ("JSON", json_out)))
 
 command = plan_command

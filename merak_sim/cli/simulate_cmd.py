@@ -100,6 +100,24 @@ def _zero3_table(cfg, model, cluster, nodes, cost_model):
     return cm.cost_table(resolve_model(model), resolve_cluster(cluster, nodes), cfg)
 
 
+def _print_summary(res, zc, cfg, cluster, written) -> None:
+    """The readable summary (ZeRO-3 communication in a column of its own), the kernel
+    "auto" resolved to and the memory kept free (as costs and plan print them), and
+    the ``(what, path)`` files written."""
+    from merak_sim.costs.attention_choice import attention_label
+    from merak_sim.resolve import resolve_cluster
+    from merak_sim.runtime_memory import reserve_note
+    from merak_sim.zero_comm import summary_with
+
+    click.echo(res.summary() if zc is None else summary_with(res, zc))
+    gpu = resolve_cluster(cluster).gpu
+    click.echo(f"note: attention={attention_label(cfg, gpu.name)}")
+    click.echo(f"note: {reserve_note(gpu)}")
+    for what, path in written:
+        if path:
+            click.echo(f"wrote {what}: {path}")
+
+
 def _write_trace(res, table, zc, path) -> None:
     """The Chrome trace, with a ZeRO-3 track when the run has one."""
     if zc is None:
@@ -287,25 +305,8 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
     emit_json({**res.to_dict(), **({"zero3_comm": zc.to_dict()} if zc else {})}, as_json,
               json_out)
     if not as_json:
-        from merak_sim.costs.attention_choice import attention_label
-        from merak_sim.resolve import resolve_cluster
-
-        if zc is None:
-            click.echo(res.summary())
-        else:
-            from merak_sim.zero_comm import summary_with
-
-            click.echo(summary_with(res, zc))
-        # The kernel "auto" resolved to, printed as costs and plan print it.
-        from merak_sim.runtime_memory import reserve_note
-
-        gpu = resolve_cluster(cluster).gpu
-        click.echo(f"note: attention={attention_label(cfg, gpu.name)}")
-        click.echo(f"note: {reserve_note(gpu)}")
-        for what, path in (("Chrome trace", chrome_trace), ("Gantt chart", plot),
-                           ("JSON", json_out)):
-            if path:
-                click.echo(f"wrote {what}: {path}")
+        _print_summary(res, zc, cfg, cluster, (("Chrome trace", chrome_trace),
+                                               ("Gantt chart", plot), ("JSON", json_out)))
     if cfg.pp * cfg.virtual_stages * cfg.num_microbatches >= TEARDOWN_AFTER:
         exit_without_teardown(0)  # everything is written; freeing the run is wasted time
 

@@ -8,11 +8,12 @@ selective recompute, attention) can reuse:
 
 - One three-stage *probe* table per such key (dp = 1, ZeRO 0) gives, per field, the
   cost of one transformer layer (the middle stage over its layer count) and the extras
-  of the first stage (embedding) and the last (head) (a one-stage pipeline drops the
-  smaller end's extra model state: a tied embedding is stored once there). A stage's forward, backward,
-  re-forward, activation and checkpoint bytes are affine in its layer count under the
-  cost models of this package (``AnalyticCostModel.stage_cost``), so the arrays of any
-  (pp, virtual stages) are rebuilt with numpy over the cost model's uniform partition.
+  of the first stage (embedding) and the last (head) (a one-stage pipeline drops
+  the smaller end's extra model state: a tied embedding is stored once there). A
+  stage's forward, backward, re-forward, activation and checkpoint bytes are affine
+  in its layer count under the cost models of this package
+  (``AnalyticCostModel.stage_cost``), so the arrays of any (pp, virtual stages) are
+  rebuilt with numpy over the cost model's uniform partition.
 - What the relaxation drops only adds time or memory: the data-parallel gradient
   reduction and optimizer step (tail), the exposed ZeRO-3 gathers (inside forward and
   backward), the sharded part of the model state (ZeRO 1 keeps at least the weights
