@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from merak_sim.config import ParallelConfig
+from merak_sim.costs.calibrated import calibrated_cost_model
 from merak_sim.hardware import get_cluster
 from merak_sim.layout import RankLayout
 from merak_sim.model import get_model
@@ -37,8 +38,8 @@ from merak_sim.sim import (
     run_engine,
     simulate,
 )
-from merak_sim.costs.calibrated import calibrated_cost_model
 from merak_sim.sim.entities import topology_from_cluster
+from merak_sim.sim.from_config import recompute_fractions, schedule_for
 
 
 def timed(fn, repeat: int) -> tuple[float, object]:
@@ -77,8 +78,8 @@ def run_case(name: str, case: dict, n: int, skip_full: bool) -> None:
     # Engine-level figures on the compiled program.
     model, cluster = get_model(case["model"]), get_cluster(case["cluster"], case["nodes"])
     table = calibrated_cost_model().cost_table(model, cluster, cfg)
-    sched = cfg.build_schedule()
-    prog = compile_program(sched, table, cfg.recompute_per_stage(sched))
+    sched = schedule_for(cfg)
+    prog = compile_program(sched, table, recompute_fractions(cfg, sched))
     pl_ = RankLayout.of(cfg)
     t_plan, pln = timed(lambda: plan(prog), n)
     t_eval, _ = timed(lambda: evaluate(prog, pln), n)

@@ -42,10 +42,11 @@ from pathlib import Path
 
 from merak_sim.calibrate.stacks import stack_cost_model
 from merak_sim.calibrate.vtrain import VTRAIN_STACK, VTrainRow, load_vtrain, row_setup
-from merak_sim.costs.base import CostModel
+from merak_sim.costs.protocol import CostModel
 from merak_sim.layout import RankLayout
 from merak_sim.sim.api import evaluator_trace, forget_schedules, shape_schedule, simulate
 from merak_sim.sim.evaluator import plan
+from merak_sim.sim.from_config import recompute_fractions, split_grad_sync
 from merak_sim.sim.program import compile_program
 from merak_sim.sim.result import build_result
 
@@ -93,7 +94,7 @@ def full_parts(r) -> dict[str, float]:
     t.append(clock())
     sched = shape_schedule(cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.virtual_stages)
     t.append(clock())
-    rc = cfg.recompute_per_stage(sched)
+    rc = recompute_fractions(cfg, sched)
     compile_program(sched, table, rc)
     t.append(clock())
     prog = compile_program(sched, table, rc)
@@ -103,7 +104,7 @@ def full_parts(r) -> dict[str, float]:
     prog = compile_program(sched, table, rc)
     t.append(clock())
     capacity = float(table.memory_capacity_bytes)
-    tr = evaluator_trace(prog, RankLayout.of(cfg), capacity, zero=cfg.engine_zero, pl=pl,
+    tr = evaluator_trace(prog, RankLayout.of(cfg), capacity, zero=split_grad_sync(cfg), pl=pl,
                          record_memory=False)
     t.append(clock())
     build_result(tr, capacity=capacity, peak_flops=float(table.peak_flops),

@@ -358,6 +358,7 @@ def _checked_run(plan_path: str | None, flags: dict, degrees: dict):
     from merak_exec.mesh import ExecError
     from merak_sim.config import ParallelConfig
     from merak_sim.executable import unsupported
+    from merak_sim.sim.from_config import schedule_for
 
     spec = None
     if plan_path is not None:
@@ -371,7 +372,7 @@ def _checked_run(plan_path: str | None, flags: dict, degrees: dict):
     why = unsupported(config, spec)
     if why:
         raise ExecError(f"cannot run this {'plan' if spec else 'configuration'}: {why}")
-    config.build_schedule()  # the schedule's requirements, before starting ranks
+    schedule_for(config)  # the schedule's requirements, before starting ranks
     shape = spec or spec_from_flags(**flags)
     check_shape(shape.family, shape.hidden, shape.heads, shape.kv_heads, shape.ffn_hidden,
                 shape.vocab, config.tp)
@@ -416,10 +417,9 @@ def profile(kind, layers, hidden, heads, vocab, seq, dropout, mbs, seqs, repeats
 
     import torch
 
+    from merak_exec.builders import build_model
     from merak_exec.profiling.layer_trace import profile_chain
     from merak_sim.trace import Trace, from_exec_profile, merge_traces, write_trace
-
-    from merak_exec.builders import build_model
 
     _check_writable(out_path, "--out")
     mbs_list = _positive_ints(mbs, "--micro-batch-size")
@@ -524,8 +524,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("merak-exec: error: torch is not installed; install the backend with "
                    "pip install 'merak[exec]'", err=True)
         sys.exit(2)
-    from merak_exec.mesh import ExecError
-    from merak_exec.mesh import RankTimeoutError
+    from merak_exec.mesh import ExecError, RankTimeoutError
 
     code = 0
     try:

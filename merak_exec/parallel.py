@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -35,6 +36,7 @@ from merak_exec.tensor_parallel import (
 )
 from merak_sim.config import ParallelConfig
 from merak_sim.executable import unsupported
+from merak_sim.sim.from_config import recompute_fractions, schedule_for, stage_rank
 
 __all__ = ["ParallelModel", "parallelize", "check_executable", "materialize_layers",
            "model_origin"]
@@ -174,49 +176,25 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     _check_heads(model, config.tp)
     chain, family = to_chain(model, seq_len=seq_len)
     origin = model_origin(model, chain)  # before any layer is materialised or cut
-    sched = config.build_schedule()
+    sched = schedule_for(config)
     G = sched.num_model_stages
-    if split_points is not None:
-        ranges = split_from_points(chain, split_points, G)
-    else:
-        ranges = partition_split(chain, G, partition, layer_times_s)
-    my = [sched.stage_of(mesh.pp_rank, c) for c in range(config.virtual_stages)]
-    chunks = [build_stage(chain, ranges, g, config.rank_of_stage) for g in my]
+    ranges = (split_from_points(chain, split_points, G) if split_points is not None
+              else partition_split(chain, G, partition, layer_times_s))
+    place = partial(stage_rank, config)
+    chunks = [build_stage(chain, ranges, sched.stage_of(mesh.pp_rank, c), place)
+              for c in range(config.virtual_stages)]
     dtype = dtype or torch.float32
     # Materialise the kept layers only (a meta-device model gets storage and its own
     # init here); then shard them for TP, so every tp rank slices the same full layer.
     materialize_layers(chain, ranges, chunks, mesh.device, dtype)
-    if config.tp > 1:
-        mapping = tp_mapping if isinstance(tp_mapping, TPMapping) else FAMILY_MAPPINGS.get(
-            tp_mapping or family or "")
-        if mapping is None:
-            raise ExecError(f"no tensor-parallel mapping for model family {family!r}; pass "
-                            "tp_mapping=TPMapping(column=..., row=..., divide=...)")
-        n = sum(apply_tensor_parallel(c, mapping, mesh.tp_group, config.tp, mesh.tp_rank)
-                for c in chunks)
-        if n == 0 and any(len(r) > 2 for r in ranges):
-            raise ExecError("the tensor-parallel mapping matched no linear layer; check its "
-                            "module names against model.named_modules()")
-        _retie_and_vocab_loss(chain, ranges, chunks, mesh)
-        if config.tp_overlap == "sub-pipelined":
-            _check_no_dropout(chunks)
-            groups = _part_groups(mesh, config)
-            for c in chunks:
-                c.subpipe = SubPipelined(groups)
-    fractions = config.recompute_per_stage(sched)
+    _apply_tensor_parallel(chain, ranges, chunks, mesh, config, tp_mapping, family)
+    fractions = recompute_fractions(config, sched)
     for c in chunks:
         c.set_recompute_fraction(fractions[mesh.pp_rank])
         c.selective_recompute = config.recompute == "selective"
-    tied = _tied_params(chain, ranges, chunks, config.rank_of_stage)
-    _sync_initial_weights(mesh, chunks, tied)
-    _sync_tp_rng(mesh)
-    if config.zero in (2, 3):  # FSDP swaps the parameters: before the optimizer sees them
-        from merak_exec.fsdp import shard_chunks
-
-        shard_chunks(chunks, mesh, config.zero)
-        tied = _tied_params(chain, ranges, chunks, config.rank_of_stage)  # sharded now
-    params = trainable_parameters(chunks)
-    opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(params)
+    tied = _start_replicas(chain, ranges, chunks, mesh, config)
+    opt = (optimizer_fn or (lambda ps: torch.optim.AdamW(ps, lr=1e-4)))(
+        trainable_parameters(chunks))
     if not isinstance(opt, torch.optim.Optimizer):
         raise ExecError(f"optimizer_fn returned {type(opt).__name__}, not a torch.optim."
                         "Optimizer; return one built over the parameters it is given")
@@ -226,18 +204,68 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
                             seq_len // (config.tp if config.sequence_parallel else 1), dtype)
     rt = PipelineRuntime(chunks, sched, mesh, opt, specs, tied_params=tied, record=record,
                          grad_sync=grad_sync)
+    _add_gradient_hooks(rt, grad_sync, config, overlap_dp, buckets)
+    return ParallelModel(mesh=mesh, chain=chain, ranges=ranges, chunks=chunks, runtime=rt,
+                         config=config, origin=origin)
+
+
+def _apply_tensor_parallel(chain: LayerChain, ranges, chunks, mesh: Mesh,
+                           config: ParallelConfig, tp_mapping, family) -> None:
+    """Shard the local layers over tp by the family's mapping (or ``tp_mapping``), tie
+    what was tied again, give a vocabulary-split head its loss, and set up Merak's
+    sub-pipelined TP when the config asks for it."""
+    if config.tp == 1:
+        return
+    mapping = tp_mapping if isinstance(tp_mapping, TPMapping) else FAMILY_MAPPINGS.get(
+        tp_mapping or family or "")
+    if mapping is None:
+        raise ExecError(f"no tensor-parallel mapping for model family {family!r}; pass "
+                        "tp_mapping=TPMapping(column=..., row=..., divide=...)")
+    n = sum(apply_tensor_parallel(c, mapping, mesh.tp_group, config.tp, mesh.tp_rank)
+            for c in chunks)
+    if n == 0 and any(len(r) > 2 for r in ranges):
+        raise ExecError("the tensor-parallel mapping matched no linear layer; check its "
+                        "module names against model.named_modules()")
+    _retie_and_vocab_loss(chain, ranges, chunks, mesh)
+    if config.tp_overlap == "sub-pipelined":
+        _check_no_dropout(chunks)
+        groups = _part_groups(mesh, config)
+        for c in chunks:
+            c.subpipe = SubPipelined(groups)
+
+
+def _start_replicas(chain: LayerChain, ranges, chunks, mesh: Mesh,
+                    config: ParallelConfig) -> list:
+    """Replicas start equal (dp, the tied copy, tp random states), then FSDP shards
+    the parameters for ZeRO 2/3 (before the optimizer sees them); returns the local
+    tied copies whose gradients are summed across pipeline ranks."""
+    place = partial(stage_rank, config)
+    tied = _tied_params(chain, ranges, chunks, place)
+    _sync_initial_weights(mesh, chunks, tied)
+    _sync_tp_rng(mesh)
+    if config.zero in (2, 3):
+        from merak_exec.fsdp import shard_chunks
+
+        shard_chunks(chunks, mesh, config.zero)
+        tied = _tied_params(chain, ranges, chunks, place)  # sharded now
+    return tied
+
+
+def _add_gradient_hooks(rt: PipelineRuntime, grad_sync, config: ParallelConfig,
+                        overlap_dp: bool, buckets: int) -> None:
+    """FSDP's per-backward flags, or dp gradients averaged in buckets during the last
+    backwards (``overlap_dp``), as runtime hooks."""
     if isinstance(grad_sync, FsdpSync):
         rt.add_hooks(grad_sync)
-    if overlap_dp and mesh.dp_group is not None:
+    if overlap_dp and rt.mesh.dp_group is not None:
         if config.zero:
             raise ExecError("overlap_dp buckets an all-reduce, but ZeRO-1 reduce-scatters "
                             "the gradients at AR: use one of them")
         from merak_exec.data_parallel import BucketedReducer
 
-        rt.grad_reducer = BucketedReducer(chunks, rt.program, mesh, buckets)
+        rt.grad_reducer = BucketedReducer(chunks=rt.chunks, program=rt.program, mesh=rt.mesh,
+                                          buckets=buckets)
         rt.add_hooks(rt.grad_reducer)
-    return ParallelModel(mesh=mesh, chain=chain, ranges=ranges, chunks=chunks, runtime=rt,
-                         config=config, origin=origin)
 
 
 def model_origin(model, chain: LayerChain) -> dict | None:
@@ -275,7 +303,8 @@ def model_origin(model, chain: LayerChain) -> dict | None:
 def _common_tail(a: str, b: str) -> int:
     """How many dotted components ``a`` and ``b`` share at their ends."""
     x, y = a.split(".")[::-1], b.split(".")[::-1]
-    return next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+    pairs = enumerate(zip(x, y, strict=False))  # names of different depths
+    return next((i for i, (u, v) in pairs if u != v), min(len(x), len(y)))
 
 
 def _training_optimizer(opt, chunks, mesh: Mesh, tied, config: ParallelConfig,
@@ -374,7 +403,7 @@ def _apply_options(config: ParallelConfig, mesh: Mesh, chunks, ranges, family, o
     if config.zero == 1:
         zero = opt = ZeroOptimizer(opt, mesh.dp_group, mesh.dp, mesh.dp_rank, mesh.timeout_s)
     elif config.zero in (2, 3) and mesh.dp_group is not None:  # SP: refused up front
-        return opt, FsdpSync(chunks, config.build_schedule().programs[mesh.pp_rank])
+        return opt, FsdpSync(chunks, schedule_for(config).programs[mesh.pp_rank])
     return opt, GradientSync(mesh.tp_group, partial, zero)
 
 

@@ -69,6 +69,7 @@ from merak_sim.memory import (
     stage_params,
 )
 from merak_sim.model import ModelSpec
+from merak_sim.sim.from_config import stage_rank
 
 __all__ = ["CUBLAS_WORKSPACE_BYTES", "cublas_workspace_bytes", "fsdp_stream_pool_bytes",
            "pipeline_buffer_bytes", "output_chunks_bytes", "freed_logits_bytes",
@@ -198,7 +199,7 @@ def rank_stages(cfg: Any, stage_layers: Sequence[int]) -> list[list[tuple[int, b
     n = len(stage_layers)
     ranks: list[list[tuple[int, bool, bool]]] = [[] for _ in range(cfg.pp)]
     for g, layers in enumerate(stage_layers):
-        ranks[cfg.rank_of_stage(g)].append((int(layers), g == 0, g == n - 1))
+        ranks[stage_rank(cfg, g)].append((int(layers), g == 0, g == n - 1))
     return ranks
 
 

@@ -7,16 +7,9 @@ configuration evaluated in simulation is exactly the one dispatched to a cluster
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
 
 from merak_sim.layout import DEFAULT_ORDER, RankLayout
-from merak_sim.schedule import SCHEDULES, generate
-from merak_sim.schedule.ir import Schedule
-from merak_sim.schedule.placement import placed_rank
-from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
-
-if TYPE_CHECKING:
-    from merak_sim.costs.base import CostTable
+from merak_sim.schedule import SCHEDULES
 
 __all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES", "ATTENTIONS",
            "ZERO_STAGES"]
@@ -107,13 +100,6 @@ class ParallelConfig:
         return self.zero_group or self.dp * self.cp
 
     @property
-    def engine_zero(self) -> int:
-        """How the engine splits the gradient sync when it overlaps it: 1 = the
-        reduce-scatter overlaps the backwards and the all-gather follows the optimizer
-        step (ZeRO 1/2 without parameter-gather overlap); 0 = all of it overlaps."""
-        return 1 if self.zero in (1, 2) and not self.overlap_param_gather else 0
-
-    @property
     def num_microbatches(self) -> int:
         """Micro-batches per iteration per pipeline."""
         return self.global_batch_size // (self.dp * self.micro_batch_size)
@@ -192,46 +178,6 @@ class ParallelConfig:
         """Where the schedule puts model stages (its spec's ``placement``)."""
         spec = SCHEDULES.get(self.schedule)
         return spec.placement if spec is not None else "loop"
-
-    def rank_of_stage(self, model_stage: int) -> int:
-        """Pipeline rank holding ``model_stage`` under this schedule's placement."""
-        return placed_rank(self.placement, self.pp, model_stage)[0]
-
-    def build_schedule(self, table: CostTable | None = None) -> Schedule:
-        """The lowered pipeline schedule for this configuration (ScheduleError, a
-        ValueError, if the schedule's requirements are violated). A cost-aware
-        schedule (:attr:`~merak_sim.schedule.ScheduleSpec.cost_aware`) adapts its
-        order to ``table``'s per-rank times and memory (unit costs without one);
-        the others ignore it."""
-        costs = None
-        if table is not None and SCHEDULES[self.schedule].cost_aware:
-            costs = ZeroBubbleCosts.from_table(table, self.recompute_per_stage())
-        return generate(self.schedule, self.pp, self.num_microbatches, self.virtual_stages,
-                        costs)
-
-    def recompute_per_stage(self, schedule: Schedule | None = None) -> tuple[float, ...]:
-        """Checkpointed fraction c_s of each pipeline rank's layers.
-
-        "none" -> 0, "full" -> 1, "selective" -> 0 (its cheaper recompute is charged
-        by the cost model), "stage-aware" -> explicit fractions or Merak's formula from
-        c0 as the schedule's spec maps it onto its stages
-        (:attr:`~merak_sim.schedule.ScheduleSpec.stage_fractions`). Ranks that never
-        recompute (``schedule.no_recompute_stages``, or the spec's
-        :meth:`~merak_sim.schedule.ScheduleSpec.never_recompute` without a schedule)
-        get 0.
-        """
-        S = self.pp
-        spec = SCHEDULES[self.schedule]
-        if self.recompute == "full":
-            c = [1.0] * S
-        elif self.recompute == "stage-aware":
-            c = list(self.recompute_fractions if self.recompute_fractions is not None
-                     else spec.stage_fractions(S, self.recompute_c0))
-        else:
-            c = [0.0] * S
-        never = (schedule.no_recompute_stages if schedule is not None
-                 else spec.never_recompute(S))
-        return tuple(0.0 if s in never else x for s, x in enumerate(c))
 
     def to_dict(self) -> dict:
         """Plain-JSON form (stable keys), the inverse of :meth:`from_dict`."""

@@ -100,6 +100,7 @@ from typing import Any
 
 from merak_sim.model import ModelSpec
 from merak_sim.schedule.liveness import liveness, stash_sizes
+from merak_sim.sim.from_config import recompute_fractions, schedule_for
 
 __all__ = [
     "ActivationProfile", "KORTHIKANTI", "FLASH", "CPU_EAGER", "CPU_EAGER_HF_GPT2",
@@ -482,8 +483,8 @@ def peak_memory(table: Any, config: Any, schedule: Any | None = None) -> tuple[S
     a ParallelConfig: the schedule's :func:`~merak_sim.schedule.liveness.liveness` walk
     priced per chunk at the rank's checkpointed fraction (the simulator's own memory
     deltas, so the peaks equal the simulated ones), plus the table's reservations."""
-    sched = schedule if schedule is not None else config.build_schedule(table)
-    fracs = config.recompute_per_stage(sched)
+    sched = schedule if schedule is not None else schedule_for(config, table)
+    fracs = recompute_fractions(config, sched)
     pp = sched.num_stages
     out = []
     for rank in range(pp):

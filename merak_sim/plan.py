@@ -23,6 +23,7 @@ from typing import Any
 
 from merak_sim.config import ParallelConfig
 from merak_sim.io import atomic_write_text
+from merak_sim.sim.from_config import schedule_for
 
 __all__ = ["Plan", "PlanError", "PLAN_FORMAT"]
 
@@ -88,7 +89,7 @@ class Plan:
         except (TypeError, ValueError) as e:
             raise PlanError(f"plan field 'parallel' is invalid: {e}") from None
         try:
-            parallel.build_schedule()
+            schedule_for(parallel)
         except ValueError as e:
             raise PlanError(f"plan field 'parallel.schedule' is invalid: {e}") from None
         for key in ("predicted", "provenance"):

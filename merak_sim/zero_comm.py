@@ -25,6 +25,7 @@ from typing import Any
 
 from merak_sim.schedule.ir import Action, Kind
 from merak_sim.schedule.placement import stage_grid
+from merak_sim.sim.from_config import schedule_for
 from merak_sim.timeline import ZERO_KIND
 
 __all__ = ["ZeroComm", "zero_comm", "zero_events", "breakdown_lines", "summary_with",
@@ -83,7 +84,7 @@ def zero_comm(result: Any, table: Any) -> ZeroComm | None:
         return None
     cfg = result.config
     stage = _stage_of(cfg)
-    sched = cfg.build_schedule(table)
+    sched = schedule_for(cfg, table)
     per_rank = []
     for prog in sched.programs:
         count = Counter((a.kind, a.chunk) for a in prog if type(a) is Action)

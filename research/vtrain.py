@@ -28,17 +28,19 @@ from merak_sim.calibrate.vtrain import (
 )
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
-from merak_sim.costs.base import CostModel, CostTable
+from merak_sim.costs.base import CostTable
 from merak_sim.costs.comm import PIPELINE_SENDS, CostModelError, measured_collectives
 from merak_sim.costs.deepspeed_pipe import DeepSpeedPipelineModel, StageExchange
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.costs.framework import MEGATRON
 from merak_sim.costs.nccl import VTRAIN_A100
+from merak_sim.costs.protocol import CostModel
 from merak_sim.hardware import Cluster
 from merak_sim.model import ModelSpec
 from merak_sim.schedule.ir import Schedule
 from merak_sim.sim.api import schedule_of, simulate
 from merak_sim.sim.evaluator import evaluate
+from merak_sim.sim.from_config import recompute_fractions
 from merak_sim.sim.program import compile_program
 
 __all__ = ["BOUNDS", "FIT_PARAMS", "GPT2_VOCAB", "PIPELINE_MODES", "SEARCH", "START",
@@ -107,7 +109,7 @@ class PreparedRow:
         """Prepare ``row``."""
         model, cluster, cfg = row_setup(row)
         sched = schedule_of(cfg)
-        return cls(row, model, cluster, cfg, sched, cfg.recompute_per_stage(sched))
+        return cls(row, model, cluster, cfg, sched, recompute_fractions(cfg, sched))
 
     def cost_table(self, efficiency: Efficiency | None = None,
                    pipeline_send: str = VTRAIN_PIPELINE) -> CostTable:

@@ -28,6 +28,7 @@ from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.deepspeed_pipe import without_exchange
 from merak_sim.costs.efficiency import Efficiency
 from merak_sim.sim.evaluator import evaluate
+from merak_sim.sim.from_config import stage_rank
 from merak_sim.sim.program import compile_program
 from research.vtrain import PreparedRow
 
@@ -109,7 +110,7 @@ def row_breakdown(prepared: PreparedRow, efficiency: Efficiency | None = None
     c = prepared.recompute
     per_rank: dict[int, float] = {}
     for g, s in enumerate(no_pp.stages):
-        r = prepared.config.rank_of_stage(g)
+        r = stage_rank(prepared.config, g)
         s0 = _no_tp(s)
         per_rank[r] = per_rank.get(r, 0.0) + m * (s0.forward_s + s0.backward_s
                                                   + c[r] * s0.recompute_s)

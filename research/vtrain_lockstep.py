@@ -47,6 +47,7 @@ from __future__ import annotations
 from merak_sim.costs.comm import group_ranks
 from merak_sim.costs.deepspeed_pipe import FULL_COPY_BYTES, DeepSpeedPipelineModel
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.sim.from_config import stage_rank
 from research.vtrain import PreparedRow, vtrain_cost_model
 
 __all__ = ["lockstep_makespan", "step_micro_batch"]
@@ -74,7 +75,7 @@ def lockstep_makespan(prepared: PreparedRow, efficiency: Efficiency | None = Non
     st = cm.base.cost_table(prepared.model, cl, cfg).stages
     n, tp, m = len(st), cfg.tp, cfg.num_microbatches
     eff = cm.base.efficiency_for(cl)
-    tp_ranks = [group_ranks("tp", cfg, cfg.rank_of_stage(g)) for g in range(n)]
+    tp_ranks = [group_ranks("tp", cfg, stage_rank(cfg, g)) for g in range(n)]
 
     def transfer(g: int) -> float:  # one tensor across the boundary g | g + 1
         return cm.comm("p2p", st[g].p2p_bytes / tp, (tp_ranks[g][0], tp_ranks[g + 1][0]), cl)

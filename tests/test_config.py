@@ -3,6 +3,7 @@
 import pytest
 
 from merak_sim.config import ParallelConfig
+from merak_sim.sim.from_config import recompute_fractions
 
 
 def test_microbatches_and_round_trip():
@@ -10,7 +11,7 @@ def test_microbatches_and_round_trip():
                        schedule="shifted-critical-path", recompute="stage-aware")
     assert c.num_microbatches == 64 and c.world_size == 64
     assert ParallelConfig.from_dict(c.to_dict()) == c
-    frac = c.recompute_per_stage()
+    frac = recompute_fractions(c)
     assert frac[0] == pytest.approx(0.75) and frac[-1] == 0.0 and frac[6] == frac[5]
 
 

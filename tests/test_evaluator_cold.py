@@ -18,6 +18,7 @@ from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.layout import RankLayout
 from merak_sim.schedule import SCHEDULES, generate, iter_actions
 from merak_sim.sim.api import evaluator_trace, shape_schedule, simulate
+from merak_sim.sim.from_config import recompute_fractions
 from merak_sim.sim.periodic import Evaluated, extended
 from merak_sim.sim.program import compile_program
 from merak_sim.sim.result import build_result
@@ -119,7 +120,7 @@ def _bases(name, S, v, tab, overlap=False):
 
     def evaluated(m):
         sched = shape_schedule(name, S, m, v)
-        prog = compile_program(sched, tab, cfg.recompute_per_stage(sched))
+        prog = compile_program(sched, tab, recompute_fractions(cfg, sched))
         tr = evaluator_trace(prog, RankLayout(1, 1, S), 1e9, overlap_dp=overlap,
                              record_memory=False)
         return Evaluated(prog, tr, build_result(tr, engine="evaluator", keep_trace=False,

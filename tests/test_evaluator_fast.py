@@ -28,6 +28,7 @@ from merak_sim.schedule.liveness import liveness, stash_sizes
 from merak_sim.sim.api import schedule_of, simulate
 from merak_sim.sim.engine import run_engine
 from merak_sim.sim.evaluator import evaluate, plan
+from merak_sim.sim.from_config import schedule_for
 from merak_sim.sim.gpu import EngineOptions
 from merak_sim.sim.program import compile_program
 from merak_sim.sim.structure import OP_POST, program_structure
@@ -184,7 +185,7 @@ def test_schedule_of_reuses_one_object_per_shape():
                          schedule="1f1b")
     other = replace(cfg, dp=2, global_batch_size=16)  # same (schedule, pp, M, v)
     sched = schedule_of(cfg)
-    assert sched == cfg.build_schedule()
+    assert sched == schedule_for(cfg)
     assert schedule_of(other) is sched
     assert schedule_of(replace(cfg, global_batch_size=16)) is not sched
 

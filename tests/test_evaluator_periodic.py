@@ -11,6 +11,7 @@ from merak_sim.layout import RankLayout
 from merak_sim.schedule import SCHEDULES
 from merak_sim.sim import periodic
 from merak_sim.sim.api import evaluator_trace, shape_schedule, simulate
+from merak_sim.sim.from_config import recompute_fractions
 from merak_sim.sim.program import compile_program
 from merak_sim.sim.result import build_result
 from tests.test_evaluator_cold import _bases, table
@@ -74,7 +75,7 @@ def test_a_base_out_of_memory_stops_at_once():
     def evaluated(m):  # as simulate's cold path, with 1 byte of memory per GPU
         seen.append(m)
         sched = shape_schedule(name, S, m, 1)
-        prog = compile_program(sched, tab, cfg.recompute_per_stage(sched))
+        prog = compile_program(sched, tab, recompute_fractions(cfg, sched))
         tr = evaluator_trace(prog, RankLayout(1, 1, S), 1.0, record_memory=False)
         return periodic.Evaluated(prog, tr, build_result(
             tr, engine="evaluator", keep_trace=False, capacity=1.0, peak_flops=1.0,

@@ -15,6 +15,7 @@ from merak_sim.planner.templates import memory_template, stage_arrays
 from merak_sim.schedule import ScheduleError, generate, liveness, validate
 from merak_sim.schedule.liveness import ALIVE, FULL, Held, ItemSizes
 from merak_sim.sim import compile_program, simulate
+from merak_sim.sim.from_config import recompute_fractions
 
 # Sizes that tell the states apart: stash (after F) 4, input (after F*) 1, rebuilt 10.
 SIZES = ItemSizes(stash=4.0, input=1.0, rebuilt=10.0)
@@ -125,7 +126,7 @@ def test_planner_memory_model_and_simulator_report_one_peak(name):
                       "recompute_fractions": tuple(rng.uniform(0, 1) for _ in range(pp))}
             cfg = ParallelConfig(pp=pp, virtual_stages=v, micro_batch_size=1,
                                  global_batch_size=M, schedule=name, **kw)
-            fr = cfg.recompute_per_stage(sched)
+            fr = recompute_fractions(cfg, sched)
             sim = simulate(config=cfg, cost_table=table, engine="evaluator",
                            keep_trace=False)
             model = [m.total_bytes for m in peak_memory(table, cfg, sched)]

@@ -18,6 +18,7 @@ from merak_sim.memory import (
 )
 from merak_sim.model import ModelSpec, ModelSpecError, get_model
 from merak_sim.schedule import validate
+from merak_sim.sim.from_config import recompute_fractions, schedule_for
 
 SHAPES = [("gpt-8.3b", 2), ("gpt-20b", 1), ("gpt3-175b", 1), ("gpt-1.5b", 4)]
 
@@ -110,7 +111,7 @@ def test_peak_memory_uses_schedule_in_flight(schedule):
     cfg = ParallelConfig(pp=4, micro_batch_size=1, global_batch_size=8, schedule=schedule,
                          recompute="none")
     table = AnalyticCostModel().cost_table(m, get_cluster("dgx-a100-80g"), cfg)
-    sched = cfg.build_schedule()
+    sched = schedule_for(cfg)
     rep = validate(sched)
     peaks = peak_memory(table, cfg, sched)
     for r, pk in enumerate(peaks):
@@ -143,7 +144,7 @@ def test_peak_memory_full_recompute_and_stage_aware():
     sa = ParallelConfig(pp=4, micro_batch_size=1, global_batch_size=8,
                         recompute="stage-aware", recompute_c0=0.75)
     pk2 = peak_memory(t, sa)
-    c1 = sa.recompute_per_stage()[1]
+    c1 = recompute_fractions(sa)[1]
     assert pk2[1].activation_peak_bytes == pytest.approx(3 * t.stages[1].kept_bytes(c1))
     # Stage-aware keeps more than full recompute but less than none on stage 1.
     none = ParallelConfig(pp=4, micro_batch_size=1, global_batch_size=8)

@@ -13,13 +13,6 @@ import pytest
 from merak_sim.allocator_memory import fsdp_stream_pool_bytes, pipeline_buffer_bytes
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.analytic import AnalyticCostModel
-from merak_sim.validation.public_runs import (
-    activation_profile,
-    comparable_peak_bytes,
-    load_rows,
-    row_setup,
-    skip_reason,
-)
 from merak_sim.hardware import get_cluster
 from merak_sim.memory import (
     FLASH,
@@ -43,6 +36,14 @@ from merak_sim.runtime_memory import (
     usable_memory_bytes,
 )
 from merak_sim.sim.api import simulate
+from merak_sim.sim.from_config import stage_rank
+from merak_sim.validation.public_runs import (
+    activation_profile,
+    comparable_peak_bytes,
+    load_rows,
+    row_setup,
+    skip_reason,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "public-runs"
 GiB = 1 << 30
@@ -277,7 +278,7 @@ def test_pp_terms_follow_the_cost_tables_split_and_virtual_chunks():
     assert got - ref == pytest.approx(p0 + work[0] - work[1] + alloc, rel=0.02)
     vcfg = replace(cfg, virtual_stages=2, schedule="interleaved-1f1b")
     vtable = cm.cost_table(model, cluster, vcfg, (8,) * 15 + (6,))
-    assert [vcfg.rank_of_stage(g) for g in (0, 8)] == [0, 0]
+    assert [stage_rank(vcfg, g) for g in (0, 8)] == [0, 0]
     vgot = comparable_peak_bytes(r, model, cluster, vcfg, vtable, peaks)
     vref = comparable_peak_bytes(other, model, cluster, vcfg, vtable, peaks)
     p0 = stage_params(model, 8, True, False, cfg.tp) + stage_params(model, 8, False, False,

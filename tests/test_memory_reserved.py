@@ -21,8 +21,8 @@ from merak_sim.hardware import get_cluster
 from merak_sim.memory import peak_memory, stage_params
 from merak_sim.model import get_model
 from merak_sim.planner import NoFeasiblePlanError, SearchSpace, search
-from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
 from merak_sim.sim import simulate
+from merak_sim.sim.from_config import zero_bubble_costs
 
 MiB = 1 << 20
 MODEL = get_model("gpt-2.5b")
@@ -141,8 +141,8 @@ def test_zero_bubble_memory_limit_leaves_room_for_the_reservation():
     res0 = table.reserved(0)
     assert 0 < res0 < 3 * per[0]
     cap = table.stages[0].state_bytes + 3 * per[0] + min(res0, per[0]) / 2
-    held = ZeroBubbleCosts.from_table(replace(table, memory_capacity_bytes=cap), fractions)
-    bare = ZeroBubbleCosts.from_table(
+    held = zero_bubble_costs(replace(table, memory_capacity_bytes=cap), fractions)
+    bare = zero_bubble_costs(
         replace(table, memory_capacity_bytes=cap, reserved_bytes=()), fractions)
     for r, st in enumerate(table.stages):
         free = cap - st.state_bytes

@@ -19,6 +19,7 @@ from merak_sim.plan import Plan, PlanError
 from merak_sim.planner import SYSTEMS, NoFeasiblePlanError, PlannerError, SearchSpace, search
 from merak_sim.planner.templates import eval_template, memory_template, stage_arrays
 from merak_sim.sim import simulate
+from merak_sim.sim.from_config import recompute_fractions, schedule_for
 
 MODEL = get_model("gpt-2.5b")
 CLUSTER = get_cluster("paper-3090", nodes=2)  # 8 RTX 3090
@@ -45,8 +46,8 @@ def test_template_matches_simulator_evaluator_and_memory(sched, v, rc, fr):
     res = simulate(MODEL, CLUSTER, cfg, cost_model=CM, engine="evaluator", keep_trace=False)
     tab = CM.cost_table(MODEL, CLUSTER, cfg)
     arr = stage_arrays(tab)
-    sch = cfg.build_schedule()
-    fr_used = cfg.recompute_per_stage(sch)
+    sch = schedule_for(cfg)
+    fr_used = recompute_fractions(cfg, sch)
     t = eval_template(sched, 4, cfg.num_microbatches, v).evaluate(arr, fr_used, zero=0,
                                                                  tied=tab.tied_embeddings)
     assert t == pytest.approx(res.iteration_time_s, rel=1e-12)
@@ -119,7 +120,7 @@ def test_stage_aware_fractions_are_the_smallest_that_fit():
     assert cfg.recompute == "stage-aware" and fr is not None
     tab = CM.cost_table(model, cluster, cfg)
     cap = tab.memory_capacity_bytes
-    sch = cfg.build_schedule()
+    sch = schedule_for(cfg)
     mem = [m.total_bytes for m in peak_memory(tab, cfg, sch)]
     assert max(mem) <= cap
     assert fr[-1] == 0.0  # the shifted schedule's last stage never recomputes

@@ -17,6 +17,7 @@ from merak_sim.memory import (
     model_state_bytes,
 )
 from merak_sim.model import get_model
+from merak_sim.sim.from_config import split_grad_sync
 
 GPT = get_model("gpt-8.3b")
 LLAMA70 = get_model("llama2-70b")
@@ -230,5 +231,5 @@ def test_config_round_trip_with_new_fields():
     c = cfg(dp=4, cp=2, zero=3, zero_group=2, attention="flash", overlap_param_gather=True,
             dtype="fp8")
     assert ParallelConfig.from_dict(c.to_dict()) == c
-    assert c.shard_group == 2 and c.engine_zero == 0
-    assert cfg(dp=2, zero=2).engine_zero == 1
+    assert c.shard_group == 2 and split_grad_sync(c) == 0
+    assert split_grad_sync(cfg(dp=2, zero=2)) == 1

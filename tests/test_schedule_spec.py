@@ -13,6 +13,7 @@ from merak_sim.planner import SearchSpace, enumerate_candidates
 from merak_sim.schedule import SCHEDULES, ScheduleError, generate, validate
 from merak_sim.schedule.ir import Kind, iter_actions
 from merak_sim.schedule.replay import stage_aware_fractions
+from merak_sim.sim.from_config import recompute_fractions, schedule_for
 
 GRID = list(itertools.product(range(1, 7), range(1, 13), (1, 2, 3)))
 EXPLICIT = (Kind.FORWARD_NOGRAD, Kind.RECOMPUTE)
@@ -84,7 +85,7 @@ def test_config_reads_the_spec_as_the_ir_says(name, rc):
         M = max(spec.min_microbatches(S), S)
         cfg = ParallelConfig(pp=S, virtual_stages=v, global_batch_size=M, schedule=name,
                              recompute=rc)
-        assert cfg.recompute_per_stage() == cfg.recompute_per_stage(cfg.build_schedule())
+        assert recompute_fractions(cfg) == recompute_fractions(cfg, schedule_for(cfg))
 
 
 def test_config_rejects_virtual_stages_where_the_spec_has_none():

@@ -13,6 +13,7 @@ from merak_sim.hardware import get_cluster
 from merak_sim.model import get_model
 from merak_sim.schedule.ir import Kind
 from merak_sim.sim import Topology, simulate
+from merak_sim.sim.from_config import recompute_fractions, schedule_for
 from merak_sim.sim.program import compile_program
 from merak_sim.timeline import TP_KIND
 
@@ -94,7 +95,7 @@ def test_tp_events_stream_and_durations(engine):
     comp = df[df["stream"] == "compute"].set_index(["rank", "action"])
     n_tp_actions = sum(1 for i, a in enumerate(prog.actions) if prog.tp_s[i] > 0)
     assert len(tp) == n_tp_actions > 0
-    c = cfg.recompute_per_stage(prog.schedule)
+    c = recompute_fractions(cfg, prog.schedule)
     for row in tp.itertuples():
         st = table.stages[row.stage]
         kind = comp.loc[(row.rank, row.action), "kind"]
@@ -154,7 +155,7 @@ def test_recompute_split_excludes_tp_communication():
     table = _table(cfg, cluster=get_cluster("paper-3090", nodes=2))
     res = simulate(config=cfg, cost_table=table, contention=False)
     prog = res.trace.prog
-    c = cfg.recompute_per_stage(prog.schedule)
+    c = recompute_fractions(cfg, prog.schedule)
     for r in res.ranks:
         st = table.stages[r.stage]
         nb = sum(1 for a in prog.actions if a.stage == r.stage and a.kind is Kind.BACKWARD)
@@ -268,8 +269,8 @@ def test_tp_collective_shares_a_link_with_p2p(mode):
 def test_compiled_tp_arrays_follow_the_action_kinds():
     cfg = _cfg(schedule="zb-h1", recompute="full")
     table = _table(cfg)
-    sched = cfg.build_schedule()
-    c = cfg.recompute_per_stage(sched)
+    sched = schedule_for(cfg)
+    c = recompute_fractions(cfg, sched)
     prog = compile_program(sched, table, c)
     for i, a in enumerate(prog.actions):
         if a.kind in (Kind.BACKWARD_WEIGHT, Kind.ALL_REDUCE, Kind.OPTIMIZER):

@@ -16,6 +16,7 @@ import pytest
 
 from merak_sim.cli import main as cli_main
 from merak_sim.config import ParallelConfig
+from merak_sim.sim.from_config import recompute_fractions, schedule_for
 from merak_sim.validation.compare import compare_run
 from merak_sim.validation.measured import cpu_shares, measured_breakdown
 from merak_sim.validation.memory import gpt_param_bytes
@@ -159,7 +160,7 @@ def test_effective_fractions_follow_whole_layers():
     run = MeasuredRun(path=None, config=_cfg(recompute="stage-aware"), model=MODEL,
                       seq_len=16, events=[], wall_s=[], losses=[], memory=[], profile=prof)
     cfg = effective_config(run)
-    assert cfg.recompute_per_stage(cfg.build_schedule()) == (1.0, 0.0)
+    assert recompute_fractions(cfg, schedule_for(cfg)) == (1.0, 0.0)
     bad = replace(run, profile={**prof, "stages": prof["stages"][:1]})
     with pytest.raises(ValueError, match="stages"):
         effective_config(bad)

@@ -14,6 +14,7 @@ from merak_exec.profiling.cases import Case, MeasureError, small_gpt
 from merak_exec.profiling.measure import measure_cases
 from merak_sim.cli import main as cli_main
 from merak_sim.schedule.ir import iter_actions
+from merak_sim.sim.from_config import schedule_for
 from merak_sim.validation.compare import compare_run
 from merak_sim.validation.rundir import read_run
 from merak_sim.validation.suite import summarize
@@ -55,7 +56,7 @@ def test_measured_runs_validate(runs, tmp_path):
         assert probe["runs"] == len(rep.blocks) + 1
         assert probe["plain"] > 0 and probe["blocked"] + probe["plain"] >= 8 * 2 * probe["runs"]
         assert {m["rank"] for m in run.memory} == {0, 1}
-        sched = rep.config.build_schedule()
+        sched = schedule_for(rep.config)
         tokens = {(a.stage, str(a)) for p in sched.programs for a in iter_actions(p)
                   if not a.kind.is_comm and a.kind.name != "ALL_REDUCE"}
         got = set(zip(rep.actions["stage"], rep.actions["action"], strict=True))

@@ -12,6 +12,7 @@ from merak_sim.schedule import SCHEDULES, generate, liveness, replay, validate
 from merak_sim.schedule.execute import execute
 from merak_sim.schedule.ir import Kind, iter_actions
 from merak_sim.schedule.zero_bubble import StageTimes, ZeroBubbleCosts
+from merak_sim.sim.from_config import recompute_fractions
 
 NEW = ("1f1b-split", "zb-h1", "zb-h2", "zb-auto", "zb-scp")
 
@@ -189,7 +190,7 @@ def test_stage_aware_fractions_balance_zero_bubble_memory(name):
 
     cfg = ParallelConfig(pp=4, micro_batch_size=1, global_batch_size=8, schedule=name,
                          recompute="stage-aware", recompute_c0=0.5)
-    c = cfg.recompute_per_stage()
+    c = recompute_fractions(cfg)
     assert c[:3] == (0.5,) * 3 and c[3] == (0.0 if name == "zb-scp" else 0.5)
     peaks = [m.activation_peak_bytes for m in peak_memory(uniform_table(4), cfg)]
     if name != "zb-scp":  # zb-scp's F* micro-batches hold only their input

@@ -30,12 +30,14 @@ from dataclasses import dataclass, field
 from merak_sim.calibrate.measured import MeasuredRun, RunsError
 from merak_sim.calibrate.search import coordinate_search
 from merak_sim.calibrate.stacks import stack_cost_model
-from merak_sim.costs.base import CostModel, CostTable
+from merak_sim.costs.base import CostTable
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.costs.profiles import CostProfile, gpu_family
+from merak_sim.costs.protocol import CostModel
 from merak_sim.schedule.ir import Schedule
 from merak_sim.sim.api import schedule_of
 from merak_sim.sim.evaluator import evaluate
+from merak_sim.sim.from_config import recompute_fractions
 from merak_sim.sim.program import compile_program
 
 __all__ = ["BOUNDS", "CPU_BOUNDS", "FIT_PARAMS", "SEARCH", "Calibration", "Errors",
@@ -107,7 +109,7 @@ class PreparedRun:
     def of(cls, run: MeasuredRun) -> PreparedRun:
         """Prepare ``run`` (its schedule does not depend on the costs being fitted)."""
         sched = schedule_of(run.config)
-        return cls(run, sched, run.config.recompute_per_stage(sched))
+        return cls(run, sched, recompute_fractions(run.config, sched))
 
     def cost_model(self, efficiency: Efficiency | None) -> CostModel:
         """The model pricing this run under ``efficiency`` (its stack's)."""

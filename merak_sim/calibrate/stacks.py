@@ -30,9 +30,9 @@ from merak_sim.costs.framework import DEFAULT_FRAMEWORK, MEGATRON
 from merak_sim.costs.nccl import nccl_table_for
 
 if TYPE_CHECKING:
-    from merak_sim.costs.base import CostModel
     from merak_sim.costs.efficiency import Efficiency
     from merak_sim.costs.kernels import KernelEfficiency
+    from merak_sim.costs.protocol import CostModel
     from merak_sim.hardware import Cluster
 
 __all__ = ["STACKS", "check_stack", "stack_cost_model"]

@@ -24,6 +24,7 @@ from merak_sim.layout import DEFAULT_ORDER
 from merak_sim.memory import peak_memory
 from merak_sim.model import ModelSpec, get_model
 from merak_sim.schedule import SCHEDULES
+from merak_sim.sim.from_config import schedule_for
 
 from .options import (
     ORDER_HELP,
@@ -171,7 +172,7 @@ def costs_command(model_name, cluster_name, nodes, dp, tp, pp, virtual_stages,
         cm = analytic
     table = cm.cost_table(model, cluster, config)
     layers = cm.layer_breakdown(model, cluster, config)
-    sched = config.build_schedule()
+    sched = schedule_for(config)
     peaks = peak_memory(table, config, sched)
     if as_json or json_out:
         emit_json({

@@ -6,8 +6,9 @@ implement the :class:`CostModel` protocol.
 """
 
 from .analytic import AnalyticCostModel
-from .base import CostModel, CostTable, StageCost
+from .base import CostTable, StageCost
 from .efficiency import DEFAULT_EFFICIENCY, Efficiency, default_efficiency
+from .protocol import CostModel
 from .trace_model import TraceCostModel
 
 __all__ = ["AnalyticCostModel", "CostModel", "CostTable", "DEFAULT_EFFICIENCY", "Efficiency",

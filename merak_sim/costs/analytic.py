@@ -41,23 +41,42 @@ from typing import TYPE_CHECKING, Any
 from merak_sim.allocator_memory import reserved_bytes
 from merak_sim.costs.attention_choice import attention_profile, resolve_attention
 from merak_sim.costs.base import CostTable, StageCost
-from merak_sim.costs.comm import CostModelError, collective_time, group_ranks
-from merak_sim.costs.comm import check_pipeline_send, pipeline_send_time, stage_placement
+from merak_sim.costs.comm import (
+    CostModelError,
+    check_pipeline_send,
+    collective_time,
+    group_ranks,
+    pipeline_send_time,
+    stage_placement,
+)
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.costs.framework import DEFAULT_FRAMEWORK, FrameworkKernels
 from merak_sim.costs.kernels import KernelEfficiency, default_kernels
 from merak_sim.costs.layers import LayerCost, LayerOptions, edge_costs, layer_cost
 from merak_sim.costs.param_balance import parameter_balanced
 from merak_sim.costs.ring import check_cp, ring_pass
-from merak_sim.costs.sharded_dp import fsdp_pass, fsdp_working_bytes, grad_sync_seconds
-from merak_sim.costs.sharded_dp import fsdp_collectives, sixteen_bit_bytes, sync_groups
+from merak_sim.costs.sharded_dp import (
+    fsdp_collectives,
+    fsdp_pass,
+    fsdp_working_bytes,
+    grad_sync_seconds,
+    sixteen_bit_bytes,
+    sync_groups,
+)
 from merak_sim.costs.tp_comm import tp_pass
 from merak_sim.hardware import Cluster
 from merak_sim.layout import DEFAULT_ORDER, RankLayout
-from merak_sim.memory import DTYPE_BYTES, ActivationProfile
-from merak_sim.memory import first_stage_extra_bytes, last_stage_extra_bytes
-from merak_sim.memory import layer_activation_bytes, layer_checkpoint_bytes, model_state_bytes
-from merak_sim.memory import stage_input_bytes, stage_params
+from merak_sim.memory import (
+    DTYPE_BYTES,
+    ActivationProfile,
+    first_stage_extra_bytes,
+    last_stage_extra_bytes,
+    layer_activation_bytes,
+    layer_checkpoint_bytes,
+    model_state_bytes,
+    stage_input_bytes,
+    stage_params,
+)
 from merak_sim.model import ModelSpec
 from merak_sim.partition import (
     Partition,
@@ -67,6 +86,7 @@ from merak_sim.partition import (
     uniform,
 )
 from merak_sim.runtime_memory import usable_memory_bytes
+from merak_sim.sim.from_config import stage_rank
 
 if TYPE_CHECKING:
     from merak_sim.config import ParallelConfig
@@ -289,8 +309,8 @@ class AnalyticCostModel:
         memo: dict[tuple, StageCost] = {}
         stages_l = []
         for g, (s, e) in enumerate(ranges):
-            here = config.rank_of_stage(g)
-            nxt = config.rank_of_stage(g + 1) if g < n_st - 1 else here
+            here = stage_rank(config, g)
+            nxt = stage_rank(config, g + 1) if g < n_st - 1 else here
             # The next stage's rank joins the key: under the V placement two stages of
             # one rank send in opposite directions (or locally, at the turn).
             key = (e - s, g == 0, g == n_st - 1,
@@ -325,7 +345,7 @@ class AnalyticCostModel:
         """The StageCost of model stage ``g`` holding ``n`` transformer layers (``lay``),
         plus the embedding (``emb``) on the first and the head (``head``) on the last."""
         n_st = config.pp * config.virtual_stages
-        pp_rank = config.rank_of_stage(g)
+        pp_rank = stage_rank(config, g)
         first, last = g == 0, g == n_st - 1
         tp, mbs, sp, cp = (config.tp, config.micro_batch_size, config.sequence_parallel,
                            config.cp)
@@ -402,7 +422,7 @@ class AnalyticCostModel:
                         fsdp_comm_bwd_s=fs.bwd_total_s, fsdp_exposed_bwd_s=fs.bwd_exposed_s,
                         fsdp_bytes_fwd=sent, fsdp_bytes_bwd=2 * sent)
         # Communication off the compute stream.
-        nxt = config.rank_of_stage(g + 1) if not last else pp_rank
+        nxt = stage_rank(config, g + 1) if not last else pp_rank
         if nxt == pp_rank:  # the last stage, or a hand-off to a chunk of the same rank
             send = 0.0
         else:
@@ -421,7 +441,7 @@ class AnalyticCostModel:
             # gradients are summed by an all-reduce between the two (Megatron; Merak
             # does the same for tied weights across stages).
             a = group_ranks("tp", config, 0)[0]
-            b = group_ranks("tp", config, config.rank_of_stage(n_st - 1))[0]
+            b = group_ranks("tp", config, stage_rank(config, n_st - 1))[0]
             if a != b:
                 tied = model.vocab * model.hidden / tp * sixteen_bit_bytes(dt) / shard \
                     if config.zero >= 2 else \

@@ -4,7 +4,8 @@ A cost model turns (model, cluster, ParallelConfig, partition) into a
 :class:`CostTable`: per *model stage* (pp * virtual_stages of them, in pipeline
 order) the time of each action for one micro-batch and the bytes it holds. The
 simulator only reads this table (and the cluster, for link contention in full mode),
-so analytic and trace-driven models are interchangeable.
+so analytic and trace-driven models are interchangeable (the
+:class:`~merak_sim.costs.protocol.CostModel` protocol).
 
 Conventions: every time is in seconds on one GPU of the stage, every size in bytes
 per GPU, every FLOP count per micro-batch per GPU unless the name says otherwise.
@@ -19,15 +20,9 @@ collectives and put them on links.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any
 
-if TYPE_CHECKING:
-    from merak_sim.config import ParallelConfig
-    from merak_sim.hardware import Cluster
-    from merak_sim.model import ModelSpec
-    from merak_sim.partition import PartitionLike
-
-__all__ = ["StageCost", "CostTable", "CostModel"]
+__all__ = ["StageCost", "CostTable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,21 +171,3 @@ class CostTable:
     def reserved(self, rank: int) -> float:
         """:attr:`reserved_bytes` of pipeline rank ``rank`` (0 when none are given)."""
         return float(self.reserved_bytes[rank]) if self.reserved_bytes else 0.0
-
-
-@runtime_checkable
-class CostModel(Protocol):
-    """Anything that can price a configuration (AnalyticCostModel, TraceCostModel,
-    CalibratedCostModel)."""
-
-    def cost_table(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
-                   partition: PartitionLike | None = None) -> CostTable:
-        """Costs of every model stage for ``config`` (partition: layer ranges per
-        model stage; None means the model's default partitioner)."""
-        ...
-
-    def comm_time(self, collective: str, nbytes: float, ranks: tuple[int, ...],
-                  cluster: Cluster) -> float:
-        """Seconds for ``collective`` ("all-reduce", "reduce-scatter", "all-gather",
-        "p2p") of ``nbytes`` among global GPU ``ranks`` placed on ``cluster``."""
-        ...

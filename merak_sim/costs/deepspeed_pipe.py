@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 from merak_sim.costs.base import CostTable, StageCost
 from merak_sim.costs.comm import group_ranks
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.sim.from_config import stage_rank
 
 if TYPE_CHECKING:
     from merak_sim.config import ParallelConfig
@@ -85,7 +86,7 @@ def exchange_seconds(table: CostTable, cluster: Cluster, config: ParallelConfig,
     st = table.stages
     n = len(st)
     tp = config.tp
-    tp_ranks = [group_ranks("tp", config, config.rank_of_stage(g)) for g in range(n)]
+    tp_ranks = [group_ranks("tp", config, stage_rank(config, g)) for g in range(n)]
 
     def exchange(g: int) -> float:  # boundary between stages g and g + 1
         a, b = tp_ranks[g][0], tp_ranks[g + 1][0]

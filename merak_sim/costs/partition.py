@@ -17,7 +17,7 @@ from merak_sim.partition import Partition, PartitionError, uniform
 
 if TYPE_CHECKING:
     from merak_sim.config import ParallelConfig
-    from merak_sim.costs.base import CostModel
+    from merak_sim.costs.protocol import CostModel
     from merak_sim.hardware import Cluster
     from merak_sim.model import ModelSpec
 

@@ -49,12 +49,12 @@ from merak_sim.plan import Plan
 from merak_sim.progress import PLANNER_BOUND, Progress, progress_reporter
 from merak_sim.resolve import cluster_record, resolve_cluster, resolve_model
 from merak_sim.schedule import SCHEDULES, ScheduleError
-from merak_sim.schedule.zero_bubble import ZeroBubbleCosts
+from merak_sim.sim.from_config import zero_bubble_costs
 
 from .bounds import bound_parts, lower_bound
 from .closest import closest_exact
-from .report import GiB, PlannerError, PlanResult, new_counts, no_fit
 from .relaxed import RelaxedPricer, admissible
+from .report import GiB, PlannerError, PlanResult, new_counts, no_fit
 from .rows import RowBook, ranked_table, row
 from .screen import Pricer, fit_fractions, quick_memory
 from .space import Block, Candidate, SearchSpace, candidate_blocks, enumerate_candidates
@@ -219,10 +219,10 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: RowBook
     if skey not in seen:
         seen.add(skey)
         counts["schedules"] += 1
-    # As ParallelConfig.engine_zero: whether the all-gather follows the optimizer.
+    # As from_config.split_grad_sync: whether the all-gather follows the optimizer.
     split = 1 if c.zero in (1, 2) and not c.overlap_param_gather else 0
-    # A cost-aware order follows this table's times (as ParallelConfig.build_schedule).
-    costs = (ZeroBubbleCosts.from_table(tab, fit.fractions)
+    # A cost-aware order follows this table's times (as from_config.schedule_for).
+    costs = (zero_bubble_costs(tab, fit.fractions)
              if SCHEDULES[c.schedule].cost_aware else None)
     tmpl = eval_template(*skey, costs)
     tied = tab.tied_embeddings

@@ -143,7 +143,7 @@ def built_schedule(name: str, pp: int, microbatches: int, virtual_stages: int) -
 def eval_template(name: str, pp: int, microbatches: int, virtual_stages: int,
                   costs: ZeroBubbleCosts | None = None) -> EvalTemplate:
     """The :class:`EvalTemplate` of a schedule (cached); ``costs`` orders a cost-aware
-    schedule as :meth:`~merak_sim.config.ParallelConfig.build_schedule` does."""
+    schedule as :func:`~merak_sim.sim.from_config.schedule_for` does."""
     # As generate(): the schedule lowered, ordered by ``costs`` where it adapts to them.
     sched = (lower(built_schedule(name, pp, microbatches, virtual_stages)) if costs is None
              else generate(name, pp, microbatches, virtual_stages, costs))

@@ -36,14 +36,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .execute import execute
 from .ir import Action, Kind, Schedule, ScheduleError, Step
 from .lowering import lower
-
-if TYPE_CHECKING:
-    from merak_sim.costs.base import CostTable
 
 __all__ = ["StageTimes", "ZeroBubbleCosts", "list_schedule", "zb_h1", "zb_h2",
            "zb_auto", "zb_scp", "order_makespan", "uniform_fractions"]
@@ -106,24 +102,6 @@ class ZeroBubbleCosts:
 
     times: tuple[StageTimes, ...]
     memory_limit: int | tuple[int, ...] | None = None
-
-    @staticmethod
-    def from_table(table: CostTable, fractions: Sequence[float]) -> ZeroBubbleCosts:
-        """Costs of a one-chunk pipeline from a cost table (one stage per rank): the
-        simulator's F, I (with the checkpointed fraction's recompute) and W times, and
-        as memory limit the micro-batches of ``kept_bytes`` that fit beside each rank's
-        weights, gradients and optimizer state and the bytes the allocator reserves on
-        that rank (:meth:`~merak_sim.costs.base.CostTable.reserved`), as the
-        simulator's peak counts them."""
-        times, limit = [], []
-        for r, (sc, c) in enumerate(zip(table.stages, fractions, strict=True)):
-            times.append(StageTimes(sc.forward_s, sc.backward_input_s + c * sc.recompute_s,
-                                    sc.backward_weight_s, sc.forward_s,
-                                    sc.send_activation_s))
-            per = sc.kept_bytes(c)
-            free = table.memory_capacity_bytes - sc.state_bytes - table.reserved(r)
-            limit.append(int(free // per) if per > 0 and free > 0 else 1)
-        return ZeroBubbleCosts(tuple(times), tuple(limit))
 
     def limits(self, S: int, M: int) -> tuple[int, ...]:
         """Per-rank limit in micro-batches, at least 1 (F I W back to back)."""

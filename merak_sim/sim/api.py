@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from merak_sim.config import ParallelConfig
-from merak_sim.costs.base import CostModel, CostTable
+from merak_sim.costs.base import CostTable
 from merak_sim.costs.calibrated import CalibratedCostModel
+from merak_sim.costs.protocol import CostModel
 from merak_sim.hardware import GPU, Cluster, get_gpu
 from merak_sim.layout import RankLayout
 from merak_sim.model import ModelSpec
@@ -25,6 +26,7 @@ from merak_sim.progress import Progress, progress_reporter
 from merak_sim.resolve import resolve_cluster, resolve_model
 from merak_sim.schedule import SCHEDULES, generate, lower
 from merak_sim.schedule.ir import Schedule
+from merak_sim.sim.from_config import recompute_fractions, schedule_for, split_grad_sync
 
 from .engine import EventLog, run_engine
 from .entities import HBM, Topology, topology_from_cluster
@@ -65,12 +67,12 @@ def resolve_config(config: ParallelConfig | dict | None, **kwargs: Any) -> Paral
 
 
 def schedule_of(cfg: ParallelConfig, table: CostTable | None = None) -> Schedule:
-    """``cfg.build_schedule(table)``, kept per (schedule, pp, micro-batches, virtual
+    """``schedule_for(cfg, table)``, kept per (schedule, pp, micro-batches, virtual
     stages) (:func:`shape_schedule`). A cost-aware schedule depends on ``table`` too,
     so it is built afresh each time."""
     spec = SCHEDULES.get(cfg.schedule)
     if table is not None and spec is not None and spec.cost_aware:
-        return cfg.build_schedule(table)
+        return schedule_for(cfg, table)
     return shape_schedule(cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.virtual_stages)
 
 
@@ -200,7 +202,7 @@ def _engine_options(cfg: ParallelConfig, clus: Cluster | None, capacity: float, 
         raise SimulationError("what-ifs (slowdown, degraded links, gpu types) need "
                               "mode='full'")
     opts = EngineOptions(mode=mode, contention=use_cont, topology=topo,
-                         overlap_dp=overlap_dp, buckets=buckets, zero=cfg.engine_zero,
+                         overlap_dp=overlap_dp, buckets=buckets, zero=split_grad_sync(cfg),
                          slowdown=slow, record_memory=keep_trace)
     caps = None
     if gpu_types and clus is not None:
@@ -328,7 +330,7 @@ def _compiled(cfg: ParallelConfig, table: CostTable,
             f"schedule has pp={sched.num_stages}, microbatches={sched.num_microbatches}, "
             f"virtual stages={sched.virtual_stages} but the configuration needs "
             f"{cfg.pp}, {cfg.num_microbatches}, {cfg.virtual_stages}")
-    return compile_program(sched, table, cfg.recompute_per_stage(sched))
+    return compile_program(sched, table, recompute_fractions(cfg, sched))
 
 
 #: Objects a paused block may leave alive before :func:`_collector_paused` freezes
@@ -377,7 +379,7 @@ def _evaluated(cfg: ParallelConfig, table: CostTable, placement: RankLayout,
                                  mode="representative", engine="evaluator", **common)
         prog = _compiled(cfg, table, custom_schedule)
         tr = evaluator_trace(prog, placement, common["capacity"], overlap_dp=overlap_dp,
-                             buckets=buckets, zero=cfg.engine_zero, record_memory=keep_trace)
+                             buckets=buckets, zero=split_grad_sync(cfg), record_memory=keep_trace)
         return build_result(tr, engine="evaluator", keep_trace=keep_trace, **common)
 
 
@@ -390,9 +392,9 @@ def _periodic(cfg: ParallelConfig, table: CostTable, placement: RankLayout,
 
     def evaluated(m: int) -> Evaluated:
         sched = shape_schedule(cfg.schedule, cfg.pp, m, cfg.virtual_stages)
-        prog = compile_program(sched, table, cfg.recompute_per_stage(sched))
+        prog = compile_program(sched, table, recompute_fractions(cfg, sched))
         tr = evaluator_trace(prog, placement, common["capacity"], overlap_dp=overlap_dp,
-                             buckets=buckets, zero=cfg.engine_zero, record_memory=False)
+                             buckets=buckets, zero=split_grad_sync(cfg), record_memory=False)
         return Evaluated(prog, tr, build_result(tr, engine="evaluator", keep_trace=False,
                                                 **common))
 

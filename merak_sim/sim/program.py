@@ -205,8 +205,8 @@ def compile_program(
     """Compile ``sched`` with the durations of ``table``.
 
     Args:
-        recompute: checkpointed fraction c_s per pipeline rank (``config.
-            recompute_per_stage(schedule)``); None means 0 everywhere. Ranks the
+        recompute: checkpointed fraction c_s per pipeline rank (:func:`~merak_sim.sim.
+            from_config.recompute_fractions`); None means 0 everywhere. Ranks the
             schedule marks as never recomputing use 0 whatever is given.
     """
     if not sched.lowered:

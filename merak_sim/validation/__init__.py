@@ -14,8 +14,8 @@ Modules:
 - :mod:`~merak_sim.validation.compare`: :func:`~merak_sim.validation.compare.compare_run`,
   one run's comparison;
 - :mod:`~merak_sim.validation.report`: its
-  :class:`~merak_sim.validation.report.AccuracyReport` (markdown, JSON);
-- :mod:`~merak_sim.validation.plots`: the side-by-side Gantt chart;
+  :class:`~merak_sim.validation.report.AccuracyReport` (markdown, JSON, the side-by-side
+  Gantt chart);
 - :mod:`~merak_sim.validation.suite` and :mod:`~merak_sim.validation.history`:
   figures over many runs and over many suite runs.
 

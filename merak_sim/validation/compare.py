@@ -20,7 +20,7 @@ parameter of the machine, none fitted to the run being validated), and reports
   noise (a shared machine's speed drifts); a bias common to every block is the
   model's or the profile's;
 - a side-by-side Gantt chart, measured above, simulated below
-  (:mod:`merak_sim.validation.plots`).
+  (:meth:`~merak_sim.validation.report.AccuracyReport.plot`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ from pathlib import Path
 
 from merak_sim.calibrate.fit import PreparedRun
 from merak_sim.calibrate.vtrain import vtrain_runs
-from merak_sim.costs.base import CostModel
 from merak_sim.costs.calibrated import CALIBRATED, CalibratedCostModel
 from merak_sim.costs.calibrated_hopper import (
     A100_PROFILES,
@@ -45,6 +44,7 @@ from merak_sim.costs.calibrated_hopper import (
     is_hopper,
 )
 from merak_sim.costs.efficiency import Efficiency
+from merak_sim.costs.protocol import CostModel
 from merak_sim.sim.api import simulate
 from merak_sim.validation.public_runs import (
     activation_profile,

@@ -34,9 +34,10 @@ from merak_sim.layout import RankLayout
 from merak_sim.schedule.ir import Kind
 from merak_sim.sim.api import evaluator_trace, simulate
 from merak_sim.sim.evaluator import evaluate, plan
+from merak_sim.sim.from_config import recompute_fractions, schedule_for
 from merak_sim.sim.program import compile_program
-from merak_sim.sim.structure import OP_COMPUTE, OP_POST
 from merak_sim.sim.result import build_result
+from merak_sim.sim.structure import OP_COMPUTE, OP_POST
 from merak_sim.validation.rundir import MeasuredRun
 
 __all__ = ["ValidationError", "effective_config", "cost_table_from_profile",
@@ -63,7 +64,7 @@ def effective_config(run: MeasuredRun) -> ParallelConfig:
     if len(eff) != cfg.pp:
         raise ValidationError(f"profile has {len(eff)} stages but the run has pp={cfg.pp}; "
                               "use a profile measured for this configuration")
-    if any(c > 0 for c in eff) and tuple(cfg.recompute_per_stage(cfg.build_schedule())) != eff:
+    if any(c > 0 for c in eff) and tuple(recompute_fractions(cfg, schedule_for(cfg))) != eff:
         cfg = replace(cfg, recompute="stage-aware", recompute_fractions=eff)
     return cfg
 
@@ -140,8 +141,8 @@ def simulate_run(run: MeasuredRun, refined: bool = True, statistic: str = "mean"
     table = cost_table_from_profile(run.profile, cfg)
     if not refined:
         return simulate(config=cfg, cost_table=table, engine="evaluator")
-    sched = cfg.build_schedule()
-    prog = compile_program(sched, table, cfg.recompute_per_stage(sched))
+    sched = schedule_for(cfg)
+    prog = compile_program(sched, table, recompute_fractions(cfg, sched))
     st = run.profile["stages"]
     dur = _profiled_durations(prog, st, action_s)
     # Posting a send or receive costs the runtime time on the rank's thread; the

@@ -239,7 +239,7 @@ def comparable_peak_bytes(row: dict, model: ModelSpec, cluster: Cluster, cfg: Pa
     max over pipeline ranks of the simulated peak (``stage_peaks``: state, stash, FSDP
     buffers; one per rank) plus the terms below, each priced from the layers and
     parameters of the model stages the cost ``table`` puts on that rank (its chunks
-    under virtual stages, :meth:`ParallelConfig.rank_of_stage`):
+    under virtual stages, :func:`~merak_sim.sim.from_config.stage_rank`):
 
     - the transient working set of the stage's largest backward step
       (:func:`merak_sim.memory.backward_working_bytes`), which an allocator-level peak

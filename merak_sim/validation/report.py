@@ -16,7 +16,6 @@ from typing import Any
 
 from merak_sim.config import ParallelConfig
 from merak_sim.validation.history import spread
-from merak_sim.validation.plots import plot_side_by_side
 from merak_sim.validation.profile import profile_cpu_share
 from merak_sim.validation.rundir import MeasuredRun
 
@@ -183,9 +182,14 @@ class AccuracyReport:
         return json.dumps(_finite(out), default=float)
 
     def plot(self, path: str | Path | None = None):
-        """Side-by-side Gantt (measured above, simulated below); see
-        :func:`merak_sim.validation.plots.plot_side_by_side`."""
-        return plot_side_by_side(self, path)
+        """Gantt charts on one time axis (:func:`merak_sim.timeline.plot_side_by_side`):
+        the measured step closest to the median above, drawn at its effective starts,
+        the simulation below. Saves to ``path`` if given; returns the Figure."""
+        from merak_sim import timeline
+        from merak_sim.validation.measured import step_frame
+
+        meas = step_frame(self.run, self.step).assign(start_s=lambda d: d["eff_start_s"])
+        return timeline.plot_side_by_side(meas, self.sim.events(), name=self.name, path=path)
 
 
 def _headline_lines(s: dict, name: str, blocks) -> list[str]:
