@@ -138,8 +138,11 @@ def spec_of(model: nn.Module, seq: int) -> ModelSpec | None:
     """The shape of a built-in GPT, HuggingFace GPT-2 or LLaMA model at sequence length
     ``seq`` (None for any other model, or one whose config is not understood)."""
     cfg = getattr(model, "config", None)
-    get = (lambda *names: next((getattr(cfg, n) for n in names
-                                if isinstance(getattr(cfg, n, None), int)), None))
+
+    def get(*names):
+        return next((getattr(cfg, n) for n in names
+                     if isinstance(getattr(cfg, n, None), int)), None)
+
     hidden, layers = get("n_embd", "hidden_size"), get("n_layer", "num_hidden_layers")
     heads, vocab = get("n_head", "num_attention_heads"), get("vocab_size")
     if None in (hidden, layers, heads, vocab) or seq < 1:

@@ -55,7 +55,7 @@ from merak_sim.schedule.posting import channels
 __all__ = ["ExecError", "RankTimeoutError", "NonFiniteError", "Mesh", "init_distributed",
            "build_mesh", "default_timeout_s", "check_launch_env", "wait_for",
            "timed_collective", "peers_text", "peer_failure", "is_comm_failure", "bounded",
-           "fault_point",
+           "fault_point", "fault_spec",
            "first_slurm_host",
            "slurm_env", "all_reduce_gradients"]
 
@@ -126,7 +126,7 @@ def _my_rank() -> int | str:
 _FAULT: dict = {}  # "spec": the parsed MERAK_FAULT (None when unset), "seen": matches
 
 
-def _fault_spec() -> tuple[int, str, str, int] | None:
+def fault_spec() -> tuple[int, str, str, int] | None:
     """MERAK_FAULT parsed once: (rank, mode, where, nth) or None."""
     if "spec" not in _FAULT:
         text = os.environ.get("MERAK_FAULT", "").strip()
@@ -145,7 +145,7 @@ def fault_point(label: str, op: bool = False) -> None:
     """Kill or stall this process here if MERAK_FAULT says so (module docstring):
     ``label`` is ``"startup"`` or ``"step@N"``, or with ``op`` the description of a
     bounded operation, matched by the spec's ``op:TEXT``."""
-    spec = _FAULT["spec"] if "spec" in _FAULT else _fault_spec()
+    spec = _FAULT["spec"] if "spec" in _FAULT else fault_spec()
     if spec is None or str(_my_rank()) != str(spec[0]):
         return
     rank, mode, where, nth = spec
@@ -419,7 +419,7 @@ def check_launch_env(env=None) -> None:
     is checked. Cheap; call it first thing in a command (:func:`init_distributed` does)."""
     env = os.environ if env is None else env
     default_timeout_s()
-    _fault_spec()
+    fault_spec()
     env = {**env, **slurm_env(env)}
     if "RANK" not in env:
         return

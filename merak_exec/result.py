@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 
 from merak_sim.schedule.ir import Action, Kind
-from merak_sim.timeline import (EVENT_COLUMNS, chrome_trace, plot_gantt,
-                                write_chrome_trace)
+from merak_sim.timeline import EVENT_COLUMNS, chrome_trace, plot_gantt, write_chrome_trace
 from merak_sim.validation.rundir import load_result, save_result
 
 __all__ = ["Recorder", "RunResult"]

@@ -12,8 +12,9 @@ feeds it global batches built deterministically from ``train_dataset`` (every ra
 builds the same global batch and keeps its data-parallel slice), logs the loss,
 saves checkpoints every ``save_steps`` and at the end (keeping ``save_total_limit``),
 resumes from one at any layout, evaluates on an ``eval_dataset`` every ``eval_steps``
-and exports the model in HuggingFace's layout (:meth:`Trainer.save_model`). Labels follow HuggingFace: aligned with the inputs (the loss shifts them),
-missing labels mean the input ids, -100 is ignored, right padding is masked.
+and exports the model in HuggingFace's layout (:meth:`Trainer.save_model`). Labels
+follow HuggingFace: aligned with the inputs (the loss shifts them), missing labels mean
+the input ids, -100 is ignored, right padding is masked.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from pathlib import Path
 import torch
 
 from merak_exec.checkpoint import load_checkpoint, save_checkpoint
-from merak_exec.mesh import ExecError, Mesh, bounded, build_mesh, init_distributed
 from merak_exec.inputs import (
     argument_problems,
     check_first_batch,
@@ -37,6 +37,7 @@ from merak_exec.inputs import (
     sample_tensors,
     vocab_size,
 )
+from merak_exec.mesh import ExecError, Mesh, bounded, build_mesh, init_distributed
 from merak_exec.optim import TrainingOptimizer, decay_groups, lr_lambda
 from merak_exec.parallel import ParallelModel, parallelize
 from merak_exec.result import RunResult

@@ -24,7 +24,6 @@ optimizer state divided by dp.
 
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 from torch import nn

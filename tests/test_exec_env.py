@@ -77,7 +77,7 @@ def test_fault_specs(monkeypatch, spec, parsed):
 
     monkeypatch.setenv("MERAK_FAULT", spec)
     monkeypatch.setattr(mesh, "_FAULT", {})
-    assert mesh._fault_spec() == parsed
+    assert mesh.fault_spec() == parsed
     mesh.fault_point("somewhere else")  # not this rank's place (or rank): nothing happens
     mesh.fault_point("checkpoint", op=False)
 
