@@ -140,8 +140,8 @@ def speed(repeat: int, skip_175b: bool, only: str | None = None
         if "405b" in m:
             why = ["## Why the 405B plan won", "",
                    f"Best: {last['best']}: {last['time_s']:.3f} s/iteration, MFU "
-                   f"{last['mfu']:.1%}. Per knob, the best candidate with each other "
-                   "value and what stopped it (`merak-sim plan` prints the same):", ""]
+                   f"{last['mfu']:.1%}. Per knob, the closest other value and what "
+                   "stopped it (`merak-sim plan` prints the same):", ""]
             why += [f"- {line}" for line in last["explanation"]]
             print("\n".join(why))
     return lines, why
