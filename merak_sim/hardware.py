@@ -17,16 +17,28 @@ Conventions
   in training: all data-parallel groups reduce together) one GPU gets
   ``inter.bandwidth_Bps / gpus_per_node``.
 - Global rank r lives on node ``r // gpus_per_node`` (ranks fill a node first).
+- NVLink domain (``Cluster.nvlink_domain``): the GPUs one NVLink fabric joins, a whole
+  number of nodes. An HGX/DGX node is its own domain (8 GPUs); a GB200 / GB300 NVL72
+  rack joins 18 compute trays of 4 GPUs (one Slurm node each) through its NVLink
+  switch trays into one domain of 72. Everything that decides "NVLink or network"
+  (``link_between``, the collective prices of :mod:`merak_sim.costs.comm`) asks
+  :meth:`Cluster.same_domain`, never the node: rank r lives in domain
+  ``r // nvlink_domain`` (:func:`merak_sim.layout.domain_of`). The network beyond the
+  domain is ``inter``, a node's adapters, shared by that node's GPUs as above.
+- ``Cluster.nvls``: the NVLink switches reduce in the network (NVLink SHARP, "NVLS":
+  NVSwitch 3 and later, HGX H100 onwards and NVL72); the collective model may price an
+  all-reduce inside the domain with it (:mod:`merak_sim.costs.comm`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from merak_sim.layout import node_of
+from merak_sim.layout import domain_of, node_of
 
 __all__ = ["GPU", "Link", "Cluster", "HardwareError", "GPU_PRESETS", "CLUSTER_PRESETS",
            "get_gpu", "get_cluster", "list_clusters"]
@@ -130,6 +142,9 @@ class Cluster:
         intra: link from one GPU into the node fabric (per GPU, per direction).
         inter: the network of one node (all its adapters together, per direction).
         notes: assumptions worth showing the user.
+        nvlink_domain: GPUs one NVLink fabric joins (a multiple of ``gpus_per_node``;
+            0: one node), module docstring.
+        nvls: whether the NVLink switches reduce in-network (NVLink SHARP).
     """
 
     name: str
@@ -139,6 +154,8 @@ class Cluster:
     intra: Link
     inter: Link
     notes: tuple[str, ...] = ()
+    nvlink_domain: int = 0
+    nvls: bool = False
 
     def __post_init__(self) -> None:
         for f in ("nodes", "gpus_per_node"):
@@ -146,6 +163,14 @@ class Cluster:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise HardwareError(f"cluster {self.name} {f} must be a positive integer, "
                                     f"got {v!r}")
+        d = self.nvlink_domain
+        if (not isinstance(d, int) or isinstance(d, bool) or d < 0
+                or (d and d % self.gpus_per_node)):
+            raise HardwareError(f"cluster {self.name} nvlink_domain {d!r} must be 0 (one "
+                                f"node) or a multiple of gpus_per_node {self.gpus_per_node}")
+        if not isinstance(self.nvls, bool):
+            raise HardwareError(f"cluster {self.name} nvls must be true or false, got "
+                                f"{self.nvls!r}")
 
     @property
     def world_size(self) -> int:
@@ -163,9 +188,24 @@ class Cluster:
         """Whether global ranks ``a`` and ``b`` share a node."""
         return self.node_of(a) == self.node_of(b)
 
+    @property
+    def domain_size(self) -> int:
+        """GPUs per NVLink domain (``gpus_per_node`` unless ``nvlink_domain`` is set)."""
+        return self.nvlink_domain or self.gpus_per_node
+
+    def domain_of(self, rank: int) -> int:
+        """NVLink domain index of global rank ``rank``."""
+        self.node_of(rank)  # raises, naming a rank outside the cluster
+        return domain_of(rank, self.domain_size)
+
+    def same_domain(self, a: int, b: int) -> bool:
+        """Whether global ranks ``a`` and ``b`` share an NVLink domain."""
+        return self.domain_of(a) == self.domain_of(b)
+
     def link_between(self, a: int, b: int) -> Link:
-        """The link class joining ranks ``a`` and ``b`` (intra or inter)."""
-        return self.intra if self.same_node(a, b) else self.inter
+        """The link class joining ranks ``a`` and ``b``: ``intra`` (NVLink) inside one
+        NVLink domain, else ``inter``."""
+        return self.intra if self.same_domain(a, b) else self.inter
 
     @property
     def inter_bandwidth_per_gpu_Bps(self) -> float:
@@ -212,8 +252,10 @@ class Cluster:
             pre = get_cluster(d.pop("preset"), nodes=d.get("nodes"))
             base = {"name": pre.name, "gpu": pre.gpu, "nodes": pre.nodes,
                     "gpus_per_node": pre.gpus_per_node, "intra": pre.intra,
-                    "inter": pre.inter, "notes": pre.notes}
-        known = {"name", "gpu", "nodes", "gpus_per_node", "intra", "inter", "notes"}
+                    "inter": pre.inter, "notes": pre.notes,
+                    "nvlink_domain": pre.nvlink_domain, "nvls": pre.nvls}
+        known = {"name", "gpu", "nodes", "gpus_per_node", "intra", "inter", "notes",
+                 "nvlink_domain", "nvls"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise HardwareError(f"cluster JSON has unknown field(s): {', '.join(unknown)}")
@@ -233,7 +275,9 @@ class Cluster:
             links[k] = _build(Link, v, k) if isinstance(v, dict) else v
         return Cluster(name=base.get("name", "custom"), gpu=gpu, nodes=base["nodes"],
                        gpus_per_node=base["gpus_per_node"], intra=links["intra"],
-                       inter=links["inter"], notes=tuple(base.get("notes", ())))
+                       inter=links["inter"], notes=tuple(base.get("notes", ())),
+                       nvlink_domain=base.get("nvlink_domain", 0),
+                       nvls=base.get("nvls", False))
 
 
 def _build(cls: type, d: dict, what: str) -> Any:
@@ -276,6 +320,37 @@ GPU_PRESETS: dict[str, GPU] = {g.name: g for g in [
         "NVIDIA GH200 Grace Hopper Superchip datasheet via " + _HW + ": 96 GB HBM3 at "
         "4 TB/s; the Hopper GPU's tensor rates (FP16/BF16 1,979, FP8 3,958 TFLOP/s with "
         "sparsity = 989 / 1,979 dense)"),
+    # Blackwell (module docstring of each figure's source below). NVIDIA quotes tensor
+    # rates "with sparsity" on its datasheets: dense = half. fp32 is the non-tensor rate.
+    GPU("B200-180GB", 180 * GB, 8000 * GB,
+        {"bf16": 2250 * TFLOPS, "fp16": 2250 * TFLOPS, "fp32": 75 * TFLOPS,
+         "fp8": 4500 * TFLOPS, "mxfp8": 4500 * TFLOPS, "nvfp4": 9000 * TFLOPS},
+        "NVIDIA DGX B200 datasheet (2024) / HGX B200 spec table (2024-25): 8 GPUs with "
+        "1,440 GB HBM3e and 64 TB/s (180 GB, 8 TB/s per GPU; the HGX table says 7.7), "
+        "FP4 144 / FP8 72 / BF16 36 PFLOP/s with sparsity per 8 GPUs = 9,000 / 4,500 / "
+        "2,250 TFLOP/s dense per GPU; MXFP8 runs at the FP8 rate, NVFP4 at the FP4 rate; "
+        "fp32 75 TFLOP/s is an ESTIMATE (not on the datasheet: 2x its FP64 37)"),
+    GPU("B300-288GB", 288 * GB, 8000 * GB,
+        {"bf16": 2250 * TFLOPS, "fp16": 2250 * TFLOPS, "fp32": 75 * TFLOPS,
+         "fp8": 4500 * TFLOPS, "mxfp8": 4500 * TFLOPS, "nvfp4": 13500 * TFLOPS},
+        "NVIDIA HGX B300 spec table (Blackwell Ultra, 2025): 8 GPUs with 2.3 TB HBM3e "
+        "(288 GB per GPU) at 8 TB/s per GPU; FP4 108 PFLOP/s dense per 8 GPUs = 13,500 "
+        "TFLOP/s per GPU; FP8 72 and BF16 36 PFLOP/s with sparsity = 4,500 / 2,250 dense "
+        "per GPU (Blackwell Ultra raised FP4 only); fp32 75 TFLOP/s is an ESTIMATE"),
+    GPU("GB200-186GB", 186 * GB, 8000 * GB,
+        {"bf16": 2500 * TFLOPS, "fp16": 2500 * TFLOPS, "fp32": 80 * TFLOPS,
+         "fp8": 5000 * TFLOPS, "mxfp8": 5000 * TFLOPS, "nvfp4": 10000 * TFLOPS},
+        "NVIDIA GB200 NVL72 datasheet (2024): 72 GPUs with 13.4 TB HBM3e (186 GB each) "
+        "and 576 TB/s (8 TB/s each); FP4 1,440 / FP8 720 / BF16 360 PFLOP/s with sparsity "
+        "per rack = 10,000 / 5,000 / 2,500 TFLOP/s dense per GPU (a higher clock than "
+        "HGX B200); fp32 80 TFLOP/s is an ESTIMATE"),
+    GPU("GB300-288GB", 288 * GB, 8000 * GB,
+        {"bf16": 2500 * TFLOPS, "fp16": 2500 * TFLOPS, "fp32": 80 * TFLOPS,
+         "fp8": 5000 * TFLOPS, "mxfp8": 5000 * TFLOPS, "nvfp4": 15000 * TFLOPS},
+        "NVIDIA GB300 NVL72 datasheet (Blackwell Ultra, 2025): up to 21 TB HBM3e per rack "
+        "(288 GB per GPU nominal) at 576 TB/s (8 TB/s each); FP4 1,080 PFLOP/s dense per "
+        "rack = 15,000 TFLOP/s per GPU; FP8 720 and BF16 360 PFLOP/s with sparsity = "
+        "5,000 / 2,500 dense per GPU; fp32 80 TFLOP/s is an ESTIMATE"),
     # Measured on this project's CPU machine (2 cores, torch 2.13, fp32 2048^3 and
     # 512^3 matmuls: 84-124 GFLOP/s, noisy; copies ~3-10 GB/s). bf16 on CPU is
     # emulated and not used for training here.
@@ -301,6 +376,11 @@ _NVSWITCH_A100 = Link("NVSwitch (NVLink3)", 240 * GB, 5 * _us, 300 * GB,
                       "(NCCL bus bandwidth on DGX A100 is about 230-240 GB/s)")
 _NVSWITCH_H100 = Link("NVSwitch (NVLink4)", 360 * GB, 5 * _us, 450 * GB,
                       "900 GB/s total = 450 per direction (hardware.md); 80 % achievable")
+
+_NVLINK5 = Link("NVLink5 switch", 720 * GB, 5 * _us, 900 * GB,
+                 "1.8 TB/s total = 900 GB/s per direction per GPU (NVIDIA DGX B200 / GB200 "
+                 "NVL72 datasheets, fifth-generation NVLink); 80 % achievable assumed, as "
+                 "NVLink4")
 
 
 def _ib(name: str, adapters: int, gbit: float, eff: float = 0.9) -> Link:
@@ -335,6 +415,36 @@ def _vtrain(nodes: int) -> Cluster:
                    ("vTrain runs (data/vtrain): A100 with 8 GPUs per node, link "
                     "figures from vTrain's validation config; 80 GB memory is an "
                     "assumption (the files do not say 40 or 80 GB)",))
+
+
+def _dgx_b200(nodes: int) -> Cluster:
+    return Cluster("dgx-b200", GPU_PRESETS["B200-180GB"], nodes, 8, _NVLINK5,
+                   _ib("ConnectX-7 InfiniBand", 8, 400),
+                   ("DGX/HGX B200: 8 GPUs on NVLink5 switches (NVLS in-network "
+                    "reduction), 8x ConnectX-7 400 Gb/s per node (DGX B200 datasheet)",),
+                   nvls=True)
+
+
+def _dgx_b300(nodes: int) -> Cluster:
+    return Cluster("dgx-b300", GPU_PRESETS["B300-288GB"], nodes, 8, _NVLINK5,
+                   _ib("ConnectX-8 SuperNIC", 8, 800),
+                   ("DGX/HGX B300: 8 GPUs on NVLink5 switches (NVLS), 8x ConnectX-8 "
+                    "800 Gb/s per node (HGX B300 spec table)",), nvls=True)
+
+
+def _nvl72(gpu: str, nic: str, gbit: float) -> Callable[[int], Cluster]:
+    def build(nodes: int) -> Cluster:
+        return Cluster(f"{gpu.lower()}-nvl72", GPU_PRESETS[_NVL72_GPU[gpu]], nodes, 4,
+                       _NVLINK5, _ib(nic, 4, gbit),
+                       (f"{gpu} NVL72: compute trays of 4 GPUs (one node each), 18 trays "
+                        f"per rack joined by the NVLink switch trays into one NVLink "
+                        f"domain of 72 GPUs (NVLS); one {nic} {gbit:g} Gb/s per GPU "
+                        f"beyond the rack ({gpu} NVL72 datasheet); nodes = trays",),
+                       nvlink_domain=72, nvls=True)
+    return build
+
+
+_NVL72_GPU = {"GB200": "GB200-186GB", "GB300": "GB300-288GB"}
 
 
 def _dgx_h100(nodes: int) -> Cluster:
@@ -391,6 +501,10 @@ _BUILDERS = {
     "dgx-h100": (_dgx_h100, 1),
     "dgx-h200": (_dgx_h200, 1),
     "alps-gh200": (_alps_gh200, 1),
+    "dgx-b200": (_dgx_b200, 1),
+    "dgx-b300": (_dgx_b300, 1),
+    "gb200-nvl72": (_nvl72("GB200", "ConnectX-7 InfiniBand", 400), 18),
+    "gb300-nvl72": (_nvl72("GB300", "ConnectX-8 SuperNIC", 800), 18),
     "h200": (_h200, 1),
     "local-cpu": (_local_cpu, 1),
 }

@@ -25,7 +25,9 @@ their first rank, the same on every process (torch.distributed needs every proce
 create every group in one order).
 
 Which node a rank is on is a fact of the launch (ranks fill a node before the next):
-:func:`node_of`.
+:func:`node_of`; which NVLink domain (a whole number of nodes: one HGX node, or the 18
+trays of a GB200 / GB300 NVL72 rack) it is in: :func:`domain_of`. A group is priced on
+NVLink when its ranks share a domain, whatever nodes they are on.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["AXES", "DEFAULT_ORDER", "GROUP_KINDS", "Coords", "RankLayout", "layout_key",
-           "node_of"]
+__all__ = ["AXES", "DEFAULT_ORDER", "GROUP_KINDS", "Coords", "RankLayout", "domain_of",
+           "layout_key", "node_of"]
 
 AXES = ("tp", "cp", "dp", "pp")
 GROUP_KINDS = (*AXES, "tied")
@@ -65,6 +67,12 @@ def layout_key(config: Any) -> tuple[int, int, int, int, str] | None:
 def node_of(rank: int, gpus_per_node: int) -> int:
     """Node index of global ``rank`` when ranks fill a node before the next."""
     return rank // gpus_per_node
+
+
+def domain_of(rank: int, domain_size: int) -> int:
+    """NVLink-domain index of global ``rank`` when ranks fill a domain of
+    ``domain_size`` GPUs (whole nodes, filled in node order) before the next."""
+    return rank // domain_size
 
 
 @dataclass(frozen=True, slots=True)

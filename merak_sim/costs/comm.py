@@ -17,6 +17,21 @@ latency). NCCL's tuner picks the algorithm from its own time model by node count
 GPUs per node, message size and bandwidths (NVIDIA/nccl issue #754); here, likewise,
 the fastest of the three is the price (:func:`collective_algorithm` names it): the
 tree wins at small and medium messages over many nodes, the ring at large ones.
+"Node" in this module means an NVLink domain (:attr:`Cluster.domain_size
+<merak_sim.hardware.Cluster.domain_size>`): one HGX node, or the 72 GPUs of an NVL72 rack
+over 18 trays; a group inside one domain is priced on NVLink whatever trays its ranks
+are on, and off-domain traffic shares the adapters of each tray's GPUs as above.
+
+NVLink SHARP (NVLS, where the preset has it: ``Cluster.nvls``): the NVLink switches
+reduce in the fabric, so an all-reduce inside a domain sends each GPU's n bytes up to
+the switch once and receives the n reduced bytes once: n / (eta x raw NVLink
+bandwidth) plus one latency, against the ring's 2 (p-1)/p n / achievable bandwidth.
+eta = :data:`NVLS_EFFICIENCY` = 0.61 from NCCL's published NVLS bus bandwidth on
+DGX H100, about 480 GB/s (NCCL 2.17 release notes and NVIDIA's "NVLink SHARP" NCCL blog,
+2023; bus bandwidth 2 (p-1)/p n / t = 480 GB/s at p = 8 gives n / t = 274 GB/s = 0.61
+of NVLink4's 450 GB/s per direction; the same fraction is assumed for NVLink5). Across
+domains the hierarchical all-reduce uses it for its two intra-domain halves
+(NCCL's NVLS-tree), whichever is faster.
 Ranks are placed by :class:`merak_sim.layout.RankLayout`
 (Megatron's order by default: tp fastest, then cp, then dp, then pp, so TP groups stay
 in a node when tp <= gpus_per_node; ``ParallelConfig.order`` gives another).
@@ -46,18 +61,23 @@ from typing import Any
 from merak_sim.costs.nccl import NcclTable
 from merak_sim.costs.ring import clear_ring_cache
 from merak_sim.hardware import Cluster
-from merak_sim.layout import RankLayout, layout_key, node_of
+from merak_sim.layout import RankLayout, domain_of, layout_key
 from merak_sim.memo import PROCESS_MEMO_ENTRIES, IdentityMemo
 
-__all__ = ["COLLECTIVES", "PIPELINE_SENDS", "CostModelError", "check_pipeline_send",
+__all__ = ["COLLECTIVES", "NVLS_EFFICIENCY", "PIPELINE_SENDS", "CostModelError",
+           "check_pipeline_send",
            "clear_caches",
            "collective_algorithm", "collective_time",
            "group_ranks", "group_shape", "inter_bandwidth_per_gpu", "measured_collectives",
+           "nvls_allreduce_time",
            "pipeline_send_time", "stage_placement"]
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "p2p")
 #: How activations cross a pipeline boundary (module docstring).
 PIPELINE_SENDS = ("full", "scatter-gather")
+#: NVLS all-reduce: fraction of the raw NVLink bandwidth per direction at which each
+#: GPU's bytes go up to the switch and come back reduced (module docstring).
+NVLS_EFFICIENCY = 0.61
 
 
 class CostModelError(ValueError):
@@ -136,7 +156,7 @@ def collective_time(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: C
 
 def _p2p(nbytes: float, a: int, b: int, cluster: Cluster,
          intra_table: NcclTable | None) -> float:
-    if cluster.same_node(a, b):
+    if cluster.same_domain(a, b):
         return cluster.intra.time(nbytes)
     return cluster.inter.latency_s + nbytes / inter_bandwidth_per_gpu(cluster, intra_table)
 
@@ -193,15 +213,16 @@ def pipeline_send_time(mode: str, nbytes: float, src_tp: tuple[int, ...],
 
 @lru_cache(maxsize=8192)
 def group_shape(ranks: tuple[int, ...], cluster: Cluster) -> tuple[int, int]:
-    """(nodes the group spans, most of its GPUs in one node); memoised, since a
-    planner prices the same data-parallel and shard groups for many tables."""
-    world, gpn = cluster.world_size, cluster.gpus_per_node
+    """(NVLink domains the group spans, most of its GPUs in one domain); memoised,
+    since a planner prices the same data-parallel and shard groups for many tables
+    (a domain is a node on HGX presets, a rack on NVL72: module docstring)."""
+    world, gpn = cluster.world_size, cluster.domain_size
     for r in ranks:
         if not 0 <= r < world:
             cluster.node_of(r)  # raises, naming the first rank outside the cluster
     per_node: dict[int, int] = {}
     for r in ranks:
-        n = node_of(r, gpn)
+        n = domain_of(r, gpn)
         per_node[n] = per_node.get(n, 0) + 1
     return len(per_node), max(per_node.values())
 
@@ -213,6 +234,18 @@ def _intra(kind: str, nbytes: float, p: int, cluster: Cluster,
     return _ring(kind, nbytes, p, cluster.intra.bandwidth_Bps, cluster.intra.latency_s)
 
 
+def nvls_allreduce_time(nbytes: float, cluster: Cluster) -> float:
+    """All-reduce of ``nbytes`` inside one NVLink domain reduced by the switches
+    (NVLS): up once and down once at :data:`NVLS_EFFICIENCY` of the raw NVLink
+    bandwidth, plus one latency (module docstring); inf where the preset has none."""
+    if not cluster.nvls:
+        return math.inf
+    if nbytes <= 0:
+        return 0.0
+    return (2 * cluster.intra.latency_s
+            + nbytes / (NVLS_EFFICIENCY * cluster.intra.raw_bandwidth_Bps))
+
+
 def _tree_allreduce(nbytes: float, n_nodes: int, bw: float, lat: float) -> float:
     # Double binary tree over the nodes: 2 ceil(log2 k) latency steps, 2 x bytes per
     # node each way (module docstring).
@@ -222,7 +255,8 @@ def _tree_allreduce(nbytes: float, n_nodes: int, bw: float, lat: float) -> float
 def collective_algorithm(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Cluster,
                          intra_table: NcclTable | None = None) -> str:
     """Which algorithm :func:`collective_time` priced the collective with: "intra-node",
-    "ring", "hierarchical ring" or "hierarchical tree" (module docstring)."""
+    "nvls", "ring", "hierarchical ring", "hierarchical tree" or "hierarchical
+    nvls-tree" (module docstring)."""
     _check(kind, nbytes)
     if kind == "p2p":
         raise CostModelError("p2p is a single transfer, not a collective algorithm")
@@ -241,21 +275,29 @@ def _priced(kind: str, nbytes: float, shape: tuple[int, int], cluster: Cluster,
     intra, inter = cluster.intra, cluster.inter
     p = n_nodes * local
     if n_nodes == 1:
-        return _intra(kind, nbytes, local, cluster, table), "intra-node"
+        own = _intra(kind, nbytes, local, cluster, table), "intra-node"
+        if kind == "all-reduce" and local > 1:
+            return min(own, (nvls_allreduce_time(nbytes, cluster), "nvls"))
+        return own
     bw_g = inter_bandwidth_per_gpu(cluster, table)
     # Flat ring over all p ranks: the node-crossing edges are the bottleneck; NCCL's
     # parallel rings let the group's l GPUs per node use l shares of the network.
     flat = _ring(kind, nbytes, p, min(intra.bandwidth_Bps, bw_g * local),
                  max(intra.latency_s, inter.latency_s))
     half = "reduce-scatter" if kind in ("all-reduce", "reduce-scatter") else "all-gather"
+    nvls_tree = math.inf
     if kind == "all-reduce":
         inside = 2 * _intra(half, nbytes, local, cluster, table)
-        tree = inside + _tree_allreduce(nbytes / local, n_nodes, bw_g, inter.latency_s)
+        across = _tree_allreduce(nbytes / local, n_nodes, bw_g, inter.latency_s)
+        tree = inside + across
+        if local > 1:
+            nvls_tree = nvls_allreduce_time(nbytes, cluster) + across
     else:
         inside = _intra(half, nbytes, local, cluster, table)
         tree = math.inf  # NCCL's trees serve all-reduce only
     hier = inside + _ring(kind, nbytes / local, n_nodes, bw_g, inter.latency_s)
-    return min((flat, "ring"), (hier, "hierarchical ring"), (tree, "hierarchical tree"))
+    return min((flat, "ring"), (hier, "hierarchical ring"), (tree, "hierarchical tree"),
+               (nvls_tree, "hierarchical nvls-tree"))
 
 
 @lru_cache(maxsize=65536)
@@ -270,7 +312,7 @@ def stage_placement(cluster: Cluster, layout: RankLayout, pp_rank: int,
         send = None
     else:
         nxt = layout.rank((pp_rank + 1) % layout.pp)
-        send = None if nxt == base else cluster.same_node(base, nxt)
+        send = None if nxt == base else cluster.same_domain(base, nxt)
     return tp_shape, dp_shape, send
 
 

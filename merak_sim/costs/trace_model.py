@@ -152,7 +152,7 @@ class TraceCostModel:
         else the analytic alpha-beta time."""
         ranks = tuple(ranks)
         if len(ranks) >= 2:
-            placement = "intra" if len({cluster.node_of(r) for r in ranks}) == 1 else "inter"
+            placement = "intra" if len({cluster.domain_of(r) for r in ranks}) == 1 else "inter"
             pts = sorted((c.bytes, c.seconds) for t in self.traces for c in t.collectives
                          if c.collective == collective and c.group_size == len(ranks)
                          and c.placement == placement)
