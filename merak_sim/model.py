@@ -37,6 +37,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from merak_sim.moe import (
+    MOE_PRESET_FIELDS,
+    MoESpec,
+    active_params,
+    moe_flops_delta,
+    moe_params_delta,
+)
+
 __all__ = ["ModelSpec", "ModelSpecError", "MODEL_PRESETS", "get_model", "list_models",
            "FAMILIES"]
 
@@ -66,6 +74,11 @@ class ModelSpec:
         dtype: default training precision (bf16, fp16 or fp32).
         dropout: dropout probability used in training (0 disables the masks).
         source: where the shape comes from.
+        head_size: per-head width when it is not hidden / heads (Qwen3, GPT-OSS,
+            Mixtral: 128 or 64); 0 = hidden / heads. Queries are heads x head_size wide.
+        moe: the mixture-of-experts layers (:class:`merak_sim.moe.MoESpec`; None:
+            dense). FLOPs, parameters and MFU then count active parameters
+            (:mod:`merak_sim.moe`).
     """
 
     name: str
@@ -81,10 +94,16 @@ class ModelSpec:
     dtype: str = "bf16"
     dropout: float = 0.1
     source: str = ""
+    head_size: int = 0
+    moe: MoESpec | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         # Defaults that depend on other fields; object.__setattr__ because frozen.
+        try:
+            object.__setattr__(self, "moe", MoESpec.from_value(self.moe))
+        except ValueError as e:
+            raise ModelSpecError(str(e)) from None
         if self.ffn_hidden == 0:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         if self.kv_heads == 0:
@@ -107,7 +126,12 @@ class ModelSpec:
         if not isinstance(self.max_positions, int) or self.max_positions < 0:
             raise ModelSpecError(
                 f"model field max_positions must be >= 0, got {self.max_positions!r}")
-        if self.hidden % self.heads:
+        if not isinstance(self.head_size, int) or self.head_size < 0:
+            raise ModelSpecError(f"model field head_size must be >= 0, got {self.head_size!r}")
+        if self.moe is not None and self.moe.dense_layers >= self.layers:
+            raise ModelSpecError(f"moe dense_layers {self.moe.dense_layers} leaves no MoE "
+                                 f"layer of the {self.layers}")
+        if self.hidden % self.heads and not self.head_size:
             raise ModelSpecError(
                 f"model hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.heads % self.kv_heads:
@@ -148,8 +172,13 @@ class ModelSpec:
     # ------------------------------------------------------------------ shape
     @property
     def head_dim(self) -> int:
-        """h / a."""
-        return self.hidden // self.heads
+        """Per-head width: ``head_size``, or h / a."""
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries (and of the attention output): heads x head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -185,11 +214,11 @@ class ModelSpec:
     # ------------------------------------------------------------------ params
     def layer_params(self) -> int:
         """Parameters of one transformer layer (module docstring)."""
-        h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
-        attn = h * (h + 2 * kv) + h * h
+        h, f, kv, q = self.hidden, self.ffn_hidden, self.kv_dim, self.q_dim
+        attn = h * (q + 2 * kv) + q * h
         mlp = (3 if self.gated_mlp else 2) * h * f
         if self.has_bias:
-            attn += (h + 2 * kv) + h
+            attn += (q + 2 * kv) + h
             mlp += f + h
             norms = 4 * h
         else:
@@ -228,18 +257,23 @@ class ModelSpec:
         return h * h + h  # bert pooler; BertModel has no final norm
 
     def total_params(self) -> int:
-        """All parameters (tied weights counted once)."""
-        return self.layers * self.layer_params() + self.embedding_params() + self.head_params()
+        """All parameters (tied weights counted once; every expert of an MoE model)."""
+        return self.layers * self.layer_params() + self.embedding_params() + \
+            self.head_params() + moe_params_delta(self)
+
+    def active_params(self) -> int:
+        """Parameters one token activates (:func:`merak_sim.moe.active_params`)."""
+        return active_params(self)
 
     # ------------------------------------------------------------------ flops
     def layer_forward_flops(self, batch: int, seq_len: int | None = None) -> float:
         """Forward model FLOPs of one layer on ``batch`` sequences."""
         s = self.seq_len if seq_len is None else seq_len
-        h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
+        h, f, kv, q = self.hidden, self.ffn_hidden, self.kv_dim, self.q_dim
         t = batch * s
-        qkv = 2 * t * h * (h + 2 * kv)
-        attn = 2 * 2 * batch * s * s * h
-        proj = 2 * t * h * h
+        qkv = 2 * t * h * (q + 2 * kv)
+        attn = 2 * 2 * batch * s * s * q
+        proj = 2 * t * q * h
         mlp = 2 * t * h * f * (3 if self.gated_mlp else 2)
         return float(qkv + attn + proj + mlp)
 
@@ -249,9 +283,10 @@ class ModelSpec:
         return float(2 * batch * s * self.hidden * self.vocab)
 
     def forward_flops(self, batch: int, seq_len: int | None = None) -> float:
-        """Forward FLOPs of the whole model (layers + LM head)."""
+        """Forward FLOPs of the whole model (layers + LM head; an MoE model's active
+        experts, :func:`merak_sim.moe.moe_flops_delta`)."""
         return self.layers * self.layer_forward_flops(batch, seq_len) + \
-            self.logits_forward_flops(batch, seq_len)
+            self.logits_forward_flops(batch, seq_len) + moe_flops_delta(self, batch, seq_len)
 
     def training_flops(self, batch: int, seq_len: int | None = None) -> float:
         """Model FLOPs of one training step (forward + backward = 3 x forward, no
@@ -267,6 +302,10 @@ class ModelSpec:
         """JSON-ready dict (the keys :meth:`from_json` accepts)."""
         d = asdict(self)
         d.pop("extra")
+        # Dense models keep their pre-MoE keys (saved plans and goldens compare them).
+        for k, unset in (("moe", None), ("head_size", 0)):
+            if d[k] == unset:
+                d.pop(k)
         return d
 
     @staticmethod
@@ -393,6 +432,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
              extra={"published_params": 5e9}),
         _gpt("nemo-gpt3-20b", 44, 6144, 48, s=2048, V=51200, source=_NEMO_GPT.format("20B"),
              extra={"published_params": 20e9}),
+        *(ModelSpec(**kw) for kw in MOE_PRESET_FIELDS),
         ModelSpec(name="bert-large", family="bert", layers=24, hidden=1024, heads=16,
                   seq_len=512, vocab=30522,
                   source="BERT-large (Devlin et al. 2019: L 24, h 1024, 16 heads; "

@@ -136,8 +136,8 @@ class LayerOptions:
 def _qkv_width(model: ModelSpec, tp: int) -> float:
     """Output width of the QKV GEMM on one GPU (h/t queries plus K and V)."""
     if model.kv_heads % tp == 0:
-        return (model.hidden + 2 * model.kv_dim) / tp
-    return model.hidden / tp + 2 * model.kv_dim_per_rank(tp)
+        return (model.q_dim + 2 * model.kv_dim) / tp
+    return model.q_dim / tp + 2 * model.kv_dim_per_rank(tp)
 
 
 def _attention(model: ModelSpec, peak: float, eff: Efficiency, o: LayerOptions, b: float,
@@ -175,7 +175,7 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     m = b * s_loc
     fc1_n = f * (2 if model.gated_mlp else 1) / tp
     qkv_n = _qkv_width(model, tp)
-    gemms = [(m, qkv_n, h), (m, h, h / tp), (m, fc1_n, h), (m, h, f / tp)]
+    gemms = [(m, qkv_n, h), (m, h, model.q_dim / tp), (m, fc1_n, h), (m, h, f / tp)]
     fp8 = opts.fp8_peak > 0
     gpeak = opts.fp8_peak * opts.kernels.fp8_factor if fp8 else peak
     g_fwd = sum(eff.gemm_time(mm, n, k, gpeak) for mm, n, k in gemms)
@@ -191,8 +191,8 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     softmax = 0.0 if flash else sc * e * 2 + (sc * (2 * e + 1) if p else 0)
     act_elems = m * f / tp
     act = act_elems * e * (3 if model.gated_mlp else 2)
-    rope_n = ((h + model.kv_dim) / tp if model.kv_heads % tp == 0
-              else h / tp + model.kv_dim_per_rank(tp))
+    rope_n = ((model.q_dim + model.kv_dim) / tp if model.kv_heads % tp == 0
+              else model.q_dim / tp + model.kv_dim_per_rank(tp))
     rope = 2 * m * rope_n * e if model.family == "llama" else 0.0
     mem_bytes = norm + resid + softmax + act + rope
     n_soft = 0 if flash else (2 if p else 1)
