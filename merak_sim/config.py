@@ -61,6 +61,13 @@ class ParallelConfig:
             PyTorch kernel per op (:mod:`merak_sim.costs.fusion`).
         order: placement of ranks, the four axes fastest varying first
             (:class:`merak_sim.layout.RankLayout`; Megatron's "tp-cp-dp-pp" by default).
+        ep, etp: expert-parallel and expert-tensor-parallel degrees of an MoE model's
+            expert layers, folded over each pipeline stage's tp x cp x dp ranks
+            (Megatron's parallel folding: :class:`~merak_sim.layout.RankLayout`; the
+            expert-data-parallel degree is the rest). etp defaults to 1, as Megatron-
+            Bridge's MoE recipes set it.
+        moe_a2a_overlap: hide the expert all-to-alls behind another micro-batch's
+            compute (Megatron's 1F1B A2A overlap; :mod:`merak_sim.costs.moe`).
     """
 
     dp: int = 1
@@ -84,6 +91,9 @@ class ParallelConfig:
     dtype: str = "bf16"
     fused_elementwise: bool = True
     order: str = DEFAULT_ORDER
+    ep: int = 1
+    etp: int = 1
+    moe_a2a_overlap: bool = False
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -165,7 +175,11 @@ class ParallelConfig:
         if not isinstance(self.fused_elementwise, bool):
             raise ValueError(f"fused_elementwise must be true or false, got "
                              f"{self.fused_elementwise!r}")
-        RankLayout(self.dp, self.tp, self.pp, self.cp, self.order)  # names a bad order
+        # Names a bad order, or expert degrees that do not fold over the ranks.
+        RankLayout(self.dp, self.tp, self.pp, self.cp, self.order, self.ep, self.etp)
+        if not isinstance(self.moe_a2a_overlap, bool):
+            raise ValueError(f"moe_a2a_overlap must be true or false, got "
+                             f"{self.moe_a2a_overlap!r}")
         if self.virtual_stages > 1 and not SCHEDULES[self.schedule].interleaved:
             interleaving = ", ".join(n for n, s in SCHEDULES.items() if s.interleaved)
             raise ValueError(

@@ -28,6 +28,18 @@ Which node a rank is on is a fact of the launch (ranks fill a node before the ne
 :func:`node_of`; which NVLink domain (a whole number of nodes: one HGX node, or the 18
 trays of a GB200 / GB300 NVL72 rack) it is in: :func:`domain_of`. A group is priced on
 NVLink when its ranks share a domain, whatever nodes they are on.
+
+Expert layers (mixture of experts) fold their own degrees over the same ranks
+(Megatron-core's parallel folding, Liu et al. 2025, "MoE Parallel Folding",
+arXiv:2504.14960): the ``tp * cp * dp`` ranks of one pipeline stage, taken in increasing
+rank order (inner index i), are split fastest first into expert-tensor (``etp``),
+expert (``ep``) and expert-data (``edp = tp * cp * dp / (etp * ep)``) coordinates::
+
+    i = (edp_idx * ep + ep_idx) * etp + etp_idx
+
+so with Megatron's order and ``etp = 1`` an expert-parallel group is ``ep`` consecutive
+ranks (in a node while ep divides the GPUs per node). Their groups are the kinds of
+:data:`EXPERT_KINDS`; ``etp * ep`` must divide ``tp * cp * dp``.
 """
 
 from __future__ import annotations
@@ -35,11 +47,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["AXES", "DEFAULT_ORDER", "GROUP_KINDS", "Coords", "RankLayout", "domain_of",
+__all__ = ["AXES", "DEFAULT_ORDER", "EXPERT_KINDS",  # noqa: RUF022 (grouped)
+           "GROUP_KINDS", "Coords", "RankLayout", "domain_of",
            "layout_key", "node_of"]
 
 AXES = ("tp", "cp", "dp", "pp")
 GROUP_KINDS = (*AXES, "tied")
+#: Group kinds of the expert layers (module docstring: parallel folding).
+EXPERT_KINDS = ("etp", "ep", "edp")
 #: Megatron's placement, fastest varying first (module docstring).
 DEFAULT_ORDER = "tp-cp-dp-pp"
 
@@ -93,6 +108,8 @@ class RankLayout:
     pp: int
     cp: int = 1
     order: str = DEFAULT_ORDER
+    ep: int = 1
+    etp: int = 1
     _stride: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -114,13 +131,64 @@ class RankLayout:
         # Strides in Coords field order (pp, dp, tp, cp).
         object.__setattr__(self, "_stride",
                            (stride["pp"], stride["dp"], stride["tp"], stride["cp"]))
+        self._check_folding()
+
+    def _check_folding(self) -> None:
+        for name in ("ep", "etp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        inner = self.tp * self.cp * self.dp
+        if inner % (self.ep * self.etp):
+            raise ValueError(
+                f"expert folding: etp x ep = {self.etp} x {self.ep} does not divide the "
+                f"tp x cp x dp = {inner} ranks of a pipeline stage (choose ep and etp whose "
+                "product divides them)")
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel degree: tp * cp * dp / (etp * ep)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+
+    def _inner(self, rank: int) -> tuple[int, list[tuple[int, int]]]:
+        """(index of ``rank`` among its pipeline stage's ranks in rank order, the
+        (stride, degree) of the non-pipeline axes fastest first)."""
+        c = self.coords(rank)
+        axes = [(a, getattr(self, a)) for a in self.order.split("-") if a != "pp"]
+        strides = [(self._stride[Coords._fields.index(a)], n) for a, n in axes]
+        i, mult = 0, 1
+        for (a, n) in axes:
+            i += getattr(c, a) * mult
+            mult *= n
+        return i, strides
+
+    def expert_group(self, kind: str, rank: int) -> tuple[int, ...]:
+        """Global ranks of the expert ``kind`` group (:data:`EXPERT_KINDS`) holding
+        ``rank``, in increasing order of its varying coordinate (module docstring)."""
+        if kind not in EXPERT_KINDS:
+            raise ValueError(f"unknown expert group kind {kind!r}; choose one of "
+                             f"{', '.join(EXPERT_KINDS)}")
+        i, strides = self._inner(rank)
+        base = self.coords(rank).pp * self._stride[0]  # inner index 0 of the stage
+        step = {"etp": 1, "ep": self.etp, "edp": self.etp * self.ep}[kind]
+        n_k = {"etp": self.etp, "ep": self.ep, "edp": self.edp}[kind]
+        first = i - ((i // step) % n_k) * step
+        out = []
+        for j in range(first, first + n_k * step, step):
+            r, rest = base, j
+            for (st, n) in strides:
+                r += (rest % n) * st
+                rest //= n
+            out.append(r)
+        return tuple(out)
 
     @classmethod
     def of(cls, config: Any) -> RankLayout:
         """The layout of a :class:`merak_sim.config.ParallelConfig` (or any object with
         ``dp``, ``tp`` and ``pp``, and optionally ``cp`` and ``order``)."""
         return cls(config.dp, config.tp, config.pp, getattr(config, "cp", 1),
-                   getattr(config, "order", DEFAULT_ORDER))
+                   getattr(config, "order", DEFAULT_ORDER), getattr(config, "ep", 1),
+                   getattr(config, "etp", 1))
 
     @property
     def world_size(self) -> int:
