@@ -16,7 +16,9 @@ __all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES", "ATT
 
 RECOMPUTE_POLICIES = ("none", "full", "selective", "stage-aware")
 TP_OVERLAPS = ("none", "sub-pipelined")
-DTYPES = ("bf16", "fp16", "fp32", "fp8")
+#: Training precisions (:mod:`merak_sim.precision`: GEMM rates, casts, state memory):
+#: fp8 per-tensor scaling, fp8-block (128-element blocks), mxfp8 and nvfp4 (Blackwell).
+DTYPES = ("bf16", "fp16", "fp32", "fp8", "fp8-block", "mxfp8", "nvfp4")
 #: "auto": flash on CUDA GPU presets, the measured PyTorch profile on the CPU cluster
 #: (:func:`merak_sim.costs.attention_choice.resolve_attention`, the one place that
 #: decides, for both time and memory); "flash" / "unfused" force one kernel.
@@ -54,8 +56,9 @@ class ParallelConfig:
             last backwards and, under ZeRO 1/2, the distributed optimizer's parameter
             all-gather with compute (Megatron's --overlap-grad-reduce
             --overlap-param-gather; the engine runs the all-gather in the buckets).
-        dtype: training precision: bf16 / fp16 / fp32, or fp8 (GEMMs in FP8 with
-            16-bit activations and mixed-precision master weights and optimizer).
+        dtype: training precision: bf16 / fp16 / fp32, or fp8 / fp8-block / mxfp8 /
+            nvfp4 (GEMMs in that format with 16-bit activations and mixed-precision
+            master weights and optimizer: :mod:`merak_sim.precision`).
         fused_elementwise: the norms, rotary embedding and activation run as fused
             kernels (Megatron, Transformer Engine, torch.compile); False: one eager
             PyTorch kernel per op (:mod:`merak_sim.costs.fusion`).

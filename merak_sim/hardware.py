@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from merak_sim.layout import domain_of, node_of
+from merak_sim.precision import PRECISIONS, gemm_peak_key, get_precision, is_low_precision
 
 __all__ = ["GPU", "Link", "Cluster", "HardwareError", "GPU_PRESETS", "CLUSTER_PRESETS",
            "get_gpu", "get_cluster", "list_clusters"]
@@ -83,16 +84,23 @@ class GPU:
             _pos(f"gpu {self.name} peak_flops[{k}]", v)
 
     def peak(self, dtype: str) -> float:
-        """Peak FLOP/s at ``dtype`` (fp16 falls back to bf16 and vice versa)."""
+        """Peak FLOP/s at ``dtype`` (fp16 falls back to bf16 and vice versa; a
+        low-precision training dtype gives its GEMMs' peak,
+        :func:`merak_sim.precision.gemm_peak_key`)."""
+        if dtype in PRECISIONS:
+            key = gemm_peak_key(dtype)
+            if key in self.peak_flops:
+                return self.peak_flops[key]
+            if is_low_precision(dtype):
+                p = get_precision(dtype)
+                raise HardwareError(
+                    f"gpu {self.name} has no {p.feature}, so --dtype {dtype} cannot run "
+                    f"on it; use --dtype bf16, or a GPU with them ({p.gpus})")
         if dtype in self.peak_flops:
             return self.peak_flops[dtype]
         alt = {"fp16": "bf16", "bf16": "fp16"}.get(dtype)
         if alt in self.peak_flops:
             return self.peak_flops[alt]
-        if dtype == "fp8":
-            raise HardwareError(f"gpu {self.name} has no FP8 tensor cores, so --dtype fp8 "
-                                "cannot run on it; use --dtype bf16, or a GPU with FP8 "
-                                "such as H100 / H200")
         raise HardwareError(f"gpu {self.name} has no peak for dtype {dtype!r}; known: "
                             f"{', '.join(self.peak_flops)}")
 

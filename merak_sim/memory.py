@@ -12,7 +12,9 @@ Model state (per GPU, after tensor-parallel sharding)
   :mod:`merak_sim.costs.sharded_dp`).
 - fp8 training keeps the mixed-precision state (2 + 2 + 12) plus the FP8 copy of the
   weights cached between micro-batches (1 byte/param, sharded like the weights);
-  activations stay 16-bit.
+  activations stay 16-bit. fp8-block, mxfp8 and nvfp4 cache a row-wise and a
+  column-wise copy with their block scales (2.06 / 2.06 / 1.13 bytes/param,
+  :meth:`merak_sim.precision.Precision.cached_weight_bytes`).
 
 Activations per transformer layer (bytes one micro-batch keeps for backward)
 ---------------------------------------------------------------------------
@@ -99,6 +101,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from merak_sim.model import ModelSpec
+from merak_sim.precision import get_precision
 from merak_sim.schedule.liveness import liveness, stash_sizes
 from merak_sim.sim.from_config import recompute_fractions, schedule_for
 
@@ -115,7 +118,8 @@ __all__ = [
 
 #: Bytes per activation element (and per element of a TP collective) by training dtype:
 #: fp8 training keeps 16-bit activations, only GEMM inputs are cast to 8 bits.
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2, "fp8-block": 2, "mxfp8": 2,
+               "nvfp4": 2}
 
 
 class MemoryModelError(ValueError):
@@ -439,7 +443,8 @@ def model_state_bytes(params: float, dtype: str = "bf16", dp: int = 1,
     of ``dp`` ranks: stage 1 divides the optimizer part, 2 the gradients too, 3 the
     weights too)."""
     if dtype not in DTYPE_BYTES:
-        raise MemoryModelError(f"unknown dtype {dtype!r}; choose bf16, fp16, fp32 or fp8")
+        raise MemoryModelError(f"unknown dtype {dtype!r}; choose one of: "
+                               f"{', '.join(DTYPE_BYTES)}")
     if dp < 1:
         raise MemoryModelError(f"dp must be a positive integer, got {dp}")
     if zero not in (0, 1, 2, 3):
@@ -447,7 +452,9 @@ def model_state_bytes(params: float, dtype: str = "bf16", dp: int = 1,
     if dtype == "fp32":
         w, g, o = 4, 4, 8
     else:
-        w, g, o = (3 if dtype == "fp8" else 2), 2, 12
+        # The cached quantized weight copies (merak_sim.precision): fp8 1 byte, the
+        # block-scaled formats a row-wise and a column-wise copy with their scales.
+        w, g, o = 2 + get_precision(dtype).cached_weight_bytes(), 2, 12
     opt = params * o / (dp if zero >= 1 else 1)
     grad = params * g / (dp if zero >= 2 else 1)
     weight = params * w / (dp if zero >= 3 else 1)

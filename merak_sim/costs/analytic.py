@@ -26,7 +26,8 @@ as prefetching cannot hide them). Context parallelism: :mod:`merak_sim.costs.rin
 (the exposed part of the K/V ring exchange inside the same times). FP8 and flash
 attention: :mod:`merak_sim.costs.layers` and :mod:`merak_sim.costs.kernels`; which
 attention kernel a configuration runs: :mod:`merak_sim.costs.attention_choice`. MFU of
-an fp8 configuration is quoted against the 16-bit peak (``CostTable.peak_flops``).
+a low-precision configuration is quoted against the 16-bit peak (``CostTable.peak_flops``)
+and the table's notes name it (:mod:`merak_sim.precision`).
 
 Speed: layer costs are cached per (model, GPU, efficiency, dtype, micro-batch, tp,
 sequence parallel, overlap) and communication per (cluster, group shape), so a
@@ -84,6 +85,13 @@ from merak_sim.partition import (
     as_ranges,
     time_balanced,
     uniform,
+)
+from merak_sim.precision import (
+    get_precision,
+    is_low_precision,
+    mfu_notes,
+    mfu_reference,
+    optimizer_cast_bytes,
 )
 from merak_sim.runtime_memory import usable_memory_bytes
 from merak_sim.sim.from_config import stage_rank
@@ -169,8 +177,9 @@ class AnalyticCostModel:
     @staticmethod
     def peak16(cluster: Cluster, config: ParallelConfig) -> float:
         """Peak FLOP/s of the 16-bit (or fp32) tensor operations: the attention and
-        head kernels, and the reference of MFU (fp8 training: the bf16 peak)."""
-        return cluster.gpu.peak("bf16" if config.dtype == "fp8" else config.dtype)
+        head kernels, and the reference of MFU (low-precision training: the bf16 peak,
+        :func:`merak_sim.precision.mfu_reference`)."""
+        return cluster.gpu.peak(mfu_reference(config.dtype))
 
     def layer_costs(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig
                     ) -> tuple[LayerCost, LayerCost, LayerCost]:
@@ -181,9 +190,12 @@ class AnalyticCostModel:
         bw = cluster.gpu.mem_bandwidth_Bps
         parts = config.tp_overlap_parts if (config.tp_overlap == "sub-pipelined"
                                             and config.tp > 1) else 1
+        prec = get_precision(config.dtype)
         opts = LayerOptions(attention=self.attention_kernel(cluster, config), cp=config.cp,
-                            fp8_peak=(cluster.gpu.peak("fp8") if config.dtype == "fp8"
-                                      else 0.0), fused_elementwise=config.fused_elementwise,
+                            fp8_peak=(cluster.gpu.peak(config.dtype) * prec.gemm_factor
+                                      if prec.low else 0.0),
+                            cast_bytes=prec.cast_bytes(e) if prec.low else 0.0,
+                            fused_elementwise=config.fused_elementwise,
                             kernels=self.kernels or default_kernels(cluster.gpu.name),
                             framework=self.framework)
         if opts == LayerOptions(kernels=opts.kernels):
@@ -262,8 +274,8 @@ class AnalyticCostModel:
                 f"config needs {'dp*cp*tp*pp' if config.cp > 1 else 'dp*tp*pp'} = "
                 f"{config.world_size} GPUs but cluster "
                 f"{cluster.name} has {cluster.world_size} (raise --nodes)")
-        if config.dtype == "fp8":
-            cluster.gpu.peak("fp8")
+        if is_low_precision(config.dtype):
+            cluster.gpu.peak(config.dtype)  # refuses a format the GPU lacks, one line
 
     def default_partition(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig
                           ) -> Partition:
@@ -330,8 +342,9 @@ class AnalyticCostModel:
             stages=stages,
             memory_capacity_bytes=usable_memory_bytes(cluster.gpu),
             peak_flops=self.peak16(cluster, config),
-            notes=notes,
-            meta={"source": "analytic", "efficiency": eff.to_dict(),
+            notes=notes + mfu_notes(cluster.gpu, config.dtype),
+            meta={"source": "analytic", "mfu_reference": mfu_reference(config.dtype),
+                  "efficiency": eff.to_dict(),
                   "profile": self.profile_for(cluster, config).name, "ranges": ranges,
                   "cluster": cluster.name, "model": model.name, **(extra_meta or {})},
             tied_embeddings=model.tied_embeddings and config.pp > 1,
@@ -449,7 +462,7 @@ class AnalyticCostModel:
                 grad_ar += self._comm("all-reduce", tied, (a, b), cluster)
         eff = self.efficiency_for(cluster)
         opt_params = params / (shard if config.zero >= 1 else 1)
-        per_param = (28 if dt != "fp32" else 36) + (3 if dt == "fp8" else 0)
+        per_param = (28 if dt != "fp32" else 36) + optimizer_cast_bytes(dt)
         optimizer = eff.mem_time(opt_params * per_param, cluster.gpu.mem_bandwidth_Bps, 4)
         return StageCost(
             forward_s=fwd, backward_s=back, backward_input_s=bin_, backward_weight_s=bw,

@@ -40,9 +40,11 @@ Compute (one layer, one micro-batch of b sequences, on one GPU of a TP group of 
   queries with all s keys, visited in cp ring steps (load-balanced under causal
   masking, as Megatron's context parallelism splits each sequence into 2 cp chunks);
   the K/V block one step sends is ``cp_kv_bytes`` (the exposure is the cost model's).
-- FP8 (``fp8_peak`` > 0): GEMMs at the FP8 peak times ``fp8_factor``; every GEMM input
-  is cast with a per-tensor scale (3 bytes moved per element, one kernel) in forward,
-  every output gradient in backward; attention and the LM head stay 16-bit.
+- FP8 and the other low-precision formats (``fp8_peak`` > 0: the format's GEMM peak,
+  :mod:`merak_sim.precision`): GEMMs at that peak times ``fp8_factor``; every GEMM input
+  is cast (``cast_bytes`` moved per element, default 3: a per-tensor FP8 cast; one
+  kernel) in forward, every output gradient in backward; attention and the LM head
+  stay 16-bit.
 - Framework kernels (``framework``, :mod:`merak_sim.costs.framework`): the default
   charges a fused softmax and a 12 / 24-byte cross entropy; Megatron's rules add the
   eager fp32 softmax where its fused kernel is unavailable and price its fp32
@@ -117,8 +119,11 @@ class LayerOptions:
     Attributes:
         attention: "unfused" (scores through HBM) or "flash" (fused kernel).
         cp: context-parallel degree.
-        fp8_peak: FP8 dense peak FLOP/s when GEMMs run in FP8 (0: 16-bit GEMMs).
+        fp8_peak: dense peak FLOP/s of the low-precision GEMMs (FP8, MXFP8, NVFP4,
+            times the format's efficiency factor; 0: 16-bit GEMMs).
         kernels: the flash / FP8 efficiency parameters.
+        cast_bytes: HBM bytes per element of one quantizing cast (0: a per-tensor FP8
+            cast, e + 1; :meth:`merak_sim.precision.Precision.cast_bytes`).
         fused_elementwise: False when the elementwise ops run one eager kernel each
             (:mod:`merak_sim.costs.fusion`).
         framework: the training framework's softmax and cross-entropy kernels
@@ -128,6 +133,7 @@ class LayerOptions:
     attention: str = "unfused"
     cp: int = 1
     fp8_peak: float = 0.0
+    cast_bytes: float = 0.0
     kernels: KernelEfficiency = KernelEfficiency()
     fused_elementwise: bool = True
     framework: FrameworkKernels = DEFAULT_FRAMEWORK
@@ -212,8 +218,9 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
     cast_f = cast_b = 0.0
     if fp8:
         nk = opts.kernels.fp8_cast_kernels * len(gemms)
-        cast_f = eff.mem_time(sum(mm * k for mm, _n, k in gemms) * (e + 1), mem_bw, nk)
-        cast_b = eff.mem_time(sum(mm * n for mm, n, _k in gemms) * (e + 1), mem_bw, nk)
+        cb = opts.cast_bytes or e + 1
+        cast_f = eff.mem_time(sum(mm * k for mm, _n, k in gemms) * cb, mem_bw, nk)
+        cast_b = eff.mem_time(sum(mm * n for mm, n, _k in gemms) * cb, mem_bw, nk)
     fwd = parts * (g_fwd + attn + mem_fwd + cast_f)
     bwd_in = parts * (g_fwd + attn_b + mem_bwd + cast_b)
     bwd_w = parts * g_fwd
