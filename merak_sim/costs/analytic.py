@@ -54,6 +54,7 @@ from merak_sim.costs.efficiency import Efficiency, default_efficiency
 from merak_sim.costs.framework import DEFAULT_FRAMEWORK, FrameworkKernels
 from merak_sim.costs.kernels import KernelEfficiency, default_kernels
 from merak_sim.costs.layers import LayerCost, LayerOptions, edge_costs, layer_cost
+from merak_sim.costs.moe import check_moe, moe_layers_in, moe_notes, moe_stage
 from merak_sim.costs.param_balance import parameter_balanced
 from merak_sim.costs.ring import check_cp, ring_pass
 from merak_sim.costs.sharded_dp import (
@@ -265,6 +266,7 @@ class AnalyticCostModel:
         """Raise a one-line ValueError if ``config`` cannot run ``model`` on ``cluster``."""
         model.check_tp(config.tp)
         model.check_pp(config.pp, config.virtual_stages)
+        check_moe(model, config)
         try:
             check_cp(model, config.cp)
         except ValueError as e:
@@ -327,17 +329,22 @@ class AnalyticCostModel:
             # one rank send in opposite directions (or locally, at the turn).
             key = (e - s, g == 0, g == n_st - 1,
                    stage_placement(cluster, layout, here, g == n_st - 1),
-                   nxt - here, here if config.cp > 1 else None)
+                   nxt - here, here if config.cp > 1 else None, moe_layers_in(model, s, e))
             st = memo.get(key)
             if st is None:
-                st = memo[key] = self.stage_cost(model, cluster, config, g, e - s, lay, emb, head)
+                st = memo[key] = moe_stage(  # MoE layers priced as such (costs.moe)
+                    self.stage_cost(model, cluster, config, g, e - s, lay, emb, head), model,
+                    cluster, config, here, key[-1],
+                    stage_params(model, e - s, g == 0, g == n_st - 1, config.tp), self)
             stages_l.append(st)
         stages = tuple(stages_l)
         eff = self.efficiency_for(cluster)
         placed = ((f"ranks placed {config.order} (fastest varying first; Megatron's is "
                    f"{DEFAULT_ORDER})",) if config.order != DEFAULT_ORDER else ())
         notes = tuple(cluster.notes) + ((f"model: {model.source}",) if model.source else ()) \
-            + tuple(extra_notes) + placed
+            + tuple(extra_notes) + placed + moe_notes(
+                model, cluster, config, self,
+                max(moe_layers_in(model, s, e) for s, e in ranges) * config.virtual_stages)
         return CostTable(
             stages=stages,
             memory_capacity_bytes=usable_memory_bytes(cluster.gpu),
