@@ -21,6 +21,7 @@ from typing import Any
 from merak_sim.config import ParallelConfig
 from merak_sim.model import ModelSpec
 from merak_sim.planner.space import SearchSpace
+from merak_sim.precision import LOW_PRECISION
 from merak_sim.schedule import SCHEDULES
 
 __all__ = ["NOT_EXECUTED", "EXECUTED_FAMILIES", "unsupported", "executable_space"]
@@ -31,7 +32,8 @@ NOT_EXECUTED: dict[str, tuple[Any, str, str]] = {
     "overlap_param_gather": ((True,), "the overlapped ZeRO parameter all-gather",
                              "ZeRO-1 all-gathers after the optimizer step"),
     "cp": (lambda v: v > 1, "context parallelism", "no ring attention for this runtime"),
-    "dtype": (("fp8",), "FP8 GEMMs", "no FP8 kernels in this runtime"),
+    "dtype": (LOW_PRECISION, "FP8 / MX / FP4 GEMMs",
+              "no FP8, MXFP8 or NVFP4 kernels in this runtime"),
 }
 
 #: model families merak-exec builds from a plan.
