@@ -79,7 +79,7 @@ def test_llmfoundry_and_nemo_rows():
 
 
 @pytest.mark.parametrize("file,match,needle", [
-    ("nemo_perf.csv", {"model": "DeepSeekV3"}, "MoE"),
+    ("nemo_perf.csv", {"model": "Kimi_K2"}, "MoE model without an MoE preset"),
     ("nemo_perf.csv", {"gpu_type": "B200 (DGX-B200)"}, "no cluster preset for B200"),
     ("nemo_perf_finetune.csv", {"task": "sft"}, "fine-tuning"),
     ("sailor.csv", {"gpu_type": "heterogeneous: RTX 3090+Titan RTX"}, "heterogeneous"),

@@ -58,14 +58,15 @@ from merak_sim.validation.public_runs import (
     stage_layers,
 )
 
-__all__ = ["FIT_MODELS", "FIT_SPLIT", "fit_profile_of", "fit_rows", "profile_of", "role_of",
+__all__ = ["FIT_MODELS", "FIT_SPLIT", "MOE_FIT", "is_moe_row",  # noqa: RUF022
+           "fit_profile_of", "fit_rows", "profile_of", "role_of",
            "Outcome", "Skipped", "GroupStats", "vtrain_outcomes", "public_run_outcomes",
            "summarise", "VTRAIN_GROUPS", "PUBLIC_GROUPS", "TARGET", "TARGET_GPUS",
            "TARGET_MAPE_PCT", "target_group"]
 
 #: Group keys reported for each kind of dataset.
 VTRAIN_GROUPS = ("gpu", "gpus", "tp", "pp")
-PUBLIC_GROUPS = ("target", "gpu", "stack", "tp", "pp", "cp", "zero", "precision")
+PUBLIC_GROUPS = ("target", "moe", "gpu", "stack", "tp", "pp", "cp", "zero", "precision")
 #: The public-runs accuracy target's rows: held out, on these GPUs, in this precision
 #: (its group value, :func:`target_group`).
 TARGET = "H100/A100 bf16"
@@ -92,7 +93,23 @@ FIT_MODELS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 #: The split in words (printed with the fidelity table).
 FIT_SPLIT = ("Hopper fits: pytorch on llm-foundry H100 MPT-1b / 7b / 30b, megatron-te on "
              "NeMo H100 GPT-3 / LLaMA-2 / Nemotron; A100 PyTorch fit (a100-pytorch) on "
-             "llm-foundry A100 MPT-1b / 7b; every other public-runs row is held out")
+             "llm-foundry A100 MPT-1b / 7b; MoE: the expert all-to-all overlap chosen on "
+             "NeMo H100 Qwen3-30B-A3B pp1 (no constant fitted); every other public-runs "
+             "row is held out")
+
+
+#: The MoE rows' declared fit subset: (dataset, GPU prefix, model prefix, pp). One
+#: choice was made on them, the expert all-to-all overlap of the NeMo / Megatron-Bridge
+#: MoE mapping (:mod:`merak_sim.validation.public_runs`); no cost constant is fitted to
+#: MoE rows (the Hopper fits never see them: :func:`fit_rows`). Every other MoE row is
+#: held out.
+MOE_FIT = ("public-runs/nemo_perf", "H100", "Qwen3_30B_a3B", "1")
+
+
+def is_moe_row(row: dict) -> bool:
+    """Whether a public-runs row trains a mixture of experts."""
+    return bool(row.get("num_experts", "").strip()) or (row.get("ep") or "1").strip() not in (
+        "", "1")
 
 
 def profile_of(row: dict) -> str:
@@ -114,6 +131,11 @@ def fit_profile_of(row: dict) -> str | None:
 
 def role_of(dataset: str, row: dict) -> str:
     """"fit" for a row of its profile's fit set (:data:`FIT_MODELS`), else "held out"."""
+    if is_moe_row(row):
+        ds, gpu, prefix, pp = MOE_FIT
+        return "fit" if (dataset == ds and row.get("gpu_type", "").startswith(gpu)
+                         and row.get("model", "").startswith(prefix)
+                         and (row.get("pp") or "1") == pp) else "held out"
     key = fit_profile_of(row)
     if key is None:
         return "held out"
@@ -129,7 +151,7 @@ def fit_rows(rows_by_dataset: dict[str, Sequence[dict]], profile: str
     """The expressible rows of ``profile``'s fit set."""
     return [r for ds, rows in rows_by_dataset.items() for r in rows
             if role_of(ds, r) == "fit" and fit_profile_of(r) == profile
-            and skip_reason(r) is None]
+            and skip_reason(r) is None and not is_moe_row(r)]
 
 
 @dataclass(frozen=True)
@@ -249,7 +271,11 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
         groups = {"gpu": cluster.gpu.name, "stack": profile_of(row), "tp": str(cfg.tp),
                   "pp": str(cfg.pp), "cp": str(cfg.cp), "zero": zero,
                   "precision": cfg.dtype}
-        target = target_group(role, cluster.gpu.name, cfg.dtype)
+        # MoE rows: a group of their own (issue 35's MoE target), not the dense target.
+        if model.moe is not None:
+            groups["moe"] = f"MoE {cluster.gpu.name}"
+        target = (target_group(role, cluster.gpu.name, cfg.dtype) if model.moe is None
+                  else None)
         if target is not None:
             groups["target"] = target
         done.append(Outcome(dataset, role, label, groups, measured_step_s(row),

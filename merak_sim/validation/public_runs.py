@@ -57,7 +57,14 @@ How a row maps (assumptions stated once, here):
 - Activation storage: torchtitan's own (:data:`merak_sim.memory.TORCHTITAN`,
   :func:`activation_profile`: its op-level selective policy and its loss), the cost
   model's default elsewhere; the memory columns: :func:`comparable_peak_bytes`.
-Not expressible: MoE, fine-tuning, Blackwell GPUs (no preset), heterogeneous clusters,
+- MoE (NeMo / Megatron-Bridge rows): the model's MoE preset (:data:`PRESET_BY_NAME`;
+  the row's experts, top-k and expert FFN must equal it), the row's ep with etp 1,
+  dropless with the benchmarks' force-balanced routing (imbalance 1), capacity factor 1
+  for the "(tokendrop)" rows, the all-to-all overlapped with compute (the choice made
+  on the declared MoE fit rows, :data:`merak_sim.validation.fidelity.MOE_FIT`).
+Not expressible: MoE models without an MoE preset (Nemotron 3, Kimi K2, DeepSeek V4:
+their expert shapes are not in the rows),
+fine-tuning, Blackwell GPUs (no preset), heterogeneous clusters,
 rows the data flags as likely copy errors, unstated precision or virtual stages, rows
 without a measured time or throughput (the long-sequence NeMo table publishes model
 TFLOP/s only), and rows whose degrees do not multiply to the GPU count.
@@ -107,7 +114,16 @@ PRESET_BY_NAME: tuple[tuple[str, str], ...] = (
     (r"gpt3-5b$", "nemo-gpt3-5b"),
     (r"gpt3-20b$", "nemo-gpt3-20b"),
     (r"gpt3-175b$", "gpt3-175b"),
+    (r"qwen3[ _-]+30b[ _-]+a3b", "qwen3-30b-a3b"),
+    (r"qwen3[ _-]+235b[ _-]+a22b", "qwen3-235b-a22b"),
+    (r"gpt[ _-]?oss[ _-]+120b", "gpt-oss-120b"),
+    (r"deepseek[ _-]?v3", "deepseek-v3"),
+    (r"mixtral[ _-]+8x7b", "mixtral-8x7b"),
+    (r"mixtral[ _-]+8x22b", "mixtral-8x22b"),
 )
+#: MoE columns of a row -> the preset's MoESpec field they must equal.
+_MOE_SHAPE = (("num_experts", "experts"), ("moe_topk", "top_k"),
+              ("moe_ffn_hidden", "expert_ffn"))
 _NEMOTRON_VOCAB = 256000
 _SHAPE = (("n_layers", "layers"), ("hidden_size", "hidden"), ("n_heads", "heads"),
           ("n_kv_heads", "kv_heads"), ("ffn_hidden", "ffn_hidden"))
@@ -323,8 +339,10 @@ def skip_reason(row: dict) -> str | None:
     flags = row.get("other_flags", "").lower()
     if row.get("task", "pretrain") != "pretrain":
         return f"task {row['task']} (fine-tuning is not modelled)"
-    if row.get("num_experts") or _int(row.get("ep")) > 1:
-        return "MoE (experts / expert parallelism not modelled)"
+    moe = bool(row.get("num_experts") or _int(row.get("ep")) > 1)
+    name = preset_for(row.get("model", ""))
+    if moe and (name is None or get_model(name).moe is None):
+        return "MoE model without an MoE preset (its experts' shape is not in the row)"
     gpu = row.get("gpu_type", "")
     if gpu.lower().startswith("heterogeneous"):
         return "heterogeneous cluster (mixed GPU types per pipeline) not modelled"
@@ -351,12 +369,14 @@ def skip_reason(row: dict) -> str | None:
         return "interleaved 1F1B with unstated virtual stages"
     if _micro_batch(row, dp, pp) is None:
         return "micro-batch size not stated"
-    name = preset_for(row.get("model", ""))
     if name is not None:
         pre = get_model(name)
         for col, attr in _SHAPE:
             if row.get(col, "").strip() and _int(row[col]) != getattr(pre, attr):
                 return f"{col} {row[col]} differs from preset {name} ({getattr(pre, attr)})"
+        for col, attr in _MOE_SHAPE if pre.moe is not None else ():
+            if row.get(col, "").strip() and _int(row[col]) != getattr(pre.moe, attr):
+                return f"{col} {row[col]} differs from preset {name}"
     elif not row.get("vocab_size", "").strip() and "nemotron" not in row["model"].lower():
         return "vocab_size not stated and no preset"
     return None
@@ -387,6 +407,9 @@ def _model(row: dict) -> ModelSpec:
     name = preset_for(row["model"])
     if name is not None:
         pre = get_model(name)
+        if pre.moe is not None and "tokendrop" in row["model"].lower():
+            # Megatron-Bridge's token-dropping MoE recipes: capacity factor 1.
+            pre = pre.with_(moe=replace(pre.moe, capacity_factor=1.0))
         return pre.with_(seq_len=seq, vocab=_int(row.get("vocab_size"), pre.vocab),
                          max_positions=seq if pre.family == "gpt" else 0, dtype=dtype)
     llama = "llama" in row["model"].lower()
@@ -439,7 +462,11 @@ def row_setup(row: dict) -> tuple[ModelSpec, Cluster, ParallelConfig]:
                            if _int(row.get("dp")) > 1 else 0)} if sharded else (
         {"zero": 1, "overlap_param_gather": True} if "nemo" in row.get("framework", "").lower()
         else {})
-    cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, virtual_stages=vp,
+    # MoE on NeMo / Megatron-Bridge: the expert all-to-all overlapped with compute, the
+    # choice made on the declared MoE fit rows (merak_sim.validation.fidelity.MOE_FIT).
+    moe_overlap = model.moe is not None and "nemo" in row.get("framework", "").lower()
+    cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, virtual_stages=vp, ep=_int(row.get("ep")),
+                         moe_a2a_overlap=moe_overlap,
                          schedule="interleaved-1f1b" if vp > 1 else "1f1b",
                          micro_batch_size=_micro_batch(row, dp, pp),
                          global_batch_size=_int(row["global_batch_size"]),
