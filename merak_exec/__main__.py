@@ -17,9 +17,16 @@ from pathlib import Path
 
 import click
 
+from merak_sim.cli.vocab import config_from_options, config_options, refuse_plan_clash
+
 __all__ = ["main", "cli"]
 
 _POS = click.IntRange(min=1)
+#: merak-exec train's configuration defaults: one process, 1F1B, fp32, no recompute.
+_EXEC_DEFAULTS = dict(dp=1, tp=1, pp=1, cp=1, virtual_stages=1, order="tp-cp-dp-pp",
+                      schedule="1f1b", recompute="none", zero=0, zero_group=0,
+                      tp_overlap="none", tp_overlap_parts=2, dtype="fp32",
+                      micro_batch_size=1)
 
 
 class _Finite(click.FloatRange):
@@ -138,32 +145,10 @@ def cli() -> None:
 
 @cli.command()
 @_model_opts
-@click.option("--dp", type=_POS, default=1, show_default=True)
-@click.option("--tp", type=_POS, default=1, show_default=True)
-@click.option("--pp", type=_POS, default=1, show_default=True)
-@click.option("--virtual-stages", type=_POS, default=1, show_default=True)
-@click.option("--schedule", default="1f1b", show_default=True)
-@click.option("--recompute", default="none", show_default=True,
-              help="none, full, selective (attention core) or stage-aware")
-@click.option("--tp-overlap", default="none", show_default=True)
-@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
-              help="ZeRO stage: 1 shards the optimizer state over dp; 2 and 3 run torch "
-                   "FSDP2 (gradients too; 3 also the parameters)")
-@click.option("--sequence-parallel", is_flag=True,
-              help="split norms and dropout along the sequence over tp (needs --tp > 1)")
-@click.option("--order", default="tp-cp-dp-pp", show_default=True,
-              help="rank placement, axes fastest varying first (as merak-sim --order)")
-@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
-              show_default=True, help="bf16/fp16: autocast on fp32 master weights (fp16 "
-                                      "with a dynamic loss scaler)")
-@click.option("--micro-batch-size", "mbs", type=_POS, default=1, show_default=True,
-              help="samples per micro-batch")
-@click.option("--mbs", "mbs_alias", type=_POS, default=None, hidden=True)
+@config_options("degrees", "schedule", "memory", "overlap", "precision", "batch",
+                defaults=_EXEC_DEFAULTS, skip=("attention", "overlap_param_gather"))
 @click.option("--microbatches", type=_POS, default=None,
               help="micro-batches per iteration per pipeline (M)  [default: 4]")
-@click.option("--global-batch-size", "global_batch", type=_POS, default=None,
-              help="samples per iteration over all replicas (as merak-sim): dp x "
-                   "micro-batch size x M")
 @click.option("--steps", type=_POS, default=10, show_default=True,
               help="training iterations (optimizer steps)")
 @click.option("--lr", type=_Finite(min=0.0, min_open=True), default=1e-3, show_default=True,
@@ -211,13 +196,11 @@ def cli() -> None:
 @click.option("--plan", "plan_path", default=None,
               help="a merak-plan/1 file (from `merak-sim plan`/`dispatch`): its model and "
                    "parallel configuration replace the model, degree and batch options")
-@_aliases(mbs=("mbs_alias", "--micro-batch-size", "--mbs"),
-          trace_path=("trace_alias", "--chrome-trace", "--trace"))
-def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_stages,
-          schedule, recompute, tp_overlap, zero, sequence_parallel, order, dtype, mbs,
-          microbatches, global_batch, steps, lr, lr_schedule, warmup_steps, seed, data_path,
-          tokenizer, data_dtype, eval_every, eval_fraction, save_dir, save_every, resume,
-          export_dir, trace_path, split_points, meta, plan_path) -> None:
+@_aliases(trace_path=("trace_alias", "--chrome-trace", "--trace"))
+def train(kind, layers, hidden, heads, vocab, seq, dropout, microbatches, steps, lr,
+          lr_schedule, warmup_steps, seed, data_path, tokenizer, data_dtype, eval_every,
+          eval_fraction, save_dir, save_every, resume, export_dir, trace_path, split_points,
+          meta, plan_path, **degrees) -> None:
     """Train a model with dp x tp x pp on --data (synthetic tokens without it); prints
     ``parameters: N`` first. With --plan, every field the simulator priced (model
     shape, dtype, degrees, schedule, recompute, TP overlap) is what runs."""
@@ -227,14 +210,13 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, dp, tp, pp, virtual_
     check_launch_env()  # MERAK_TIMEOUT_S, RANK < WORLD_SIZE, MASTER_ADDR: before any work
     _check_outputs(trace_path, save_dir, save_every, export_dir, resume)
     points = _split_points(split_points)
-    M = _microbatches(microbatches, global_batch, dp, mbs, plan_path)
     flags = dict(kind=kind, layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq,
                  dropout=dropout)
-    spec, config = _checked_run(plan_path, flags, dict(
-        dp=dp, tp=tp, pp=pp, virtual_stages=virtual_stages, micro_batch_size=mbs,
-        global_batch_size=mbs * M * dp, schedule=schedule, recompute=recompute,
-        tp_overlap=tp_overlap, zero=zero, sequence_parallel=sequence_parallel, dtype=dtype,
-        order=order))
+    if plan_path is not None:
+        refuse_plan_clash(click.get_current_context())
+    degrees["global_batch_size"] = degrees["micro_batch_size"] * degrees["dp"] * _microbatches(
+        microbatches, degrees["global_batch_size"], degrees["dp"], degrees["micro_batch_size"])
+    spec, config = _checked_run(plan_path, flags, degrees)
     if spec is not None:
         seq, vocab = spec.seq_len, spec.vocab
     train_ds, eval_ds = _datasets(data_path, tokenizer, data_dtype, seq, vocab,
@@ -293,8 +275,8 @@ def _split_points(text: str | None) -> list[int] | None:
                                  param_hint="--split-points") from None
 
 
-def _microbatches(microbatches: int | None, global_batch: int | None, dp: int, mbs: int,
-                  plan_path: str | None) -> int:
+def _microbatches(microbatches: int | None, global_batch: int | None, dp: int,
+                  mbs: int) -> int:
     """M from --microbatches or --global-batch-size (one batch vocabulary with
     merak-sim); both must agree when given together."""
     if global_batch is None:
@@ -356,7 +338,6 @@ def _checked_run(plan_path: str | None, flags: dict, degrees: dict):
     (:func:`merak_exec.builders.check_resources`)."""
     from merak_exec.builders import check_resources, check_shape, spec_from_flags
     from merak_exec.mesh import ExecError
-    from merak_sim.config import ParallelConfig
     from merak_sim.executable import unsupported
     from merak_sim.sim.from_config import schedule_for
 
@@ -368,7 +349,7 @@ def _checked_run(plan_path: str | None, flags: dict, degrees: dict):
         plan = Plan.load(plan_path)
         spec, config = resolve_model(plan.model), plan.parallel
     else:
-        config = ParallelConfig(**degrees)
+        config = config_from_options(degrees)
     why = unsupported(config, spec)
     if why:
         raise ExecError(f"cannot run this {'plan' if spec else 'configuration'}: {why}")

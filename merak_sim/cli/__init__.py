@@ -1,8 +1,9 @@
 """``merak-sim`` command line.
 
 Every module of this package named ``*_cmd.py`` defines one click command in a
-module attribute ``command``; they are registered automatically, so adding a
-subcommand never touches this file.
+module attribute ``command`` (named as the module, less ``_cmd``, with dashes); they
+are found automatically and imported when used, so adding a subcommand never touches
+this file.
 
 Errors from bad input (``ValueError`` and its subclasses such as ScheduleError,
 click usage errors, unreadable files) are printed as one line
@@ -21,15 +22,33 @@ import click
 __all__ = ["cli", "main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The ``*_cmd.py`` modules of this package as subcommands, each imported only when
+    its command runs or is listed (``merak-sim simulate`` loads the simulator alone,
+    and merak-exec can use :mod:`merak_sim.cli.vocab` without loading any command)."""
+
+    def _modules(self) -> dict[str, str]:
+        return {info.name[:-4].replace("_", "-"): f"{__name__}.{info.name}"
+                for info in pkgutil.iter_modules(__path__) if info.name.endswith("_cmd")}
+
+    def list_commands(self, ctx) -> list[str]:
+        """Every subcommand's name, sorted."""
+        return sorted(self._modules())
+
+    def get_command(self, ctx, name: str) -> click.Command | None:
+        """Subcommand ``name``, its module imported on first use."""
+        if name not in self.commands:
+            module = self._modules().get(name)
+            if module is None:
+                return None
+            self.add_command(importlib.import_module(module).command, name)
+        return self.commands[name]
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="merak")
 def cli() -> None:
     """Simulate, plan and reproduce 3D-parallel transformer training (Merak)."""
-
-
-for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-    if _info.name.endswith("_cmd"):
-        cli.add_command(importlib.import_module(f"{__name__}.{_info.name}").command)
 
 
 def _as_flags(text: str, argv: list[str] | None) -> str:
@@ -38,7 +57,7 @@ def _as_flags(text: str, argv: list[str] | None) -> str:
     (``mode='full'`` -> ``--mode full``): errors raised below the command line name
     its flags."""
     args = sys.argv[1:] if argv is None else argv
-    cmd = cli.commands.get(next((a for a in args if not a.startswith("-")), ""))
+    cmd = cli.get_command(None, next((a for a in args if not a.startswith("-")), ""))
     if cmd is None:
         return text
     opts = {p.name: p for p in cmd.params

@@ -9,16 +9,12 @@ exit status 2; a configuration that does not fit in memory is a result
 
 from __future__ import annotations
 
-
 import click
 
-from merak_sim.config import ATTENTIONS, DTYPES, TP_OVERLAPS
 from merak_sim.costs.comm import PIPELINE_SENDS
 from merak_sim.progress import TEARDOWN_AFTER, exit_without_teardown
-from merak_sim.schedule import SCHEDULES
 
 from .options import (
-    ORDER_HELP,
     PIPELINE_SEND_HELP,
     POSITIVE,
     AliasOption,
@@ -26,50 +22,32 @@ from .options import (
     check_writable,
     emit_json,
     json_options,
-    parse_recompute,
 )
 from .profile_option import load_profile, profile_option
+from .vocab import CONFIG_FLAGS, config_from_options, config_options, refuse_plan_clash
+
+#: what a run must give when it has no plan (the other fields have defaults)
+_REQUIRED = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule",
+             "recompute")
 
 
-_PLAN_FIELDS = ("dp", "tp", "pp", "cp", "virtual_stages", "micro_batch_size",
-                "global_batch_size", "schedule", "recompute", "order")
-#: plan fields that have a default when neither a plan nor the option gives them
-_DEFAULTED = ("virtual_stages", "cp", "order")
-
-
-def _from_plan(plan_file: str, given: dict):
-    """(model, cluster, ParallelConfig) of a plan file; the options a plan fixes must
-    not be given as well."""
+def _from_plan(plan_file: str):
+    """(model, cluster, ParallelConfig) of a plan file; a configuration option given as
+    well is refused (:func:`~merak_sim.cli.vocab.refuse_plan_clash`)."""
     from merak_sim.plan import Plan
 
-    clash = [f"--{k.replace('_', '-')}" for k in _PLAN_FIELDS if given.get(k) is not None]
-    if clash:
-        raise click.UsageError(f"--plan fixes {', '.join(clash)}: give the plan or the "
-                               "options, not both")
+    refuse_plan_clash(click.get_current_context())
     plan = Plan.load(plan_file)
     return plan.model, plan.cluster, plan.parallel
 
 
-def _config(given: dict, sequence_parallel, tp_overlap, tp_overlap_parts, zero, dtype,
-            **more):
-    from merak_sim.config import ParallelConfig
-    from merak_sim.layout import DEFAULT_ORDER
-
-    missing = [f"--{k.replace('_', '-')}" for k in _PLAN_FIELDS
-               if k not in _DEFAULTED and given.get(k) is None]
+def _config(given: dict):
+    """The ParallelConfig of the options (every field in :data:`_REQUIRED` given)."""
+    missing = [CONFIG_FLAGS[k].flags[0] for k in _REQUIRED if given.get(k) is None]
     if missing:
         raise click.UsageError(f"missing option(s) {', '.join(missing)} (or give --plan "
                                "FILE)")
-    rc = parse_recompute(given["recompute"])
-    return ParallelConfig(
-        dp=given["dp"], tp=given["tp"], pp=given["pp"],
-        virtual_stages=given["virtual_stages"] or 1, cp=given["cp"] or 1,
-        micro_batch_size=given["micro_batch_size"],
-        global_batch_size=given["global_batch_size"], schedule=given["schedule"],
-        recompute=rc.policy, recompute_c0=rc.c0, recompute_fractions=rc.fractions,
-        sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
-        tp_overlap_parts=tp_overlap_parts, zero=zero, dtype=dtype,
-        order=given["order"] or DEFAULT_ORDER, **more)
+    return config_from_options(given)
 
 
 def _what_ifs(slow_gpu, degrade_link, cfg, cluster, nodes, mode):
@@ -174,43 +152,13 @@ def _check_bounds(cfg, mode: str, engine: str) -> str:
               help="Re-simulate a merak-plan/1 file (its model, cluster and "
                    "configuration).")
 @click.option("--nodes", type=POSITIVE, default=None, help="Nodes of the cluster.")
-@click.option("--dp", type=POSITIVE, default=None, help="Data-parallel degree.")
-@click.option("--tp", type=POSITIVE, default=None, help="Tensor-parallel degree.")
-@click.option("--pp", type=POSITIVE, default=None, help="Pipeline-parallel degree.")
-@click.option("--virtual-stages", type=POSITIVE, default=None,
-              help="Model chunks per pipeline rank (interleaved-1f1b; default 1).")
-@click.option("--micro-batch-size", "--mbs", "micro_batch_size", cls=AliasOption,
-              type=POSITIVE, default=None, help="Samples per micro-batch.")
-@click.option("--global-batch-size", type=POSITIVE, default=None,
-              help="Samples per iteration.")
-@click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None,
-              help="Pipeline schedule.")
-@click.option("--recompute", default=None,
-              help="none | full | selective | stage-aware | stage-aware:C0 | "
-                   "stage-aware:c0,c1,... (explicit per-stage fractions).")
-@click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism.")
-@click.option("--tp-overlap", type=click.Choice(list(TP_OVERLAPS)), default="none",
-              show_default=True, help="Merak's sub-pipelined TP overlap.")
-@click.option("--tp-overlap-parts", type=POSITIVE, default=2, show_default=True,
-              help="Parts a micro-batch is split into for sub-pipelined TP.")
-@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
-              help="ZeRO stage (3 = FSDP).")
-@click.option("--zero-group", "--hsdp", "zero_group", type=int, default=0, show_default=True,
-              help="HSDP: shard inside groups of N data-parallel ranks, replicate across "
-                   "(0: shard over all).")
-@click.option("--cp", type=POSITIVE, default=None,
-              help="Context-parallel degree (ring attention; default 1).")
-@click.option("--order", default=None, help=ORDER_HELP)
+@config_options("degrees", "batch", "schedule", "memory", "overlap",
+                defaults=dict(zero=0, zero_group=0, tp_overlap="none", tp_overlap_parts=2,
+                              attention="auto"))
 @click.option("--pipeline-send", type=click.Choice(PIPELINE_SENDS), default=None,
               help=PIPELINE_SEND_HELP)
 @profile_option
-@click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="auto",
-              show_default=True, help="Attention kernel (auto: flash on GPU presets, the "
-                                      "measured profile on CPU).")
-@click.option("--overlap-param-gather", is_flag=True,
-              help="Overlap the DP gradient reduction and the ZeRO 1/2 parameter "
-                   "all-gather with compute (implies --overlap-dp).")
-@click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
+@config_options("precision", defaults=dict(dtype="bf16"))
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None,
               help="Profiled trace (merak-trace/1) for trace-driven costs.")
 @click.option("--mode", type=click.Choice(["representative", "full"]),
@@ -237,11 +185,9 @@ def _check_bounds(cfg, mode: str, engine: str) -> str:
 @click.option("--gantt", "--plot", "plot", cls=AliasOption, type=click.Path(dir_okay=False),
               default=None,
               help="Write a Gantt chart (and FILE-memory.png with memory over time).")
-def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_overlap,
-                     tp_overlap_parts, zero, zero_group, attention, overlap_param_gather,
-                     dtype, pipeline_send, trace_file, mode, engine, contention, overlap_dp,
-                     sub_cluster, slow_gpu, degrade_link, as_json, json_out, chrome_trace, plot,
-                     profile_file, **given):
+def simulate_command(model, cluster, plan_file, nodes, pipeline_send, trace_file, mode,
+                     engine, contention, overlap_dp, sub_cluster, slow_gpu, degrade_link,
+                     as_json, json_out, chrome_trace, plot, profile_file, **given):
     """Simulate one training iteration: time, breakdown, FLOP/s and memory."""
     from pathlib import Path
 
@@ -258,14 +204,12 @@ def simulate_command(model, cluster, plan_file, nodes, sequence_parallel, tp_ove
         if model is not None or cluster is not None:
             raise click.UsageError("--plan names its model and cluster: drop --model / "
                                    "--cluster")
-        model, cluster, cfg = _from_plan(plan_file, given)
+        model, cluster, cfg = _from_plan(plan_file)
     else:
         if model is None or cluster is None:
             raise click.UsageError("give --model and --cluster (preset names or JSON "
                                    "files), or --plan FILE")
-        cfg = _config(given, sequence_parallel, tp_overlap, tp_overlap_parts, zero, dtype,
-                      zero_group=zero_group, attention=attention,
-                      overlap_param_gather=overlap_param_gather)
+        cfg = _config(given)
     what_ifs = _what_ifs(slow_gpu, degrade_link, cfg, cluster, nodes, mode)
     progress = _check_bounds(cfg, mode, engine)
     profile = load_profile(profile_file)
