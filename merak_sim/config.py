@@ -15,7 +15,10 @@ __all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES", "ATT
            "ZERO_STAGES"]
 
 RECOMPUTE_POLICIES = ("none", "full", "selective", "stage-aware")
-TP_OVERLAPS = ("none", "sub-pipelined")
+#: "sub-pipelined": Merak T3 (micro-batch parts); "te-chunked" / "async-tp": Transformer
+#: Engine's userbuffers and torch's async TP, chunked with the GEMMs at any micro-batch
+#: (:mod:`merak_sim.costs.tp_overlap`; they need sequence parallelism).
+TP_OVERLAPS = ("none", "sub-pipelined", "te-chunked", "async-tp")
 #: Training precisions (:mod:`merak_sim.precision`: GEMM rates, casts, state memory):
 #: fp8 per-tensor scaling, fp8-block (128-element blocks), mxfp8 and nvfp4 (Blackwell).
 DTYPES = ("bf16", "fp16", "fp32", "fp8", "fp8-block", "mxfp8", "nvfp4")
@@ -42,7 +45,9 @@ class ParallelConfig:
             "stage-aware" (Merak T2: fractions from ``recompute_c0`` or explicit
             ``recompute_fractions``, one per pipeline rank).
         sequence_parallel: Megatron sequence parallelism with tp.
-        tp_overlap: "none" or "sub-pipelined" (Merak T3, ``tp_overlap_parts`` parts).
+        tp_overlap: "none", "sub-pipelined" (Merak T3, ``tp_overlap_parts`` parts), or
+            "te-chunked" / "async-tp" (sequence parallelism's collectives pipelined
+            chunk by chunk with their GEMMs: :mod:`merak_sim.costs.tp_overlap`).
         zero: ZeRO stage over the data-parallel ranks: 0 (replicated), 1 (optimizer
             states sharded; gradients reduce-scattered and weights all-gathered after
             the step, Megatron's distributed optimizer), 2 (gradients sharded too), 3
@@ -160,6 +165,10 @@ class ParallelConfig:
             )
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence parallelism needs tp > 1")
+        if self.tp_overlap in ("te-chunked", "async-tp") and not self.sequence_parallel:
+            raise ValueError(f"tp overlap {self.tp_overlap} chunks sequence parallelism's "
+                             "all-gathers and reduce-scatters: add sequence_parallel "
+                             "(--sequence-parallel, tp > 1)")
         if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
             raise ValueError(f"zero stage {self.zero!r} unknown; choose 0, 1, 2 or 3")
         if (not isinstance(self.zero_group, int) or isinstance(self.zero_group, bool)

@@ -7,6 +7,9 @@ all-reduces, or with sequence parallelism an all-gather plus a reduce-scatter in
 of each (same bytes). Without overlap every collective is synchronous and exposed.
 Sub-pipelined TP (Merak T3) hides all but the last collective of the pass behind the
 pass's compute, as far as that compute (less the first part's first sub-layer) allows.
+The chunked overlaps ("te-chunked", "async-tp": sequence parallelism's all-gathers and
+reduce-scatters pipelined chunk by chunk with their GEMMs, at any micro-batch) are
+priced by :mod:`merak_sim.costs.tp_overlap`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from merak_sim.costs.comm import group_ranks
+from merak_sim.costs.tp_overlap import CHUNKED_OVERLAPS, chunked_pass
 
 if TYPE_CHECKING:
     from merak_sim.config import ParallelConfig
@@ -38,8 +42,16 @@ def tp_pass(comm: Comm, lay: LayerCost, which: str, cluster: Any, config: Parall
         return 0.0, 0.0, 0.0
     ranks = group_ranks("tp", config, pp_rank)
     if config.sequence_parallel:
-        one = (comm("all-gather", nbytes, ranks, cluster)
-               + comm("reduce-scatter", nbytes, ranks, cluster))
+        ag = comm("all-gather", nbytes, ranks, cluster)
+        rs = comm("reduce-scatter", nbytes, ranks, cluster)
+        one = ag + rs
+        if config.tp_overlap in CHUNKED_OVERLAPS:
+            t = config.tp
+            sent = count * 2.0 * (t - 1) / t * nbytes
+            attn = lay.attn_fwd_s if which == "fwd" else lay.attn_bwd_s
+            gemm = max(0.0, compute_s - attn) if compute_s > 0 else 0.0
+            return (count * one, chunked_pass(config.tp_overlap, ag, rs, count, t, gemm),
+                    sent)
     else:
         one = comm("all-reduce", nbytes, ranks, cluster)
     t = config.tp

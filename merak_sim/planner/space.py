@@ -27,11 +27,12 @@ schedule is 1F1B, so only one is kept.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from itertools import product
 from dataclasses import dataclass, replace
+from itertools import product
 
 from merak_sim.config import ATTENTIONS, RECOMPUTE_POLICIES, TP_OVERLAPS, ZERO_STAGES
 from merak_sim.costs.ring import check_cp
+from merak_sim.costs.tp_overlap import CHUNKED_OVERLAPS
 from merak_sim.layout import DEFAULT_ORDER, RankLayout
 from merak_sim.schedule import SCHEDULES
 
@@ -354,8 +355,11 @@ def _variants(spec, sched: str, tp: int, mbs: int, replicas: int, rule: str,
     """(variants, rules) of a block (:class:`Block`); ``replicas``: dp x cp."""
     rcs = tuple(r for r in space.recompute if spec.pairs_with(r))
     sps = _collapse(space.sequence_parallel, tp > 1, False)
-    ovs = tuple(dict.fromkeys(o if (o == "none" or (tp > 1 and mbs % 2 == 0)) else "none"
-                              for o in space.tp_overlap))
+    # Sub-pipelined TP needs an even micro-batch; the chunked overlaps any micro-batch
+    # but sequence parallelism (paired below).
+    ovs = tuple(dict.fromkeys(o if (o == "none" or (tp > 1 and (o in CHUNKED_OVERLAPS
+                                                                 or mbs % 2 == 0)))
+                              else "none" for o in space.tp_overlap))
     zgs = []
     for z in _collapse(space.zero, replicas > 1, 0):
         groups = tuple(dict.fromkeys(
@@ -372,5 +376,6 @@ def _variants(spec, sched: str, tp: int, mbs: int, replicas: int, rule: str,
         variants = interned[key] = tuple(
             (rc, sp, ov, z, zg, att, odp)
             for rc, sp, ov, (z, zg), att, odp in product(rcs, sps, ovs, zgs, space.attention,
-                                                        odps))
+                                                        odps)
+            if sp or ov not in CHUNKED_OVERLAPS)
     return variants, excluded
