@@ -149,6 +149,19 @@ class ArraySchedule(Schedule):
         """The rows (those it was built from, or those of its programs)."""
         return rows_of_programs(self.programs)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to any Schedule with the same fields (programs compared as Actions)."""
+        if not isinstance(other, Schedule):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in _FIELDS)
+
+    __hash__ = Schedule.__hash__
+
+
+#: The fields of a Schedule, cheapest to compare first.
+_FIELDS = ("name", "num_stages", "num_microbatches", "virtual_stages", "no_recompute_stages",
+           "lowered", "placement", "programs")
+
 
 def rows_of(sched: Schedule) -> StepRows:
     """The rows of a schedule: an :class:`ArraySchedule`'s own, else converted from its
@@ -165,3 +178,150 @@ def model_stages(rows: StepRows, placement: str, virtual_stages: int) -> np.ndar
     if placement == "v":
         return np.where(rows.chunk == 0, rows.rank, 2 * S - 1 - rows.rank)
     return rows.chunk * S + rows.rank
+
+
+# -- compute orders in closed form --------------------------------------------------------
+
+def _grid_rows(kind: np.ndarray, mb: np.ndarray, chunk: np.ndarray) -> StepRows:
+    """Rows of (ranks, steps) grids of compute actions, each rank's program ended by AR
+    and OPT (as :meth:`~merak_sim.schedule.spec.ScheduleSpec.build` ends it)."""
+    S, L = kind.shape
+    tail = np.full((S, 1), -1, dtype=np.int64)
+    zero = np.zeros((S, 2), dtype=np.int64)
+    k = np.hstack([kind, np.full((S, 1), _AR), np.full((S, 1), _OPT)]).astype(np.int8)
+    return StepRows(k.ravel(), np.hstack([mb, tail, tail]).ravel(),
+                    np.hstack([chunk, zero]).ravel(), np.zeros(S * (L + 2), dtype=bool),
+                    np.arange(S + 1, dtype=np.int64) * (L + 2))
+
+
+def _warm_steady_cool(S: int, total: int, warm: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(is forward, index k) of every step of a 1F1B-shaped order: rank s runs
+    ``warm[s]`` forwards, then (forward, backward) pairs, then the remaining backwards,
+    over ``total`` forwards and as many backwards (forward k, backward k in order)."""
+    p = np.arange(2 * total, dtype=np.int64)[None, :]
+    w = warm[:, None]
+    steady = (p >= w) & (p < 2 * total - w)
+    is_f = (p < w) | (steady & ((p - w) % 2 == 0))
+    k = np.where(p < w, p, np.where(steady, np.where(is_f, w + (p - w) // 2, (p - w) // 2),
+                                    p - total))
+    return is_f, k
+
+
+def _one_f_one_b_rows(S: int, M: int, v: int = 1) -> StepRows:
+    """:func:`~merak_sim.schedule.generators.one_f_one_b` as rows."""
+    warm = np.minimum(S - 1 - np.arange(S, dtype=np.int64), M)
+    is_f, k = _warm_steady_cool(S, M, warm)
+    return _grid_rows(np.where(is_f, _F, _B), k, np.zeros_like(k))
+
+
+def _interleaved_rows(S: int, M: int, v: int) -> StepRows:
+    """:func:`~merak_sim.schedule.generators.interleaved_1f1b` as rows (virtual
+    micro-batch k runs chunk (k // S) % v of micro-batch (k // (S v)) S + k % S;
+    backwards visit the chunks in reverse)."""
+    total = M * v
+    warm = np.minimum(2 * (S - 1 - np.arange(S, dtype=np.int64)) + (v - 1) * S, total)
+    is_f, k = _warm_steady_cool(S, total, warm)
+    c = (k // S) % v
+    return _grid_rows(np.where(is_f, _F, _B), (k // (S * v)) * S + k % S,
+                      np.where(is_f, c, v - 1 - c))
+
+
+def _gpipe_rows(S: int, M: int, v: int = 1) -> StepRows:
+    """:func:`~merak_sim.schedule.generators.gpipe` as rows."""
+    m = np.tile(np.arange(M, dtype=np.int64), (S, 2))
+    kind = np.repeat(np.array([[_F, _B]]), M, axis=1).repeat(S, axis=0)
+    return _grid_rows(kind, m, np.zeros_like(m))
+
+
+#: Generators whose compute order has a closed form, as rows: name -> (pp,
+#: micro-batches, virtual stages) -> compute-only rows (AR and OPT included).
+ARRAY_ORDERS: dict[str, Callable[[int, int, int], StepRows]] = {
+    "gpipe": _gpipe_rows, "1f1b": _one_f_one_b_rows, "interleaved-1f1b": _interleaved_rows,
+}
+
+
+def compute_rows(spec: ScheduleSpec, pp: int, microbatches: int, virtual_stages: int = 1
+                 ) -> StepRows:
+    """The compute-only rows of ``spec``'s generator (its requirements checked first):
+    from :data:`ARRAY_ORDERS` where it has a closed form, else from its Action
+    programs."""
+    spec.check(pp, microbatches, virtual_stages)
+    order = ARRAY_ORDERS.get(spec.name)
+    if order is None:
+        return rows_of_programs(spec.build(pp, microbatches, virtual_stages).programs)
+    return order(pp, microbatches, virtual_stages)
+
+
+# -- the default lowering, vectorised -----------------------------------------------------
+
+def _peers(rows: StepRows, placement: str, v: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per compute row: (receive kind or -1, its peer rank, send kind or -1, its peer)
+    as :func:`~merak_sim.schedule.lowering.lower` places them."""
+    S = rows.num_ranks
+    G = S * v
+    g = model_stages(rows, placement, v)
+    holder = np.array([placed_rank(placement, S, x)[0] for x in range(G)] + [-1],
+                      dtype=np.int64)  # index -1 and G: no stage
+    local = np.append(holder[:-2] == holder[1:-1], [False, False])  # g, g+1 on one rank
+    fwd = (rows.kind == _F) | (rows.kind == _FN)
+    bwd = (rows.kind == _B) | (rows.kind == _I)
+    up = np.minimum(g + 1, G)
+    down = np.where(g > 0, g - 1, G)
+    recv = np.where(fwd & (g > 0) & ~local[down], _RA,
+                    np.where(bwd & (g < G - 1) & ~local[g], _RG, -1))
+    send = np.where(fwd & (g < G - 1) & ~local[g], _SA,
+                    np.where(bwd & (g > 0) & ~local[down], _SG, -1))
+    recv_peer = np.where(recv == _RA, holder[down], holder[up])
+    send_peer = np.where(send == _SA, holder[up], holder[down])
+    return recv, recv_peer, send, send_peer
+
+
+def lower_rows(rows: StepRows, placement: str, virtual_stages: int) -> StepRows:
+    """The rows with communication added as :func:`~merak_sim.schedule.lowering.lower`
+    adds it to a program without explicit sends and receives (ValueError for rows that
+    hold some): a receive right before each consumer, a send right after each
+    producer, and a send fused with the receive that follows it when both go to the
+    same peer."""
+    if np.any((rows.kind >= _SA) & (rows.kind <= _RG)):
+        raise ValueError("lower_rows lowers compute-only rows; these hold sends or receives")
+    recv, recv_peer, send, send_peer = _peers(rows, placement, virtual_stages)
+    has_r, has_s = recv >= 0, send >= 0
+    width = 1 + has_r + has_s
+    at = np.cumsum(width) - width  # first output row of each input row
+    n = int(width.sum())
+    kind = np.empty(n, dtype=np.int8)
+    mb = np.empty(n, dtype=np.int64)
+    ch = np.empty(n, dtype=np.int64)
+    joined = np.zeros(n, dtype=bool)
+    own = at + has_r
+    for sel, where, k in ((slice(None), own, rows.kind), (has_r, at, recv),
+                          (has_s, own + 1, send)):
+        idx = where[sel]
+        kind[idx] = k[sel]
+        mb[idx] = rows.microbatch[sel]
+        ch[idx] = rows.chunk[sel]
+    # A pending send fuses with the next row's receive on the same rank and peer.
+    rank = rows.rank
+    nxt = np.zeros(len(has_r), dtype=bool)
+    nxt[:-1] = (has_s[:-1] & has_r[1:] & (rank[:-1] == rank[1:])
+                & (send_peer[:-1] == recv_peer[1:]))
+    joined[at[1:][nxt[:-1]]] = True
+    return StepRows(kind, mb, ch, joined, np.append(at, n)[rows.bounds])
+
+
+def array_schedule(spec: ScheduleSpec, pp: int, microbatches: int, virtual_stages: int = 1
+                   ) -> ArraySchedule | None:
+    """``generate(spec.name, ...)`` as an :class:`ArraySchedule` built from rows, or
+    None where the generator has no closed form (:data:`ARRAY_ORDERS`) or is cost-aware."""
+    if spec.name not in ARRAY_ORDERS or spec.cost_aware:
+        return None
+    rows = lower_rows(compute_rows(spec, pp, microbatches, virtual_stages), spec.placement,
+                      virtual_stages)
+    out = new_twin(ArraySchedule)
+    out.__dict__.update(name=spec.name, num_stages=pp, num_microbatches=microbatches,
+                        virtual_stages=virtual_stages,
+                        no_recompute_stages=spec.never_recompute(pp), lowered=True,
+                        placement=spec.placement, step_rows=rows)
+    return out

@@ -12,8 +12,11 @@ import gc
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from merak_sim.config import ParallelConfig
 from merak_sim.costs.base import CostTable
@@ -25,12 +28,14 @@ from merak_sim.model import ModelSpec
 from merak_sim.progress import Progress, progress_reporter
 from merak_sim.resolve import resolve_cluster, resolve_model
 from merak_sim.schedule import SCHEDULES, generate, lower
+from merak_sim.schedule.arrays import array_schedule
 from merak_sim.schedule.ir import Schedule
 from merak_sim.sim.from_config import recompute_fractions, schedule_for, split_grad_sync
 
+from .deferred import Deferred
 from .engine import EventLog, run_engine
 from .entities import HBM, Topology, topology_from_cluster
-from .evaluator import DependencyGraph, evaluate, plan
+from .evaluator import DependencyGraph, evaluate
 from .gpu import EngineOptions
 from .periodic import Evaluated, Extended, extended
 from .program import Compiled, compile_program
@@ -40,6 +45,10 @@ from .structure import forget_structures
 __all__ = ["simulate", "SimulationError", "evaluator_trace", "resolve_config", "schedule_of",
            "shape_schedule", "forget_schedules"]
 
+#: Micro-batch passes (pp x micro-batches x virtual stages) from which
+#: :func:`shape_schedule` builds a schedule as rows: below, the Action objects are
+#: as fast (the arrays' fixed cost of some 60 numpy calls).
+ARRAY_PASSES = 256
 #: How many generated schedules :func:`schedule_of` keeps (least recently used out).
 SCHEDULES_KEPT = 64
 _SCHEDULES: OrderedDict[tuple, Schedule] = OrderedDict()
@@ -82,11 +91,18 @@ def shape_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
     shape (the :data:`SCHEDULES_KEPT` most recent): generators are pure functions of
     those (cost-aware ones with unit costs here), and handing out the same object
     lets :func:`~merak_sim.sim.program.compile_program` and the evaluator reuse its
-    structure and dependency order for every configuration of that shape."""
+    structure and dependency order for every configuration of that shape. From
+    :data:`ARRAY_PASSES` micro-batch passes on, a generator with a closed form builds
+    it as rows (:func:`~merak_sim.schedule.arrays.array_schedule`: its Action
+    programs only on first use) and it compiles with numpy."""
     key = (name, pp, microbatches, virtual_stages)
     sched = _SCHEDULES.get(key)
     if sched is None:
-        sched = _SCHEDULES[key] = generate(name, pp, microbatches, virtual_stages)
+        spec = SCHEDULES.get(name)
+        rows = (array_schedule(spec, pp, microbatches, virtual_stages)
+                if spec is not None and pp * microbatches * virtual_stages >= ARRAY_PASSES
+                else None)
+        sched = _SCHEDULES[key] = rows or generate(name, pp, microbatches, virtual_stages)
         while len(_SCHEDULES) > SCHEDULES_KEPT:
             _SCHEDULES.popitem(last=False)
     else:
@@ -121,24 +137,35 @@ def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
                     pl: DependencyGraph | None = None,
                     record_memory: bool = True) -> EventLog:
     """Run the fast evaluator and package its times as an :class:`EventLog` (memory is
-    replayed per rank in program order, which is time order on each rank)."""
-    ev = evaluate(prog, pl or plan(prog), overlap_dp=overlap_dp, buckets=buckets, zero=zero)
+    replayed per rank in program order, which is time order on each rank, with numpy:
+    :meth:`~merak_sim.sim.entities.HBM.replay_arrays`; each rank's rows are built on
+    first use)."""
+    ev = evaluate(prog, pl, overlap_dp=overlap_dp, buckets=buckets, zero=zero)
     S = prog.num_ranks
-    start, end = ev.start, ev.end
-    alloc, free = prog.mem_alloc, prog.mem_free
+    start, end = np.array(ev.start), np.array(ev.end)
+    fa = prog.structure.arrays
+    mem = np.array(prog.memory_values)
+    alloc, free = mem[fa.alloc], mem[fa.free]
+    first = fa.first.tolist()
     acts = []
     mems = []
     for r in range(S):
         hbm = HBM(capacity, prog.state_bytes[r], record_memory)
-        ids = prog.structure.compute_ids[r]
-        hbm.replay(ids, start, end, alloc, free)
-        acts.append(list(zip(ids, map(start.__getitem__, ids), map(end.__getitem__, ids),
-                             strict=True)))
+        ids = range(first[r], first[r + 1])
+        hbm.replay_arrays(ids, start, end, alloc, free)
+        acts.append(Deferred(partial(_rows, ids, ev.start, ev.end)))
         mems.append(hbm)
     return EventLog(prog=prog, placement=placement, mode="representative",
-                 ranks=[placement.rank(s) for s in range(S)], stage_of=list(range(S)),
-                 copy_of=[0] * S, acts=acts, xfers=[(ev.xfer_start, ev.xfer_end)],
-                 buckets=list(ev.buckets), memory=mems, makespan=ev.makespan)
+                    ranks=[placement.rank(s) for s in range(S)], stage_of=list(range(S)),
+                    copy_of=[0] * S, acts=acts, xfers=[(ev.xfer_start, ev.xfer_end)],
+                    buckets=list(ev.buckets), memory=mems, makespan=ev.makespan,
+                    times=(start, end, np.array(ev.xfer_start), np.array(ev.xfer_end)))
+
+
+def _rows(ids: range, start: list[float], end: list[float]) -> list[tuple[int, float, float]]:
+    """(action id, start, end) of the actions ``ids``."""
+    lo, hi = ids.start, ids.stop
+    return list(zip(ids, start[lo:hi], end[lo:hi], strict=True))
 
 
 def _resolve_model_cluster(model: ModelSpec | str | Path | dict | None,

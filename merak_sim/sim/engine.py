@@ -49,6 +49,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from merak_sim.layout import RankLayout
 from merak_sim.progress import Progress
 
@@ -82,6 +84,10 @@ class EventLog:
             the fabric simulated (contention on); ``delay`` is how much contention
             lengthened the action. Empty where not simulated: the collective then
             spans the action's last ``min(tp_s, duration)`` seconds.
+        times: (start, end) of every action id and (start, end) of every transfer
+            id, as numpy arrays, where the log holds one entity per pipeline rank
+            whose ``acts`` are its actions in id order (the fast evaluator's): what
+            the array paths of the result read instead of ``acts``; else None.
     """
 
     prog: Compiled
@@ -97,6 +103,7 @@ class EventLog:
     makespan: float
     events_processed: int = 0
     tp_comm: list[dict[int, tuple[float, float, float]]] = field(default_factory=list)
+    times: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def _check(prog: Compiled, placement: RankLayout, opts: EngineOptions) -> None:

@@ -21,9 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+import numpy as np
+
 from merak_sim.layout import node_of
+
+from .deferred import Deferred
 
 __all__ = [
     "Topology",
@@ -201,6 +206,51 @@ class HBM:
                 if rec is not None:
                     rec((end[x], used))
         self.used = used
+
+    def replay_arrays(self, ids: range, start: np.ndarray, end: np.ndarray,
+                      alloc: np.ndarray, free: np.ndarray) -> None:
+        """:meth:`replay` of the consecutive action ids ``ids`` with numpy arrays
+        indexed by action id: the running use is one sequential cumulative sum over
+        the same additions and subtractions in the same order (so the same floats),
+        and the first out-of-memory action is the first allocation above the
+        capacity (the first such use is a new peak: everything before it fit)."""
+        lo, hi = ids.start, ids.stop
+        a, f = alloc[lo:hi], free[lo:hi]
+        steps = np.empty(2 * (hi - lo) + 1)
+        steps[0] = self.used
+        steps[1::2] = a
+        steps[2::2] = -f
+        used = np.cumsum(steps)
+        after = used[1::2]
+        grows = np.flatnonzero(a != 0)
+        if len(grows):
+            top = float(after[grows].max())
+            if top > self.peak:
+                self.peak = top
+                over = top - self.capacity
+                if over > 0:
+                    if self.oom_time is None:
+                        j = int(grows[np.argmax(after[grows] > self.capacity)])
+                        self.oom_time, self.oom_action = float(start[lo + j]), lo + j
+                    self.overflow = max(self.overflow, over)
+        if self._record:
+            self.timeline = Deferred(partial(_timeline, self.timeline, a, f, start[lo:hi],
+                                             end[lo:hi], used))
+        self.used = float(used[-1])
+
+
+def _timeline(head: list[tuple[float, float]], a: np.ndarray, f: np.ndarray,
+              start: np.ndarray, end: np.ndarray, used: np.ndarray
+              ) -> list[tuple[float, float]]:
+    """:attr:`HBM.timeline` after :meth:`HBM.replay_arrays`: ``head``, then (start,
+    use) of each allocation and (end, use) of each free that changes the use."""
+    t = np.empty(len(used) - 1)
+    t[0::2] = start
+    t[1::2] = end
+    moves = np.empty(len(t), dtype=bool)
+    moves[0::2] = a != 0
+    moves[1::2] = f != 0
+    return head + list(zip(t[moves].tolist(), used[1:][moves].tolist(), strict=True))
 
 
 class SyncGroup:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
+
 from merak_sim.schedule.execute import execute
 from merak_sim.schedule.ir import Kind, ScheduleError
 
@@ -237,15 +239,38 @@ def evaluate(
     """Exact contention-free times of every action and transfer of ``prog``.
 
     Args:
-        pl: the precomputed :func:`plan` (computed here if None).
+        pl: a precomputed :func:`plan`, walked in its order; without one the ranks
+            are timed as they run (:func:`_run_times`, one pass that finds the order
+            as it goes; the same additions and maxima, so the same times).
         overlap_dp: overlap the data-parallel gradient reduction with the last
             backwards (bucketed, see :func:`ar_buckets`); otherwise AR runs on the
             compute stream after the last backward.
         buckets: gradient buckets per chunk when overlapping.
         zero: ZeRO stage (1: only the reduce-scatter half overlaps).
     """
-    if pl is None:
-        pl = plan(prog)
+    run = None if pl is not None else _run_times(prog)
+    if run is None:
+        if pl is None:
+            pl = plan(prog)
+        start, end, xs, xe = _graph_times(prog, pl)
+    else:
+        start, end, xs, xe, pl = run
+    all_buckets = _finish_ranks(prog, pl, start, end, overlap_dp, buckets, zero)
+    start.pop()
+    end.pop()
+    makespan = max(max(end, default=0.0), max(xe, default=0.0))
+    for rb in all_buckets:
+        for _c, _s, e in rb:
+            if e > makespan:
+                makespan = e
+    return Evaluation(makespan, start, end, xs, xe, tuple(all_buckets))
+
+
+def _graph_times(prog: Compiled, pl: DependencyGraph
+                 ) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Start and end of every compute action (one slot more, index -1: 0.0) and of
+    every transfer, walking ``pl``'s nodes in order; AR and OPT are left to
+    :func:`_finish_ranks`."""
     n = len(prog.actions)
     dur = prog.duration_s
     xdur = prog.transfer_s
@@ -269,12 +294,126 @@ def evaluate(
                 t = a
         start[i] = t
         end[i] = t + dur[i]
-    all_buckets = _finish_ranks(prog, pl, start, end, overlap_dp, buckets, zero)
-    start.pop()
-    end.pop()
-    makespan = max(max(end, default=0.0), max(xe, default=0.0))
-    for rb in all_buckets:
-        for _c, _s, e in rb:
-            if e > makespan:
-                makespan = e
-    return Evaluation(makespan, start, end, xs, xe, tuple(all_buckets))
+    return start, end, xs, xe
+
+
+def _tails(prog: Compiled) -> tuple[list[int], list[int], list] | None:
+    """Per rank, the end (exclusive) of its per-micro-batch actions and its
+    (AR, OPT, action before them) as :attr:`DependencyGraph.tails`; None where a rank
+    does not end in them (AR then OPT, either alone, or neither) or a posting follows
+    them, which only the walk of :func:`plan` times."""
+    fa = prog.structure.arrays
+    first = fa.first.tolist()
+    kind = fa.kind
+    ar, opt = Kind.ALL_REDUCE.code, Kind.OPTIMIZER.code
+    tail_kinds = (kind == ar) | (kind == opt)
+    ends, tails = [], []
+    for r in range(len(first) - 1):
+        lo, hi = first[r], first[r + 1]
+        k = kind[lo:hi].tolist()
+        stop = hi
+        while stop > lo and k[stop - lo - 1] in (ar, opt):
+            stop -= 1
+        got = k[stop - lo:]
+        if got not in ([], [ar], [opt], [ar, opt]):
+            return None
+        ends.append(stop)
+        tails.append((stop if got and got[0] == ar else -1, hi - 1 if got and got[-1] == opt
+                      else -1, stop - 1 if stop > lo else -1))
+    posts = np.concatenate([fa.send_prev, fa.recv_prev])
+    if tail_kinds.sum() != sum(hi - e for hi, e in zip(first[1:], ends, strict=True)) or \
+            tail_kinds[posts[posts >= 0]].any():
+        return None
+    return ends, first, tails
+
+
+def _run_times(prog: Compiled) -> tuple[list[float], list[float], list[float], list[float],
+                                        DependencyGraph] | None:
+    """:func:`_graph_times` without a graph: the ranks run in sweeps (down the
+    pipeline, then up), each timing its actions until one needs a transfer whose send
+    is not posted yet (the action before the send not timed yet), until every rank is
+    done; then the transfers' times follow from their ends' (the same maxima and
+    additions). Also the graph's tails; None where :func:`_tails` says the walk of
+    :func:`plan` must time it."""
+    got = _tails(prog)
+    if got is None:
+        return None
+    stop, first, tails = got
+    fa = prog.structure.arrays
+    n = len(prog.duration_s)
+    has = fa.consumed >= 0
+    dep = np.where(has, fa.consumed, 0)
+    # Per action: the end slots its transfer's start reads (-2: none) and its time;
+    # one slot more, so that a schedule without transfers reads from it.
+    sp = np.where(has, np.append(fa.send_prev, -2)[dep], -2).tolist()
+    rp = np.append(fa.recv_prev, -1)[dep].tolist()
+    xd = np.append(np.asarray(prog.transfer_s, dtype=float), 0.0)[dep].tolist()
+    start = [0.0] * (n + 1)
+    end: list = [None] * n + [0.0]  # None: not timed yet; index -1: no predecessor
+    if not _sweep(stop, first[:-1], sp, rp, xd, prog.duration_s, start, end):
+        # Let the reference interpreter produce its rank x step grid.
+        execute(prog.schedule, lambda a: 1.0)
+        raise ScheduleError(f"schedule {prog.schedule.name!r} deadlocks")
+    xs, xe = _transfer_times(prog, end)
+    return start, end, xs, xe, DependencyGraph((), tuple(tails))
+
+
+def _sweep(stop: list[int], pos: list[int], sp: list[int], rp: list[int], xd: list[float],
+           dur: tuple[float, ...], start: list[float], end: list) -> bool:
+    """Time every rank's actions ``pos[r]`` .. ``stop[r] - 1`` in sweeps (see
+    :func:`_run_times`); False where a sweep times nothing and some are left (a
+    deadlock)."""
+    S = len(stop)
+    clock = [0.0] * S
+    orders = (list(range(S)), list(range(S))[::-1])
+    left = sum(stop) - sum(pos)
+    sweeps = 0
+    while left:
+        timed = 0
+        for r in orders[sweeps & 1]:
+            i0, hi = pos[r], stop[r]
+            if i0 == hi:
+                continue
+            t = clock[r]
+            for i in range(i0, hi):
+                p = sp[i]
+                if p != -2:
+                    a = end[p]
+                    if a is None:  # its send is not posted yet
+                        break
+                    b = end[rp[i]]
+                    if b > a:
+                        a = b
+                    a += xd[i]
+                    if a > t:
+                        t = a
+                start[i] = t
+                t += dur[i]
+                end[i] = t
+            else:
+                i = hi
+            timed += i - i0
+            pos[r] = i
+            clock[r] = t
+        if not timed:
+            return False
+        left -= timed
+        sweeps += 1
+    return True
+
+
+def _transfer_times(prog: Compiled, end: list) -> tuple[list[float], list[float]]:
+    """Start and end of every transfer that a compute action consumes (0.0 for the
+    others, as the walk leaves them): the later end of the actions before its two
+    postings, plus its time."""
+    fa = prog.structure.arrays
+    nx = len(prog.transfer_s)
+    xs = np.zeros(nx)
+    xe = np.zeros(nx)
+    used = np.unique(fa.consumed[fa.consumed >= 0])
+    if len(used):
+        ends = np.array(end, dtype=float)  # AR and OPT (never before a posting): nan
+        a, b = ends[fa.send_prev[used]], ends[fa.recv_prev[used]]
+        xs[used] = np.where(b > a, b, a)
+        xe[used] = xs[used] + np.asarray(prog.transfer_s, dtype=float)[used]
+    return xs.tolist(), xe.tolist()

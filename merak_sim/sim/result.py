@@ -34,11 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from merak_sim import timeline
+from merak_sim.schedule.arrays import KIND_OF_CODE
 from merak_sim.schedule.ir import Kind
 from merak_sim.timeline import EVENT_COLUMNS, TP_KIND
 
 from .engine import EventLog
+
+_AR_CODE, _OPT_CODE = Kind.ALL_REDUCE.code, Kind.OPTIMIZER.code
 
 __all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "build_result", "result_of",
            "rank_breakdown"]
@@ -302,27 +307,113 @@ class SimResult:
 def rank_breakdown(tr: EventLog, e: int, rows: list[tuple[int, float, float]] | None = None
                    ) -> tuple[float, float, float]:
     """(compute, recompute, exposed comm) seconds of entity ``e`` (module docstring);
-    of ``rows``, a run of its ``tr.acts[e]`` rows, alone where given."""
+    of ``rows``, a run of its ``tr.acts[e]`` rows, alone where given. A whole rank of
+    a log with :attr:`~merak_sim.sim.engine.EventLog.times` sums its per-micro-batch
+    actions with numpy (:func:`_head_breakdown`) and walks only AR and OPT."""
     prog = tr.prog
-    s = tr.stage_of[e]
-    ci = tr.copy_of[e]
-    xs, xe = tr.xfers[ci]
-    dur = prog.duration_s
-    rec = prog.recompute_s
-    acts = prog.actions
-    tpx = prog.tp_exposed_s
-    tprx = prog.tp_recompute_exposed_s
+    if rows is not None or tr.times is None or tr.tp_comm:
+        return _walk_breakdown(tr, e, tr.acts[e] if rows is None else rows, _Per(prog, e),
+                               0.0, 0.0, 0.0, 0.0)
+    fa = prog.structure.arrays
+    lo, hi = int(fa.first[tr.stage_of[e]]), int(fa.first[tr.stage_of[e] + 1])
+    tail = (fa.kind[lo:hi] == _AR_CODE) | (fa.kind[lo:hi] == _OPT_CODE)
+    head = lo + (int(np.argmax(tail)) if tail.any() else hi - lo)
+    start, end = tr.times[0], tr.times[1]
+    rows = [(x, float(start[x]), float(end[x])) for x in range(head, hi)]
+    return _walk_breakdown(tr, e, rows, _Per(prog, e, range(head, hi)),
+                           *_head_breakdown(tr, e, lo, head))
+
+
+class _Per:
+    """What :func:`_walk_breakdown` reads per action id: the program's tuples, or for
+    the few ``ids`` given, dictionaries of them (the array path walks only AR and OPT,
+    and need not build a tuple per action)."""
+
+    __slots__ = ("acts", "dur", "rec", "tpx", "tprx", "consumed")
+
+    def __init__(self, prog, e: int, ids: range | None = None):
+        if ids is None:
+            self.acts, self.dur, self.rec = prog.actions, prog.duration_s, prog.recompute_s
+            self.tpx, self.tprx = prog.tp_exposed_s, prog.tp_recompute_exposed_s
+            self.consumed = None
+            return
+        fa = prog.structure.arrays
+        rule = fa.rule
+        cols = prog.rule_values
+        self.acts = {x: _KindOnly(KIND_OF_CODE[int(fa.kind[x])]) for x in ids}
+        self.dur = {x: prog.duration_s[x] for x in ids}
+        self.rec, self.tpx, self.tprx = ({x: cols[j][int(rule[x])] for x in ids}
+                                         for j in (1, 3, 4))
+        self.consumed = {x: int(fa.consumed[x]) for x in ids if fa.consumed[x] >= 0}
+
+
+class _KindOnly:
+    """An action as :func:`_walk_breakdown` reads it: its kind."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: Kind):
+        self.kind = kind
+
+
+def _head_breakdown(tr: EventLog, e: int, lo: int, hi: int
+                    ) -> tuple[float, float, float, float]:
+    """(compute, recompute, exposed comm, end of the last) of entity ``e``'s actions
+    ``lo`` .. ``hi - 1`` (no AR or OPT among them, contention-free), the loop of
+    :func:`_walk_breakdown` as array operations: each sum accumulates its terms in
+    the loop's order (a sequential ``cumsum``), so the floats are the loop's."""
+    if hi <= lo:
+        return 0.0, 0.0, 0.0, 0.0
+    prog = tr.prog
+    fa = prog.structure.arrays
+    st, en = tr.times[0][lo:hi], tr.times[1][lo:hi]
+    xs, xe = tr.times[2], tr.times[3]
+    rule = fa.rule[lo:hi]
+    cols = prog.rule_values
+    dur = np.array(prog.duration_s[lo:hi])
+    rec, tpx, tprx = (np.asarray(cols[j])[rule] for j in (1, 3, 4))
+    prev = np.concatenate([[0.0], en[:-1]])
+    wait = st - prev
+    y = fa.consumed[lo:hi]
+    comm = np.zeros((hi - lo, 2))
+    w = np.flatnonzero((wait > 0.0) & (y >= 0))
+    if len(w):
+        yw, pw, sw = y[w], prev[w], st[w]
+        low = np.where(xs[yw] > pw, xs[yw], pw)
+        high = np.where(sw < xe[yw], sw, xe[yw])
+        g = high - low
+        g = np.where(g > 0.0, g, 0.0)
+        comm[w, 0] = np.where(g < wait[w], g, wait[w])
+    d = en - st
+    tp = tpx > 0.0
+    c = np.where(tpx < d, tpx, d)
+    comm[:, 1] = np.where(tp, c, 0.0)
+    d = np.where(tp, d - c, d)
+    base = dur - tpx
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(tp, np.where((base > 0.0) & (rec > 0.0), d * (rec - tprx) / base, 0.0),
+                     np.where((dur > 0.0) & (rec > 0.0), d * rec / dur, 0.0))
+    comp = np.where(tp | (dur > 0.0) & (rec > 0.0), d - r, d)
+    return (float(np.cumsum(comp)[-1]), float(np.cumsum(r)[-1]),
+            float(np.cumsum(comm.ravel())[-1]), float(en[-1]))
+
+
+def _walk_breakdown(tr: EventLog, e: int, rows, per: _Per, comp: float, recomp: float,
+                    comm: float, prev_end: float) -> tuple[float, float, float]:
+    """:func:`rank_breakdown`'s loop over ``rows``, from the given sums and the end of
+    the action before them."""
+    xs, xe = tr.xfers[tr.copy_of[e]]
+    acts, dur, rec, tpx, tprx = per.acts, per.dur, per.rec, per.tpx, per.tprx
     sim_tp = tr.tp_comm[e] if tr.tp_comm else {}
-    consumed = prog.structure.consumed[s]
+    consumed = (tr.prog.structure.consumed[tr.stage_of[e]] if per.consumed is None
+                else per.consumed)
     all_reduce, optimizer = Kind.ALL_REDUCE, Kind.OPTIMIZER
     overlapped = bool(tr.buckets[e])
-    comp = recomp = comm = 0.0
-    prev_end = 0.0
     # min and max are written out as comparisons (the loop runs once per action), and
     # floats are compared with float literals (the interpreter's fast float compare):
     # ``b if b < a else a`` is min(a, b) and ``b if b > a else a`` is max(a, b),
     # ties and signed zeros included.
-    for aid, st, en in tr.acts[e] if rows is None else rows:
+    for aid, st, en in rows:
         k = acts[aid].kind
         if k is all_reduce:
             if not overlapped:  # overlapped: its exposed part is the optimizer's wait

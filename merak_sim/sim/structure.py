@@ -21,17 +21,19 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import repeat
 
+from merak_sim.schedule.arrays import ArraySchedule, rows_of
 from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
 from merak_sim.schedule.liveness import FREES, REBUILDS, Held, entered_by
 from merak_sim.schedule.lowering import comm_key, consumed_key
 
 from .action_costs import gatherer
+from .flat_structure import FlatArrays, flat_arrays_of_ops, structure_fields
+from .ops import OP_AR, OP_COMPUTE, OP_POST
 
-__all__ = ["ProgramStructure", "program_structure", "forget_structures", "OP_COMPUTE",
+__all__ = ["ProgramStructure", "program_structure", "build_structure", "forget_structures",
+           "OP_COMPUTE",
            "OP_POST", "OP_AR", "FORWARD_KINDS", "RECOMPUTING_KINDS"]
 
-#: Op codes of a compiled program step.
-OP_COMPUTE, OP_POST, OP_AR = 0, 1, 2
 
 #: Kinds whose rule FLOPs count as model FLOPs, and as recomputation FLOPs.
 FORWARD_KINDS = (Kind.FORWARD, Kind.FORWARD_NOGRAD)
@@ -79,6 +81,12 @@ class ProgramStructure:
         compute_ids: per rank, the ids of its compute actions (AR, OPT too), program
             order.
         consumed: per rank, action id -> id of the transfer it waits for.
+        flat: the integer arrays the fast evaluator reads, where the array build
+            made them (:attr:`arrays` derives them otherwise).
+
+    Built from a schedule's rows (:mod:`merak_sim.sim.flat_structure`), the fields
+    that only some consumers read (``actions``, ``op_words``, ``consumed`` ...) are
+    sequences that build themselves on first use, equal to the walk's tuples.
     """
 
     schedule: Schedule
@@ -102,6 +110,15 @@ class ProgramStructure:
     last_backward: tuple[tuple[int, ...], ...]
     compute_ids: tuple[tuple[int, ...], ...]
     consumed: tuple[dict[int, int], ...]
+    flat: FlatArrays | None = None
+
+    @cached_property
+    def arrays(self) -> FlatArrays:
+        """:attr:`flat`, or the same arrays derived from the op words."""
+        if self.flat is not None:
+            return self.flat
+        return flat_arrays_of_ops(self.op_words, [a.kind.code for a in self.actions],
+                                  (self.rule_of_action, self.alloc_rule, self.free_rule))
 
     def rank_ops(self, rank: int) -> Iterator[tuple[int, int, int]]:
         """Rank ``rank``'s ops as (code, x, y), read from :attr:`op_words` (one pass:
@@ -159,12 +176,26 @@ def program_structure(sched: Schedule) -> ProgramStructure:
     if ps is not None and ps.schedule is sched:
         _STRUCTURES.move_to_end(key)
         return ps
-    ps = _build_structure(sched)
+    ps = build_structure(sched)
     # The entry holds the schedule, so its id cannot be reused while it is kept.
     _STRUCTURES[key] = ps
     while len(_STRUCTURES) > STRUCTURES_KEPT:
         _STRUCTURES.popitem(last=False)
     return ps
+
+
+def build_structure(sched: Schedule, rows: bool | None = None) -> ProgramStructure:
+    """A new :class:`ProgramStructure` of the lowered ``sched``: built from its rows
+    with numpy (:mod:`merak_sim.sim.flat_structure`) where ``rows`` is True, or is None
+    and ``sched`` is an :class:`~merak_sim.schedule.arrays.ArraySchedule`; else (or
+    where the arrays cannot represent it) by one walk of its Action programs."""
+    if rows is None:
+        rows = isinstance(sched, ArraySchedule)
+    if rows:
+        fields = structure_fields(sched, rows_of(sched))
+        if fields is not None:
+            return ProgramStructure(**fields)
+    return _build_structure(sched)
 
 
 def forget_structures() -> None:
