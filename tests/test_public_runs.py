@@ -80,7 +80,8 @@ def test_llmfoundry_and_nemo_rows():
 
 @pytest.mark.parametrize("file,match,needle", [
     ("nemo_perf.csv", {"model": "Kimi_K2"}, "MoE model without an MoE preset"),
-    ("nemo_perf.csv", {"gpu_type": "B200 (DGX-B200)"}, "no cluster preset for B200"),
+    ("torchtitan.csv", {"precision": "fp8 rowwise (torchao Float8)"},
+     "row-wise scaling is not"),
     ("nemo_perf_finetune.csv", {"task": "sft"}, "fine-tuning"),
     ("sailor.csv", {"gpu_type": "heterogeneous: RTX 3090+Titan RTX"}, "heterogeneous"),
     ("sailor.csv", {"model": "GPT-Neo-2.7B (as configured by Sailor)", "num_gpus": "16",
@@ -110,7 +111,7 @@ def test_sailor_rows_are_fp32_with_tf32_matmuls_on_gh200():
 def test_shape_mismatch_and_block_scaled_precision_are_refused():
     r = _row("llmfoundry.csv", model="MPT-70b", num_gpus="512", gpu_type="H100 80GB")
     assert "differs from preset" in skip_reason({**r, "n_layers": "81"})
-    assert "MX" in skip_reason({**r, "precision": "MXFP8"})
+    assert "no block-scaled tensor cores" in skip_reason({**r, "precision": "MXFP8"})
     assert "row-wise" in skip_reason({**r, "precision": "fp8 rowwise (torchao Float8)"})
 
 
@@ -162,3 +163,19 @@ def test_torchtitan_fsdp_under_pipelining_keeps_parameters_unsharded():
     assert (cfg.pp, cfg.tp, cfg.dp, cfg.zero) == (8, 8, 8, 1)
     r = _row("torchtitan.csv", model="Llama 3.1 70B", num_gpus="256")
     assert row_setup(r)[2].zero == 3  # no pipelining: FSDP as ZeRO 3
+
+
+def test_blackwell_rows_map_to_nvl72_and_block_scaled_precisions():
+    r = _row("nemo_perf.csv", model="LLAMA3.1_405B", precision="MXFP8",
+             gpu_type="GB300 (DGX-GB300 NVL72)")
+    model, cluster, cfg = row_setup(r)
+    assert cluster.name == "gb300-nvl72" and cluster.domain_size == 72
+    assert cluster.world_size == cfg.world_size == 256 and cluster.gpus_per_node == 4
+    assert cfg.dtype == "mxfp8" and model.dtype == "bf16"
+    r = _row("nemo_perf.csv", model="LLAMA3_8B", precision="FP8 32x32 blocks (MX-style)",
+             gpu_type="B200 (DGX-B200)")
+    _, cluster, cfg = row_setup(r)
+    assert cluster.name == "dgx-b200" and cfg.dtype == "mxfp8"
+    r = _row("nemo_perf.csv", model="LLAMA3_70B", precision="NVFP4",
+             gpu_type="GB200 (DGX-GB200 NVL72)")
+    assert row_setup(r)[2].dtype == "nvfp4"

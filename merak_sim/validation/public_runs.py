@@ -25,10 +25,12 @@ How a row maps (assumptions stated once, here):
   prediction, :func:`comparable_peak_bytes`);
   Megatron / NeMo DDP -> ZeRO 1 (NeMo's recipes enable the distributed optimizer) with
   the gradient reduce and parameter gather overlapped (its performance recipes' default).
+- Cluster (Blackwell): B200 -> ``dgx-b200``, B300 -> ``dgx-b300``, GB200 / GB300 ->
+  ``gb200-nvl72`` / ``gb300-nvl72`` (trays of 4 GPUs in NVLink domains of 72).
 - Precision: bf16 (also llm-foundry's amp_bf16 / PURE), FP8 with current (per-tensor)
-  scaling (torchtitan Float8 tensorwise, NeMo FP8, FP8-CS) on Hopper; torchao's
-  row-wise scaling and the block-scaled MX / NVFP4 formats (Blackwell) are not
-  modelled. Sailor's runs
+  scaling (torchtitan Float8 tensorwise, NeMo FP8, FP8-CS), MXFP8 (NeMo's MXFP8,
+  FP8-MX and "FP8 32x32 blocks (MX-style)"), NVFP4 (:mod:`merak_sim.precision`);
+  torchao's row-wise scaling is not modelled. Sailor's runs
   state none: its run script passes neither --fp16 nor --bf16, so Megatron trains in
   fp32, and the measured throughput (about 90 TFLOP/s per GPU for GPT-Neo 2.7B) exceeds
   the GH200's 67 TFLOP/s FP32 peak: the matmuls ran on TF32 tensor cores (NVIDIA's
@@ -64,7 +66,7 @@ How a row maps (assumptions stated once, here):
   on the declared MoE fit rows, :data:`merak_sim.validation.fidelity.MOE_FIT`).
 Not expressible: MoE models without an MoE preset (Nemotron 3, Kimi K2, DeepSeek V4:
 their expert shapes are not in the rows),
-fine-tuning, Blackwell GPUs (no preset), heterogeneous clusters,
+fine-tuning, heterogeneous clusters,
 rows the data flags as likely copy errors, unstated precision or virtual stages, rows
 without a measured time or throughput (the long-sequence NeMo table publishes model
 TFLOP/s only), and rows whose degrees do not multiply to the GPU count.
@@ -93,6 +95,7 @@ from merak_sim.memory import (
     stage_params,
 )
 from merak_sim.model import ModelSpec, get_model
+from merak_sim.precision import is_low_precision
 from merak_sim.runtime_memory import runtime_memory_bytes
 
 __all__ = ["PRESET_BY_NAME", "load_rows", "skip_reason", "row_setup", "measured_step_s",
@@ -162,6 +165,11 @@ def cluster_name(gpu_type: str) -> str | None:
         return "dgx-h200"
     if g.startswith("A100"):
         return "dgx-a100-40g" if "40GB" in g.replace(" ", "") else "dgx-a100-80g"
+    # Blackwell: HGX/DGX nodes of 8, NVL72 racks of 18 trays x 4 GPUs.
+    for prefix, name in (("GB200", "gb200-nvl72"), ("GB300", "gb300-nvl72"),
+                         ("B200", "dgx-b200"), ("B300", "dgx-b300")):
+        if g.startswith(prefix):
+            return name
     return None
 
 
@@ -174,7 +182,14 @@ def precision_of(row: dict) -> str | None:
     p = row.get("precision", "").lower()
     if not p:
         return "fp32" if _sailor(row) else None
-    if "mx" in p or "fp4" in p or "block" in p or "rowwise" in p:
+    if "nvfp4" in p:
+        return "nvfp4"
+    # NeMo's "FP8-MX" and "FP8 32x32 blocks (MX-style)" name its MXFP8 recipe.
+    if "mx" in p:
+        return "mxfp8"
+    if "block" in p:
+        return "fp8-block"
+    if "fp4" in p or "rowwise" in p:
         return None
     if p.startswith("fp8"):
         return "fp8"
@@ -354,8 +369,12 @@ def skip_reason(row: dict) -> str | None:
         return "precision not stated"
     dtype = precision_of(row)
     if dtype is None:
-        return (f"precision {row['precision']} (FP8 is modelled with per-tensor scales; "
-                "row-wise, block-scaled MX and FP4 formats are not)")
+        return (f"precision {row['precision']} (FP8 per-tensor and blockwise, MXFP8 and "
+                "NVFP4 are modelled; torchao's row-wise scaling is not)")
+    try:
+        get_cluster(cluster_name(gpu)).gpu.peak(dtype)
+    except ValueError as e:
+        return str(e)
     for k in ("n_layers", "hidden_size", "n_heads", "seq_len", "num_gpus",
               "global_batch_size", "tp", "pp"):
         if not row.get(k, "").strip():
@@ -402,7 +421,8 @@ def _micro_batch(row: dict, dp: int, pp: int) -> int | None:
 
 
 def _model(row: dict) -> ModelSpec:
-    dtype = "bf16" if precision_of(row) == "fp8" else precision_of(row)
+    # Low-precision recipes keep 16-bit weights and activations (merak_sim.precision).
+    dtype = "bf16" if is_low_precision(precision_of(row) or "") else precision_of(row)
     seq = _int(row["seq_len"])
     name = preset_for(row["model"])
     if name is not None:
