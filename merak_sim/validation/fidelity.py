@@ -13,16 +13,18 @@ Datasets and their role (the split between fitted and held-back rows):
   Transformer Engine, llm-foundry A100 MPT-1b / 7b for PyTorch on A100); every other
   row is held out. A row is predicted only if the model can express
   it (:mod:`merak_sim.validation.public_runs` maps it: FSDP / HSDP as ZeRO 3,
-  Megatron's distributed optimizer as ZeRO 1, context parallelism, FP8 on Hopper);
+  Megatron's distributed optimizer as ZeRO 1, context parallelism, FP8 on Hopper,
+  Blackwell presets with MXFP8 / NVFP4; no Blackwell row is fitted);
   every other row is listed as skipped with its one-line reason (MoE, fine-tuning,
-  Blackwell GPUs, heterogeneous clusters, unstated precision...), never dropped.
+  heterogeneous clusters, unstated precision...), never dropped.
 
 Errors are relative, (predicted - measured) / measured, of the iteration time; memory
 error where the row publishes peak memory (torchtitan GiB, Sailor bytes), against the
 quantity the column measures
 (:func:`merak_sim.validation.public_runs.comparable_peak_bytes`: allocator-level
 peaks, so the backward working set is added to the simulated stash peak). Per dataset
-and group (GPU type, tp, pp, cp, ZeRO stage, precision, ...): rows, MAPE, mean signed error and the worst row (:func:`summarise`). The group
+and group (GPU type, tp, pp, cp, ZeRO stage, precision, GPU type with precision, ...):
+rows, MAPE, mean signed error and the worst row (:func:`summarise`). The group
 ``target=H100/A100 bf16`` (:func:`target_group`) holds a source's held-out bf16 rows
 on H100 and A100 GPUs: the rows of the public-runs target (MAPE <= 10 % per source).
 """
@@ -66,7 +68,8 @@ __all__ = ["FIT_MODELS", "FIT_SPLIT", "MOE_FIT", "is_moe_row",  # noqa: RUF022
 
 #: Group keys reported for each kind of dataset.
 VTRAIN_GROUPS = ("gpu", "gpus", "tp", "pp")
-PUBLIC_GROUPS = ("target", "moe", "gpu", "stack", "tp", "pp", "cp", "zero", "precision")
+PUBLIC_GROUPS = ("target", "moe", "gpu", "stack", "tp", "pp", "cp", "zero", "precision",
+                 "gpu+precision")
 #: The public-runs accuracy target's rows: held out, on these GPUs, in this precision
 #: (its group value, :func:`target_group`).
 TARGET = "H100/A100 bf16"
@@ -270,10 +273,11 @@ def public_run_outcomes(path: Path, cost_model: CostModel | None = None,
         role = role_of(dataset, row)
         groups = {"gpu": cluster.gpu.name, "stack": profile_of(row), "tp": str(cfg.tp),
                   "pp": str(cfg.pp), "cp": str(cfg.cp), "zero": zero,
-                  "precision": cfg.dtype}
+                  "precision": cfg.dtype, "gpu+precision": f"{cluster.gpu.name} {cfg.dtype}"}
         # MoE rows: a group of their own (issue 35's MoE target), not the dense target.
         if model.moe is not None:
             groups["moe"] = f"MoE {cluster.gpu.name}"
+            del groups["gpu+precision"]  # dense rows only: the per-(GPU, precision) MAPE
         target = (target_group(role, cluster.gpu.name, cfg.dtype) if model.moe is None
                   else None)
         if target is not None:
