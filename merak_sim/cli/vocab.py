@@ -86,7 +86,8 @@ CONFIG_FLAGS: dict[str, Flag] = {f.field: f for f in (
     Flag(("--sequence-parallel",), "sequence_parallel", None,
          "Megatron sequence parallelism (needs --tp > 1)."),
     Flag(("--tp-overlap",), "tp_overlap", click.Choice(list(TP_OVERLAPS)),
-         "Tensor-parallel communication overlap (sub-pipelined: Merak's T3)."),
+         "Tensor-parallel communication overlap (sub-pipelined: Merak's T3; te-chunked / "
+         "async-tp: TE userbuffers / torch async TP, chunked, need --sequence-parallel)."),
     Flag(("--tp-overlap-parts",), "tp_overlap_parts", POSITIVE,
          "Parts a micro-batch is split into for sub-pipelined TP."),
     Flag(("--attention",), "attention", click.Choice(list(ATTENTIONS)),
