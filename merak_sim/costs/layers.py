@@ -163,6 +163,17 @@ def _attention(model: ModelSpec, peak: float, eff: Efficiency, o: LayerOptions, 
     return fwd, bwd
 
 
+def _casts(gemms: list, opts: LayerOptions, e: int, eff: Efficiency,
+           mem_bw: float) -> tuple[float, float]:
+    """(forward, backward) seconds quantizing every GEMM input of a part: its ``m x k``
+    inputs in forward, its ``m x n`` output gradients in backward, ``cast_bytes`` per
+    element (a per-tensor FP8 cast: e + 1)."""
+    nk = opts.kernels.fp8_cast_kernels * len(gemms)
+    cb = opts.cast_bytes or e + 1
+    return (eff.mem_time(sum(mm * k for mm, _n, k in gemms) * cb, mem_bw, nk),
+            eff.mem_time(sum(mm * n for mm, n, _k in gemms) * cb, mem_bw, nk))
+
+
 @lru_cache(maxsize=4096)
 def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e: int,
                 mbs: int, tp: int, sp: bool, parts: int,
@@ -215,12 +226,7 @@ def layer_cost(model: ModelSpec, peak: float, mem_bw: float, eff: Efficiency, e:
         mem_fwd += eff.mem_time(sx.fwd_bytes, mem_bw, sx.fwd_kernels)
         mem_bwd += eff.mem_time(sx.bwd_bytes, mem_bw, sx.bwd_kernels)
         softmax_t = eff.mem_time(softmax + sx.fwd_bytes, mem_bw, n_soft + sx.fwd_kernels)
-    cast_f = cast_b = 0.0
-    if fp8:
-        nk = opts.kernels.fp8_cast_kernels * len(gemms)
-        cb = opts.cast_bytes or e + 1
-        cast_f = eff.mem_time(sum(mm * k for mm, _n, k in gemms) * cb, mem_bw, nk)
-        cast_b = eff.mem_time(sum(mm * n for mm, n, _k in gemms) * cb, mem_bw, nk)
+    cast_f, cast_b = _casts(gemms, opts, e, eff, mem_bw) if fp8 else (0.0, 0.0)
     fwd = parts * (g_fwd + attn + mem_fwd + cast_f)
     bwd_in = parts * (g_fwd + attn_b + mem_bwd + cast_b)
     bwd_w = parts * g_fwd
