@@ -30,7 +30,7 @@ from .buckets import chunk_buckets, overlapped_share
 from .program import Compiled
 from .structure import OP_AR, OP_POST, ProgramStructure
 
-__all__ = ["DependencyGraph", "Evaluation", "plan", "evaluate", "ar_buckets"]
+__all__ = ["DependencyGraph", "Evaluation", "plan", "evaluate", "ar_buckets", "rank_tails"]
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ def _graph_times(prog: Compiled, pl: DependencyGraph
     return start, end, xs, xe
 
 
-def _tails(prog: Compiled) -> tuple[list[int], list[int], list] | None:
+def rank_tails(prog: Compiled) -> tuple[list[int], list[int], list] | None:
     """Per rank, the end (exclusive) of its per-micro-batch actions and its
     (AR, OPT, action before them) as :attr:`DependencyGraph.tails`; None where a rank
     does not end in them (AR then OPT, either alone, or neither) or a posting follows
@@ -333,9 +333,9 @@ def _run_times(prog: Compiled) -> tuple[list[float], list[float], list[float], l
     pipeline, then up), each timing its actions until one needs a transfer whose send
     is not posted yet (the action before the send not timed yet), until every rank is
     done; then the transfers' times follow from their ends' (the same maxima and
-    additions). Also the graph's tails; None where :func:`_tails` says the walk of
+    additions). Also the graph's tails; None where :func:`rank_tails` says the walk of
     :func:`plan` must time it."""
-    got = _tails(prog)
+    got = rank_tails(prog)
     if got is None:
         return None
     stop, first, tails = got
@@ -410,7 +410,9 @@ def _transfer_times(prog: Compiled, end: list) -> tuple[list[float], list[float]
     nx = len(prog.transfer_s)
     xs = np.zeros(nx)
     xe = np.zeros(nx)
-    used = np.unique(fa.consumed[fa.consumed >= 0])
+    used = np.zeros(nx, dtype=bool)
+    used[fa.consumed[fa.consumed >= 0]] = True
+    used = np.flatnonzero(used)
     if len(used):
         ends = np.array(end, dtype=float)  # AR and OPT (never before a posting): nan
         a, b = ends[fa.send_prev[used]], ends[fa.recv_prev[used]]

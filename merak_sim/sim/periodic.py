@@ -40,6 +40,12 @@ within that share; a base that cannot apply whatever its size (out of memory, bl
 that do not free what they allocate, programs of another shape) stops the search at
 once. Either way the caller then evaluates in full, so the bases tried cost at most
 about one full evaluation more.
+
+The checks read the base's arrays (:attr:`ProgramStructure.arrays`, the trace's
+:attr:`~merak_sim.sim.engine.EventLog.times`): each block's actions against their
+counterparts in block J, as whole-array comparisons, so a base of tens of thousands
+of passes is checked in milliseconds (the same decisions and the same figures as the
+per-action loops they replace).
 """
 
 from __future__ import annotations
@@ -47,13 +53,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from merak_sim.schedule.spec import Period
 
 from .engine import EventLog
-from .evaluator import DependencyGraph, plan
+from .evaluator import rank_tails
 from .program import Compiled
+from .result import SimResult, range_breakdown
 from .structure import FORWARD_KINDS, RECOMPUTING_KINDS
-from .result import SimResult, rank_breakdown
 
 __all__ = ["Evaluated", "Extended", "extended", "BASE_BLOCKS"]
 
@@ -105,8 +113,9 @@ def _layout(prog: Compiled, period: Period) -> list[int] | None:
     """Complete blocks per rank, or None if the programs do not have the declared
     shape."""
     out = []
-    for r, ids in enumerate(prog.structure.compute_ids):
-        body = len(ids) - period.prefix[r] - period.suffix[r]
+    counts = np.diff(prog.structure.arrays.first).tolist()
+    for r, n in enumerate(counts):
+        body = n - period.prefix[r] - period.suffix[r]
         blk = period.block[r]
         if body < 0 or blk <= 0 or body % blk:
             return None
@@ -114,106 +123,131 @@ def _layout(prog: Compiled, period: Period) -> list[int] | None:
     return out
 
 
-def _block_map(prog: Compiled, period: Period, last: int, window: int
-               ) -> tuple[list, list[bool], list[bool]]:
-    """Per action id, with one more slot for -1 ("none": None, False, False):
-    (rank, block, offset) for blocks 0 .. ``last`` (None for the prefix and the
-    ending); whether it belongs to the ending; and whether it comes before block
-    ``last - window`` (the prefix or an earlier block: what the ending may not
-    read)."""
-    n = len(prog.actions)
-    where: list = [None] * (n + 1)
-    ending = [False] * (n + 1)
-    early = [False] * (n + 1)
-    lo = last - window
-    for r, ids in enumerate(prog.structure.compute_ids):
-        pre, blk = period.prefix[r], period.block[r]
-        for j in range(last + 1):
-            base = pre + j * blk
-            for o in range(blk):
-                where[ids[base + o]] = (r, j, o)
-        for x in ids[:pre + lo * blk]:
-            early[x] = True
-        for x in ids[pre + (last + 1) * blk:]:
-            ending[x] = True
-    return where, ending, early
+@dataclass(frozen=True)
+class _Blocks:
+    """Where every action id of a base sits (arrays over action ids, one slot more
+    at the end for id -1, "none": in no block, neither early nor ending).
+
+    Attributes:
+        first: rank r's action ids start at ``first[r]``.
+        pre, blk: per rank, its prefix and block length.
+        rank, block, offset: per action id, its rank and, inside blocks 0 .. last,
+            its block and offset (-1 elsewhere).
+        ending: after block ``last`` (the ending).
+        early: before block ``last - window``.
+    """
+
+    first: np.ndarray
+    pre: np.ndarray
+    blk: np.ndarray
+    rank: np.ndarray
+    block: np.ndarray
+    offset: np.ndarray
+    ending: np.ndarray
+    early: np.ndarray
 
 
-def _pattern_ok(prog: Compiled, pl: DependencyGraph, maps: tuple[list, list[bool], list[bool]],
-                last: int, window: int) -> bool:
-    """Checks 1 and 3 of the module docstring on the base's dependency graph
-    (``maps`` from :func:`_block_map`; an id of -1 reads the "none" slot)."""
-    where, ending, early = maps
-    lo = last - window
-    sig: dict[tuple[int, int], tuple] = {}
-    rules = prog.structure.rule_of_action
-    alloc, free = prog.structure.alloc_rule, prog.structure.free_rule
-    xs = prog.transfer_s
-    for i, prev, dep, sp, rp in pl.nodes:
-        if ending[i]:
-            if early[prev] or early[sp] or early[rp]:
-                return False
-            continue
-        if ending[prev] or ending[sp] or ending[rp]:
-            return False
-        w = where[i]
-        if w is None or w[1] <= lo:
-            continue
-        r, j, o = w
-        s = []
-        for x in (prev, sp, rp):
-            if x < 0:
-                s.append(None)
-                continue
-            wx = where[x]
-            if wx is None or wx[1] > j or j - wx[1] >= window:
-                return False
-            s.append((wx[0], j - wx[1], wx[2]))
-        s.append((rules[i], alloc[i], free[i], xs[dep] if dep >= 0 else None))
-        key = (r, o)
-        if sig.setdefault(key, tuple(s)) != tuple(s):
-            return False
-    # AR, OPT and the gradient buckets read the rank's last actions and backwards.
-    if any(early[before] for _ar, _opt, before in pl.tails):
+def _blocks(prog: Compiled, period: Period, last: int, window: int) -> _Blocks:
+    """The :class:`_Blocks` of ``prog`` with complete blocks 0 .. ``last``."""
+    first = prog.structure.arrays.first
+    S = len(first) - 1
+    rank = np.repeat(np.arange(S), np.diff(first))
+    pre, blk = np.array(period.prefix[:S]), np.array(period.block[:S])
+    q = np.arange(first[-1]) - first[rank]
+    p, b = pre[rank], blk[rank]
+    j = (q - p) // b
+    inside = (q >= p) & (j <= last)
+    pad = np.append  # the slot of id -1
+    return _Blocks(first, pre, blk, pad(rank, -1), pad(np.where(inside, j, -1), -1),
+                   pad(np.where(inside, (q - p) % b, -1), -1),
+                   pad(q >= p + (last + 1) * b, False), pad(q < p + (last - window) * b, False))
+
+
+def _pattern_ok(prog: Compiled, bl: _Blocks, last: int, window: int) -> bool:
+    """Checks 1 and 3 of the module docstring on the base's dependencies (each
+    per-micro-batch action's previous action on its rank and the actions before its
+    transfer's two postings)."""
+    fa = prog.structure.arrays
+    tails = rank_tails(prog)
+    if tails is None:
         return False
-    return not any(early[x] for ids in prog.last_backward for x in ids)
+    ids = np.concatenate([np.arange(lo, hi) for lo, hi in zip(fa.first[:-1].tolist(),
+                                                               tails[0], strict=True)])
+    has = fa.consumed[ids] >= 0
+    dep = np.where(has, fa.consumed[ids], 0)
+    deps = (np.where(ids > bl.first[bl.rank[ids]], ids - 1, -1),
+            np.where(has, np.append(fa.send_prev, -1)[dep], -1),
+            np.where(has, np.append(fa.recv_prev, -1)[dep], -1))
+    end = bl.ending[ids]
+    if any((end & bl.early[x]).any() | (~end & bl.ending[x]).any() for x in deps):
+        return False
+    j = bl.block[ids]
+    chk = ~end & (j > last - window)
+    c, jc = ids[chk], j[chk]
+    cols = [fa.rule[c], fa.alloc[c], fa.free[c], has[chk],
+            np.where(has[chk], np.append(np.asarray(prog.transfer_s, dtype=float), 0.0)
+                     [dep[chk]], 0.0)]
+    for x in (d[chk] for d in deps):
+        none = x < 0
+        back = jc - bl.block[x]
+        if (~none & ((bl.block[x] < 0) | (back < 0) | (back >= window))).any():
+            return False
+        cols += [np.where(none, -1, bl.rank[x]), np.where(none, -1, back),
+                 np.where(none, -1, bl.offset[x])]
+    # Each checked action against the action at its offset in block ``last``.
+    at = np.full(len(bl.rank), -1)
+    at[c] = np.arange(len(c))
+    ref = at[c + (last - jc) * bl.blk[bl.rank[c]]]
+    if any((col != col[ref]).any() for col in cols):
+        return False
+    # AR, OPT and the gradient buckets read the rank's last actions and backwards.
+    before = np.array([t[2] for t in tails[2]], dtype=np.int64)
+    backs = np.array([x for xs in prog.last_backward for x in xs], dtype=np.int64)
+    return not (bl.early[before].any() or bl.early[backs].any())
 
 
-def _progression(ev: Evaluated, period: Period, last: int, window: int
-                 ) -> float | None:
-    """The common shift L of blocks ``last - window`` .. ``last`` (check 2), or None."""
-    tr, prog = ev.trace, ev.prog
-    xs, xe = tr.xfers[0]
-    consumed = prog.structure.consumed
+def _block_ids(bl: _Blocks, j: int) -> np.ndarray:
+    """Action ids of block ``j`` of every rank, ranks in order."""
+    lo = bl.first[:-1] + bl.pre + j * bl.blk
+    return np.concatenate([np.arange(a, a + n) for a, n in zip(lo.tolist(), bl.blk.tolist(),
+                                                               strict=True)])
+
+
+def _progression(ev: Evaluated, bl: _Blocks, last: int, window: int) -> float | None:
+    """The common shift L of blocks ``last - window`` .. ``last`` (check 2), or None:
+    every start, end and consumed transfer's start and end of block j minus its
+    counterpart's in block j - 1 equals the first of those differences (rank 0's
+    first start) to the tolerance."""
+    tr = ev.trace
+    start, end, xs, xe = tr.times
+    consumed = ev.prog.structure.arrays.consumed
     tol = TOLERANCE * max(tr.makespan, 1e-300)
-    shift = None
-    for r, acts in enumerate(tr.acts):  # each rank's compute steps in program order
-        pre, blk = period.prefix[r], period.block[r]
-        for j in range(last - window + 1, last + 1):
-            for o in range(blk):
-                a, b = acts[pre + j * blk + o], acts[pre + (j - 1) * blk + o]
-                pairs = [(a[1], b[1]), (a[2], b[2])]
-                ya, yb = consumed[r].get(a[0]), consumed[r].get(b[0])
-                if (ya is None) != (yb is None):
-                    return None
-                if ya is not None:
-                    pairs += [(xs[ya], xs[yb]), (xe[ya], xe[yb])]
-                for u, v in pairs:
-                    d = u - v
-                    if shift is None:
-                        shift = d
-                    elif abs(d - shift) > tol:
-                        return None
+    diffs = []
+    for j in range(last - window + 1, last + 1):
+        a = _block_ids(bl, j)
+        b = a - bl.blk[bl.rank[a]]
+        ya, yb = consumed[a], consumed[b]
+        if ((ya < 0) != (yb < 0)).any():
+            return None
+        y = ya >= 0
+        diffs += [start[a] - start[b], end[a] - end[b], xs[ya[y]] - xs[yb[y]],
+                  xe[ya[y]] - xe[yb[y]]]
+    if not len(diffs[0]):
+        return None
+    shift = float(diffs[0][0])
+    if any((np.abs(d - shift) > tol).any() for d in diffs):
+        return None
     return shift
 
 
-def _balanced(prog: Compiled, period: Period, last: int) -> bool:
+def _balanced(prog: Compiled, bl: _Blocks, last: int) -> bool:
     """Each rank's block ``last`` frees what it allocates (to rounding)."""
-    alloc, free = prog.mem_alloc, prog.mem_free
-    for r, ids in enumerate(prog.structure.compute_ids):
-        pre, blk = period.prefix[r], period.block[r]
-        block = ids[pre + last * blk: pre + (last + 1) * blk]
-        grown, freed = sum(alloc[x] for x in block), sum(free[x] for x in block)
+    fa = prog.structure.arrays
+    mem = np.array(prog.memory_values)
+    for a, n in zip((bl.first[:-1] + bl.pre + last * bl.blk).tolist(), bl.blk.tolist(),
+                    strict=True):
+        grown = float(np.cumsum(mem[fa.alloc[a:a + n]])[-1]) if n else 0.0
+        freed = float(np.cumsum(mem[fa.free[a:a + n]])[-1]) if n else 0.0
         if abs(grown - freed) > TOLERANCE * max(grown, freed):  # rounding only
             return False
     return True
@@ -226,69 +260,67 @@ def _checked(ev: Evaluated, period: Period) -> tuple[int, float] | str:
     if ev.result.oom is not None:
         return STOP  # a larger base holds at least as much
     blocks = _layout(ev.prog, period)
-    if blocks is None:
+    if blocks is None or ev.trace.times is None:
         return STOP
     last = min(blocks) - 1
     if last - WINDOW < 0:
         return GROW
-    if not _balanced(ev.prog, period, last):
+    bl = _blocks(ev.prog, period, last, WINDOW)
+    if not _balanced(ev.prog, bl, last):
         return STOP
-    maps = _block_map(ev.prog, period, last, WINDOW)
-    if not _pattern_ok(ev.prog, plan(ev.prog), maps, last, WINDOW):
+    if not _pattern_ok(ev.prog, bl, last, WINDOW):
         return GROW
-    shift = _progression(ev, period, last, WINDOW)
+    shift = _progression(ev, bl, last, WINDOW)
     if shift is None or shift < 0:
         return GROW
     tr = ev.trace
     top = max((e for rows in tr.buckets for _c, _s, e in rows), default=0.0)
-    for r, rows in enumerate(tr.acts):
-        for _aid, _s, e in rows[period.prefix[r] + (last + 1) * period.block[r]:]:
-            if e > top:  # max(top, e), written as the comparison it makes
-                top = e
+    ends = tr.times[1][bl.ending[:-1]]
+    if len(ends) and ends.max() > top:  # max(top, e), written as the comparison it makes
+        top = float(ends.max())
     return (last, shift) if top == tr.makespan else GROW
 
 
-def _block_breakdown(tr: EventLog, period: Period, last: int
+def _block_breakdown(tr: EventLog, bl: _Blocks, last: int
                      ) -> list[tuple[float, float, float]]:
     """What block ``last`` adds to each entity's breakdown: the breakdown of the
     last step before it plus the block, less that step's alone (both start from
     the same state, so only the block's share remains)."""
     out = []
     for e, s in enumerate(tr.stage_of):
-        first = period.prefix[s] + last * period.block[s]
-        rows = tr.acts[e][first - 1: first + period.block[s]]
-        out.append(tuple(x - y for x, y in zip(rank_breakdown(tr, e, rows),
-                                              rank_breakdown(tr, e, rows[:1]), strict=True)))
+        lo = int(bl.first[s] + bl.pre[s] + last * bl.blk[s])
+        out.append(tuple(x - y for x, y in zip(
+            range_breakdown(tr, e, lo - 1, lo + int(bl.blk[s])),
+            range_breakdown(tr, e, lo - 1, lo), strict=True)))
     return out
 
 
-def _flops_of(prog: Compiled, ids: tuple[int, ...]) -> tuple[float, float]:
+def _flops_of(prog: Compiled, ids: np.ndarray) -> tuple[float, float]:
     """Model and recomputation FLOPs of the actions ``ids``, counted as
-    ``Compiled.flops`` and ``Compiled.recompute_flops`` count them."""
-    fl = prog.rule_values[6]
-    rule = prog.structure.rule_of_action
-    model = rec = 0.0
-    for x in ids:
-        k = prog.actions[x].kind
-        if k in FORWARD_KINDS:
-            model += fl[rule[x]]
-        elif k in RECOMPUTING_KINDS:
-            rec += fl[rule[x]]
-    return model, rec
+    ``Compiled.flops`` and ``Compiled.recompute_flops`` count them (in order)."""
+    fa = prog.structure.arrays
+    fl = np.asarray(prog.rule_values[6], dtype=float)[fa.rule[ids]]
+    k = fa.kind[ids]
+    out = []
+    for kinds in (FORWARD_KINDS, RECOMPUTING_KINDS):
+        sel = fl[np.isin(k, [x.code for x in kinds])]
+        out.append(float(np.cumsum(sel)[-1]) if len(sel) else 0.0)
+    return out[0], out[1]
 
 
 def _extend(ev: Evaluated, period: Period, last: int, shift: float, k: int) -> Extended:
     """The figures with ``k`` more blocks than the base ``ev``."""
     tr, prog = ev.trace, ev.prog
-    pre, blk = period.prefix, period.block
+    bl = _blocks(prog, period, last, WINDOW)
     figures = []
-    for r, add in zip(ev.result.ranks, _block_breakdown(tr, period, last), strict=True):
+    for r, add in zip(ev.result.ranks, _block_breakdown(tr, bl, last), strict=True):
         base = (r.compute_s, r.recompute_s, r.exposed_comm_s)
         figures.append((r.rank, r.stage, *(b + k * x for b, x in zip(base, add, strict=True)),
                         r.peak_memory_bytes))
     fl = rf = 0.0
-    for r, ids in enumerate(prog.structure.compute_ids):
-        f, c = _flops_of(prog, ids[pre[r] + last * blk[r]: pre[r] + (last + 1) * blk[r]])
+    for r in range(len(bl.pre)):
+        lo = int(bl.first[r] + bl.pre[r] + last * bl.blk[r])
+        f, c = _flops_of(prog, np.arange(lo, lo + int(bl.blk[r])))
         fl += f
         rf += c
     return Extended(tr.makespan + k * shift, figures, sum(prog.flops) + k * fl,

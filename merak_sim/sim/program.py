@@ -47,6 +47,8 @@ from dataclasses import dataclass, replace
 from functools import cached_property, reduce
 from operator import add
 
+import numpy as np
+
 from merak_sim.costs.base import CostTable
 from merak_sim.schedule.ir import Action, Schedule, ScheduleError
 from merak_sim.schedule.liveness import stash_sizes
@@ -171,6 +173,19 @@ class Compiled:
                          "it ends.")
     transfer_bytes = _gathered("transfer", "boundary_bytes", None, "Per transfer id, bytes "
                                "moved per GPU.")
+
+    @cached_property
+    def action_arrays(self) -> dict[str, np.ndarray]:
+        """Per action id as numpy arrays (for the array paths of the result):
+        ``duration_s``, and ``recompute_s``, ``tp_exposed_s``,
+        ``tp_recompute_exposed_s`` gathered from :attr:`rule_values`."""
+        rule = self.structure.arrays.rule
+        out = {"duration_s": np.array(self.duration_s, dtype=float)}
+        for name, j in (("recompute_s", 1), ("tp_exposed_s", 3),
+                        ("tp_recompute_exposed_s", 4)):
+            out[name] = np.asarray(self.rule_values[j], dtype=float)[rule] if len(rule) \
+                else np.zeros(0)
+        return out
 
     @cached_property
     def transfers(self) -> tuple[Transfer, ...]:

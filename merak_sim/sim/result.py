@@ -46,7 +46,7 @@ from .engine import EventLog
 _AR_CODE, _OPT_CODE = Kind.ALL_REDUCE.code, Kind.OPTIMIZER.code
 
 __all__ = ["RankBreakdown", "OutOfMemory", "SimResult", "build_result", "result_of",
-           "rank_breakdown"]
+           "rank_breakdown", "range_breakdown"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +324,18 @@ def rank_breakdown(tr: EventLog, e: int, rows: list[tuple[int, float, float]] | 
                            *_head_breakdown(tr, e, lo, head))
 
 
+def range_breakdown(tr: EventLog, e: int, lo: int, hi: int) -> tuple[float, float, float]:
+    """:func:`rank_breakdown` of entity ``e``'s rows for the action ids ``lo`` ..
+    ``hi - 1`` (per-micro-batch actions of one rank, in id order, as the fast
+    evaluator's log holds them), with numpy where the log has
+    :attr:`~merak_sim.sim.engine.EventLog.times`."""
+    if tr.times is None or tr.tp_comm:
+        first = tr.prog.structure.compute_ids[tr.stage_of[e]][0]
+        return rank_breakdown(tr, e, tr.acts[e][lo - first:hi - first])
+    return _walk_breakdown(tr, e, [], _Per(tr.prog, e, range(0)),
+                           *_head_breakdown(tr, e, lo, hi))
+
+
 class _Per:
     """What :func:`_walk_breakdown` reads per action id: the program's tuples, or for
     the few ``ids`` given, dictionaries of them (the array path walks only AR and OPT,
@@ -368,10 +380,9 @@ def _head_breakdown(tr: EventLog, e: int, lo: int, hi: int
     fa = prog.structure.arrays
     st, en = tr.times[0][lo:hi], tr.times[1][lo:hi]
     xs, xe = tr.times[2], tr.times[3]
-    rule = fa.rule[lo:hi]
-    cols = prog.rule_values
-    dur = np.array(prog.duration_s[lo:hi])
-    rec, tpx, tprx = (np.asarray(cols[j])[rule] for j in (1, 3, 4))
+    per = prog.action_arrays
+    dur, rec, tpx, tprx = (per[k][lo:hi] for k in ("duration_s", "recompute_s",
+                                                   "tp_exposed_s", "tp_recompute_exposed_s"))
     prev = np.concatenate([[0.0], en[:-1]])
     wait = st - prev
     y = fa.consumed[lo:hi]
