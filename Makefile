@@ -26,6 +26,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder tests
 
+# The edit loop's tier: everything but the tests marked slow (tests/conftest.py's
+# SLOW_MODULES: those that start ranks, command lines or notebooks).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests
+
 # The studies in research/ (not installed, not part of make test): their own tests.
 test-research: $(STAMP)
 	$(BIN)/python -m pytest -q research/tests

@@ -21,6 +21,17 @@ SHARED_LAUNCH_MODULES = {"test_exec_fsdp", "test_exec_measure", "test_exec_paral
 #: Modules whose tests share nothing (each starts its own process): xdist may spread
 #: them over its workers one test at a time.
 INDEPENDENT = {"test_notebooks"}
+#: Modules whose tests start processes (ranks, command lines, notebooks) or search at
+#: length: marked ``slow``, left out by ``make test-fast`` (the edit loop's tier);
+#: ``make test`` runs everything.
+SLOW_MODULES = SHARED_LAUNCH_MODULES | INDEPENDENT | {
+    "test_checkpoint_reshard", "test_trainer_data", "test_exec_cli_data", "test_exec_env",
+    "test_exec_inputs", "test_exec_inputs_launch", "test_exec_precision", "test_exec_stages",
+    "test_fault_nonfinite", "test_plan_exec", "test_dispatch_smoke", "test_dispatch_slurm",
+    "test_h200_validation", "test_planner_fast", "test_trainer_hf", "test_exec_model",
+    "test_output_paths", "test_reproduce", "test_plan_dispatch", "test_exec_data",
+    "test_fault_lines", "test_posting", "test_torch_orders", "test_cpu_validation_suite",
+    "test_speedup_repeats", "test_calibrate"}
 #: The longest work units, started first so that no worker is left with one at the end.
 LONGEST_FIRST = ("shared-launches", "test_notebooks", "test_planner_fast",
                  "test_h200_validation", "test_reproduce")
@@ -56,7 +67,11 @@ def pytest_collection_modifyitems(config, items):
     """In an xdist worker: refuse a shared-launch user missing from
     SHARED_LAUNCH_MODULES, and put the longest units first (the scheduler hands units
     out in collection order with ``--no-loadscope-reorder``). A plain run keeps
-    pytest's order untouched."""
+    pytest's order untouched. Every item of a :data:`SLOW_MODULES` module is marked
+    ``slow``."""
+    for it in items:
+        if it.path.stem in SLOW_MODULES:
+            it.add_marker(pytest.mark.slow)
     if not hasattr(config, "workerinput"):
         return
     users = {it.path.stem for it in items if SHARED_LAUNCHES & set(it.fixturenames)}

@@ -138,6 +138,10 @@ DEFAULT_EFFICIENCY: dict[str, Efficiency] = {
     "H200-141GB": Efficiency(gemm_max=0.78, gemm_dim_half=96.0, gemm_flops_half=1.5e9),
     # the same Hopper die as the H100 (its published defaults; fits are per stack)
     "GH200-96GB": Efficiency(gemm_max=0.78, gemm_dim_half=96.0, gemm_flops_half=1.5e9),
+    # Blackwell: no open GEMM sweep to fit yet; the Hopper curve with the half-rate
+    # point scaled by the ~2.25x dense bf16 rate (uncalibrated, stated in fidelity.md)
+    **{name: Efficiency(gemm_max=0.78, gemm_dim_half=128.0, gemm_flops_half=3.4e9)
+       for name in ("B200-180GB", "B300-288GB", "GB200-186GB", "GB300-288GB")},
     "V100-32GB": Efficiency(gemm_max=0.78, gemm_dim_half=48.0, gemm_flops_half=0.2e9,
                             kernel_overhead_s=5e-6),
     "RTX3090": Efficiency(gemm_max=0.85, gemm_dim_half=48.0, gemm_flops_half=0.15e9,
