@@ -367,8 +367,7 @@ class AnalyticCostModel:
         n_st = config.pp * config.virtual_stages
         pp_rank = stage_rank(config, g)
         first, last = g == 0, g == n_st - 1
-        tp, mbs, sp, cp = (config.tp, config.micro_batch_size, config.sequence_parallel,
-                           config.cp)
+        tp = config.tp
         lay_f = tp_pass(self._comm, lay, "fwd", cluster, config, pp_rank, lay.forward_s)
         lay_b = tp_pass(self._comm, lay, "bwd", cluster, config, pp_rank,
                               lay.backward_input_s + lay.backward_weight_s)
@@ -403,7 +402,50 @@ class AnalyticCostModel:
         if config.recompute == "selective":
             back += n * lay.attn_core_s
             bin_ += n * lay.attn_core_s
-        # Memory (bytes per GPU).
+        act, ckpt, inp, p2p = self._stage_activations(model, cluster, config, n, first, last,
+                                                      lay, emb, head)
+        dt = config.dtype
+        params = stage_params(model, n, first, last, tp)
+        shard = config.shard_group if config.zero else 1
+        state = model_state_bytes(params, dt, shard, config.zero)
+        weight_b, grad_b = state.weight_bytes, state.grad_bytes
+        fsdp = {}
+        if config.zero == 3:
+            fsdp, (gw, gg) = self._zero3(model, cluster, config, pp_rank, n, first, last,
+                                         params, lay, emb, head)
+            fwd += fsdp["fsdp_exposed_fwd_s"]
+            bin_ += fsdp["fsdp_exposed_bwd_s"]
+            back += fsdp["fsdp_exposed_bwd_s"]
+            weight_b += gw
+            grad_b += gg
+        send = self._send_time(cluster, config, g, pp_rank, last, p2p)
+        grad_ar = self._grad_sync_time(model, cluster, config, pp_rank, first or last, params,
+                                       state.grad_bytes, shard)
+        eff = self.efficiency_for(cluster)
+        opt_params = params / (shard if config.zero >= 1 else 1)
+        per_param = (28 if dt != "fp32" else 36) + optimizer_cast_bytes(dt)
+        optimizer = eff.mem_time(opt_params * per_param, cluster.gpu.mem_bandwidth_Bps, 4)
+        return StageCost(
+            forward_s=fwd, backward_s=back, backward_input_s=bin_, backward_weight_s=bw,
+            recompute_s=n * rec_layer, send_activation_s=send, grad_allreduce_s=grad_ar,
+            optimizer_s=optimizer, activation_bytes=act, checkpoint_bytes=ckpt,
+            input_bytes=inp, weight_bytes=weight_b,
+            grad_bytes=grad_b, optimizer_bytes=state.optimizer_bytes,
+            p2p_bytes=p2p, flops=flops, layers=n,
+            tp_comm_fwd_s=tp_f[0], tp_exposed_fwd_s=tp_f[1], tp_bytes_fwd=tp_f[2],
+            tp_comm_bwd_s=tp_b[0], tp_exposed_bwd_s=tp_b[1], tp_bytes_bwd=tp_b[2],
+            tp_comm_recompute_s=tp_r[0], tp_exposed_recompute_s=tp_r[1],
+            tp_bytes_recompute=tp_r[2], **fsdp,
+        )
+
+    def _stage_activations(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
+                           n: int, first: bool, last: bool, lay: LayerCost, emb: LayerCost,
+                           head: LayerCost) -> tuple[float, float, float, float]:
+        """Bytes per GPU of one micro-batch on a stage: (activations kept, checkpointed
+        inputs, the F* input, the activation sent on), the embedding's and head's extras
+        included in the first two."""
+        tp, mbs, sp, cp = (config.tp, config.micro_batch_size, config.sequence_parallel,
+                           config.cp)
         prof = self.profile_for(cluster, config)
         dt = config.dtype
         rc = "selective" if config.recompute == "selective" else "none"
@@ -422,67 +464,59 @@ class AnalyticCostModel:
         inp = (mbs * model.seq_len / cp * 8.0 if first else
                stage_input_bytes(model, mbs, tp, sp, prof, dt, cp))
         p2p = 0.0 if last else stage_input_bytes(model, mbs, tp, sp, prof, dt, cp)
-        params = stage_params(model, n, first, last, tp)
-        shard = config.shard_group if config.zero else 1
-        state = model_state_bytes(params, dt, shard, config.zero)
-        weight_b, grad_b = state.weight_bytes, state.grad_bytes
-        fsdp = {}
-        if config.zero == 3:
-            units = self._fsdp_units(model, n, first, last, tp, params)
-            fs = self._fsdp(cluster, config, pp_rank, units, lay, emb, head, first, last, n)
-            fwd += fs.fwd_exposed_s
-            bin_ += fs.bwd_exposed_s
-            back += fs.bwd_exposed_s
-            gw, gg = fsdp_working_bytes([u for u in units if u > 0], dt)
-            weight_b += gw
-            grad_b += gg
-            g_sh = len(sync_groups(config, pp_rank)[1])
-            sent = sum(units) * sixteen_bit_bytes(dt) * (g_sh - 1) / max(g_sh, 1)
-            fsdp = dict(fsdp_comm_fwd_s=fs.fwd_total_s, fsdp_exposed_fwd_s=fs.fwd_exposed_s,
-                        fsdp_comm_bwd_s=fs.bwd_total_s, fsdp_exposed_bwd_s=fs.bwd_exposed_s,
-                        fsdp_bytes_fwd=sent, fsdp_bytes_bwd=2 * sent)
-        # Communication off the compute stream.
+        return act + extra, ckpt + extra, inp, p2p
+
+    def _send_time(self, cluster: Cluster, config: ParallelConfig, g: int, pp_rank: int,
+                   last: bool, p2p: float) -> float:
+        """Seconds to send stage ``g``'s activation to the next stage (0 on the last
+        stage or a hand-off to a chunk of the same rank)."""
         nxt = stage_rank(config, g + 1) if not last else pp_rank
-        if nxt == pp_rank:  # the last stage, or a hand-off to a chunk of the same rank
-            send = 0.0
-        else:
-            mode = "full" if sp else self.pipeline_send
-            send = pipeline_send_time(mode, p2p, group_ranks("tp", config, pp_rank),
-                                      group_ranks("tp", config, nxt), cluster, self._comm)
-        if config.zero == 0 and cp == 1:
+        if nxt == pp_rank:
+            return 0.0
+        mode = "full" if config.sequence_parallel else self.pipeline_send
+        return pipeline_send_time(mode, p2p, group_ranks("tp", config, pp_rank),
+                                  group_ranks("tp", config, nxt), cluster, self._comm)
+
+    def _grad_sync_time(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
+                        pp_rank: int, ends: bool, params: float, grad_bytes: float,
+                        shard: int) -> float:
+        """Seconds of the stage's data-parallel gradient sync, plus the tied embedding's
+        all-reduce between the first and the last stage (``ends``: this is one)."""
+        if config.zero == 0 and config.cp == 1:
             grad_ar = 0.0
             if config.dp > 1:
                 ranks = group_ranks("dp", config, pp_rank)
-                grad_ar = self._comm("all-reduce", state.grad_bytes, ranks, cluster)
+                grad_ar = self._comm("all-reduce", grad_bytes, ranks, cluster)
         else:
             grad_ar = grad_sync_seconds(self._comm, cluster, config, pp_rank, params)
-        if model.tied_embeddings and (first or last) and n_st > 1:
+        n_st = config.pp * config.virtual_stages
+        if model.tied_embeddings and ends and n_st > 1:
             # The tied word embedding lives on the first and the last stage; their
             # gradients are summed by an all-reduce between the two (Megatron; Merak
             # does the same for tied weights across stages).
             a = group_ranks("tp", config, 0)[0]
             b = group_ranks("tp", config, stage_rank(config, n_st - 1))[0]
             if a != b:
-                tied = model.vocab * model.hidden / tp * sixteen_bit_bytes(dt) / shard \
-                    if config.zero >= 2 else \
-                    model.vocab * model.hidden / tp * state.grad_bytes / max(params, 1)
+                per = model.vocab * model.hidden / config.tp
+                tied = per * sixteen_bit_bytes(config.dtype) / shard if config.zero >= 2 \
+                    else per * grad_bytes / max(params, 1)
                 grad_ar += self._comm("all-reduce", tied, (a, b), cluster)
-        eff = self.efficiency_for(cluster)
-        opt_params = params / (shard if config.zero >= 1 else 1)
-        per_param = (28 if dt != "fp32" else 36) + optimizer_cast_bytes(dt)
-        optimizer = eff.mem_time(opt_params * per_param, cluster.gpu.mem_bandwidth_Bps, 4)
-        return StageCost(
-            forward_s=fwd, backward_s=back, backward_input_s=bin_, backward_weight_s=bw,
-            recompute_s=n * rec_layer, send_activation_s=send, grad_allreduce_s=grad_ar,
-            optimizer_s=optimizer, activation_bytes=act + extra, checkpoint_bytes=ckpt + extra,
-            input_bytes=inp, weight_bytes=weight_b,
-            grad_bytes=grad_b, optimizer_bytes=state.optimizer_bytes,
-            p2p_bytes=p2p, flops=flops, layers=n,
-            tp_comm_fwd_s=tp_f[0], tp_exposed_fwd_s=tp_f[1], tp_bytes_fwd=tp_f[2],
-            tp_comm_bwd_s=tp_b[0], tp_exposed_bwd_s=tp_b[1], tp_bytes_bwd=tp_b[2],
-            tp_comm_recompute_s=tp_r[0], tp_exposed_recompute_s=tp_r[1],
-            tp_bytes_recompute=tp_r[2], **fsdp,
-        )
+        return grad_ar
+
+    def _zero3(self, model: ModelSpec, cluster: Cluster, config: ParallelConfig,
+               pp_rank: int, n: int, first: bool, last: bool, params: float,
+               lay: LayerCost, emb: LayerCost, head: LayerCost
+               ) -> tuple[dict[str, float], tuple[float, float]]:
+        """A ZeRO-3 stage's all-gathers and reduce-scatters as StageCost ``fsdp_*``
+        fields, and the (weight, gradient) bytes of the units gathered at once."""
+        units = self._fsdp_units(model, n, first, last, config.tp, params)
+        fs = self._fsdp(cluster, config, pp_rank, units, lay, emb, head, first, last, n)
+        g_sh = len(sync_groups(config, pp_rank)[1])
+        sent = sum(units) * sixteen_bit_bytes(config.dtype) * (g_sh - 1) / max(g_sh, 1)
+        fields = dict(fsdp_comm_fwd_s=fs.fwd_total_s, fsdp_exposed_fwd_s=fs.fwd_exposed_s,
+                      fsdp_comm_bwd_s=fs.bwd_total_s, fsdp_exposed_bwd_s=fs.bwd_exposed_s,
+                      fsdp_bytes_fwd=sent, fsdp_bytes_bwd=2 * sent)
+        return fields, fsdp_working_bytes([u for u in units if u > 0], config.dtype)
 
     @staticmethod
     def _fsdp_units(model: ModelSpec, n: int, first: bool, last: bool, tp: int,
