@@ -83,107 +83,120 @@ def execute(
     """
     if not sched.lowered:
         raise ScheduleError("execute() needs a lowered schedule; call lower() first")
-    S = sched.num_stages
-    progs = sched.programs
-    pcs = [0] * S
-    clock = [0.0] * S
-    send_post: dict = {}
-    recv_post: dict = {}
-    group_of: dict = {}  # recv key -> the posted receive action
-    transfers: dict = {}
-    waiting: dict = {}  # ("send"|"recv", key) -> rank blocked until that side is posted
-    compute: list[list] = [[] for _ in range(S)]
-    xfer = transfer or (lambda a: 0.0)
-    ready = deque(range(S))
-    queued = [True] * S
+    run = _Run(sched, duration, transfer or (lambda a: 0.0))
+    while run.ready:
+        run.advance(run.ready.popleft())
+    return run.result()
 
-    def post(rank: int, a: Action, t: float) -> None:
-        key = comm_key(sched, a)
-        side, other = ("send", "recv") if a.kind.is_send else ("recv", "send")
-        table = send_post if side == "send" else recv_post
+
+class _Run:
+    """The state of one symbolic execution: program counters and clocks per rank, the
+    posted sends and receives, the transfers matched so far and who waits for what."""
+
+    def __init__(self, sched: Schedule, duration, xfer) -> None:
+        S = sched.num_stages
+        self.sched, self.duration, self.xfer = sched, duration, xfer
+        self.pcs, self.clock = [0] * S, [0.0] * S
+        self.send_post: dict = {}
+        self.recv_post: dict = {}
+        self.group_of: dict = {}  # recv key -> the posted receive action
+        self.transfers: dict = {}
+        self.waiting: dict = {}  # ("send"|"recv", key) -> rank blocked until it is posted
+        self.compute: list[list] = [[] for _ in range(S)]
+        self.ready = deque(range(S))
+        self.queued = [True] * S
+
+    def post(self, rank: int, a: Action, t: float) -> None:
+        """Post send or receive ``a`` at time ``t``; wake a rank waiting for it."""
+        key = comm_key(self.sched, a)
+        side = "send" if a.kind.is_send else "recv"
+        table = self.send_post if side == "send" else self.recv_post
         if key in table:
             raise ScheduleError(f"{a} on rank {rank} is posted twice")
         table[key] = (t, a)
-        w = waiting.pop((side, key), None)
-        if w is not None and not queued[w]:
-            ready.append(w)
-            queued[w] = True
+        w = self.waiting.pop((side, key), None)
+        if w is not None and not self.queued[w]:
+            self.ready.append(w)
+            self.queued[w] = True
 
-    def completion(parts: tuple[Action, ...]) -> tuple[float | None, tuple | None]:
+    def completion(self, parts: tuple[Action, ...]) -> tuple[float | None, tuple | None]:
         """Completion time of a posted group, or (None, what-to-wait-for)."""
         done = 0.0
         for p in parts:
-            key = comm_key(sched, p)
-            if key in transfers:
-                done = max(done, transfers[key][1])
+            key = comm_key(self.sched, p)
+            if key in self.transfers:
+                done = max(done, self.transfers[key][1])
                 continue
-            s, r = send_post.get(key), recv_post.get(key)
+            s, r = self.send_post.get(key), self.recv_post.get(key)
             if s is None:
                 return None, ("send", key)
             if r is None:
                 return None, ("recv", key)
             start = max(s[0], r[0])
-            sender = s[1]
-            end = start + xfer(sender)
-            transfers[key] = (start, end)
+            end = start + self.xfer(s[1])
+            self.transfers[key] = (start, end)
             done = max(done, end)
         return done, None
 
-    while ready:
-        r = ready.popleft()
-        queued[r] = False
-        prog = progs[r]
-        pc, t = pcs[r], clock[r]
+    def advance(self, r: int) -> None:
+        """Run rank ``r`` until it ends or waits for a transfer not yet posted."""
+        self.queued[r] = False
+        prog = self.sched.programs[r]
+        pc, t = self.pcs[r], self.clock[r]
         while pc < len(prog):
             step: Step = prog[pc]
             if isinstance(step, Fused) or step.kind.is_comm:
                 for p in step.parts:
-                    post(r, p, t)
+                    self.post(r, p, t)
                     if p.kind.is_recv:
-                        group_of[comm_key(sched, p)] = p
+                        self.group_of[comm_key(self.sched, p)] = p
                 pc += 1
                 continue
-            start = t
-            key = consumed_key(sched, step)
-            if key is not None:
-                if key not in group_of:
-                    raise ScheduleError(
-                        f"{step} on rank {r} consumes {key[0]} of model stage {key[1]} "
-                        f"micro-batch {key[2]} but no receive for it was posted before it"
-                    )
-                # A compute action waits only for the receive it consumes, even when
-                # that receive was posted fused with a send (semantics rule 4).
-                done, wait_for = completion((group_of[key],))
-                if done is None:
-                    waiting[wait_for] = r
-                    break
-                start = max(start, done)
-            end = start + duration(step)
-            compute[r].append((step, start, end))
+            start = self._input_ready(r, step, t)
+            if start is None:
+                break
+            end = start + self.duration(step)
+            self.compute[r].append((step, start, end))
             t = end
             pc += 1
-        pcs[r], clock[r] = pc, t
+        self.pcs[r], self.clock[r] = pc, t
 
-    if any(pcs[r] < len(progs[r]) for r in range(S)):
-        stuck = {r: pcs[r] for r in range(S) if pcs[r] < len(progs[r])}
-        raise DeadlockError(
-            f"schedule {sched.name!r} deadlocks: no rank can make progress\n"
-            + _grid(sched, pcs),
-            stuck,
-        )
-    for key in send_post.keys() | recv_post.keys():
-        if key not in transfers:
-            if key in send_post and key in recv_post:
-                completion((send_post[key][1],))
-                continue
-            a = (send_post.get(key) or recv_post.get(key))[1]
-            other = "receive" if a.kind.is_send else "send"
-            raise ScheduleError(f"{a} on rank {a.stage} has no matching {other}")
-    end_xfer = max((e for _, e in transfers.values()), default=0.0)
-    makespan = max(max(clock, default=0.0), end_xfer)
-    return Execution(
-        makespan=makespan,
-        compute=tuple(tuple(c) for c in compute),
-        transfers=transfers,
-        finish=tuple(clock),
-    )
+    def _input_ready(self, r: int, step: Action, t: float) -> float | None:
+        """When ``step`` may start on rank ``r`` (free at ``t``), or None while the
+        receive it consumes has not completed (the rank then waits for it)."""
+        key = consumed_key(self.sched, step)
+        if key is None:
+            return t
+        if key not in self.group_of:
+            raise ScheduleError(
+                f"{step} on rank {r} consumes {key[0]} of model stage {key[1]} "
+                f"micro-batch {key[2]} but no receive for it was posted before it")
+        # A compute action waits only for the receive it consumes, even when that
+        # receive was posted fused with a send (semantics rule 4).
+        done, wait_for = self.completion((self.group_of[key],))
+        if done is None:
+            self.waiting[wait_for] = r
+            return None
+        return max(t, done)
+
+    def result(self) -> Execution:
+        """The execution, after proving every rank finished and every post matched."""
+        sched, pcs = self.sched, self.pcs
+        S = sched.num_stages
+        if any(pcs[r] < len(sched.programs[r]) for r in range(S)):
+            stuck = {r: pcs[r] for r in range(S) if pcs[r] < len(sched.programs[r])}
+            raise DeadlockError(
+                f"schedule {sched.name!r} deadlocks: no rank can make progress\n"
+                + _grid(sched, pcs), stuck)
+        for key in self.send_post.keys() | self.recv_post.keys():
+            if key not in self.transfers:
+                if key in self.send_post and key in self.recv_post:
+                    self.completion((self.send_post[key][1],))
+                    continue
+                a = (self.send_post.get(key) or self.recv_post.get(key))[1]
+                other = "receive" if a.kind.is_send else "send"
+                raise ScheduleError(f"{a} on rank {a.stage} has no matching {other}")
+        end_xfer = max((e for _, e in self.transfers.values()), default=0.0)
+        return Execution(makespan=max(max(self.clock, default=0.0), end_xfer),
+                         compute=tuple(tuple(c) for c in self.compute),
+                         transfers=self.transfers, finish=tuple(self.clock))
