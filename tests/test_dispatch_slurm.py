@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -94,15 +95,23 @@ def _recorded(log: Path) -> list[list[str]]:
 
 
 def test_sbatch_through_a_stand_in_srun_trains_two_cpu_ranks(tmp_path):
-    """The generated sbatch file, run as Slurm would run it (its variables set, srun
-    and scontrol stand-ins), activates the venv, starts torchrun and merak-exec train
-    with the arguments after --, and exits 0."""
+    """From a plan to a training job: the generated sbatch file, run as Slurm would run
+    it (its variables set, srun and scontrol stand-ins), activates the venv, starts
+    torchrun and merak-exec train with the arguments after -- on a token file: the
+    loss falls, it evaluates, checkpoints, and merak-exec export of the checkpoint gives
+    a folder transformers loads whose held-out loss is the job's last evaluation."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.tile(rng.integers(0, MODEL["vocab"], 96, dtype=np.uint16), 40).tofile(
+        tmp_path / "tokens.bin")
     plan_file = tmp_path / "p.json"
     _plan().save(plan_file)
     out = tmp_path / "job dir"
     assert main(["dispatch", str(plan_file), "--launcher", "slurm", "--out", str(out),
                  "--cpus-per-task", "2", "--venv", sys.prefix, "--",
-                 "--steps", "2"]) == 0
+                 "--data", "tokens.bin", "--steps", "6", "--lr", "3e-3", "--eval-every", "3",
+                 "--eval-fraction", "0.1", "--save-dir", "ck"]) == 0
     tools = _tools(tmp_path / "bin", srun=SRUN, scontrol=SCONTROL)
     # The venv comes from the environment step alone: PATH does not hold it.
     env = _slurm_env(tools, _job_id_with_free_port())
@@ -112,7 +121,35 @@ def test_sbatch_through_a_stand_in_srun_trains_two_cpu_ranks(tmp_path):
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "parameters: " in proc.stdout
-    assert "final loss" in proc.stdout, proc.stdout[-2000:]
+    first, final = re.search(r"first loss ([\d.]+), final loss ([\d.]+)", proc.stdout).groups()
+    assert float(final) < float(first), proc.stdout[-2000:]
+    evals = [float(x) for x in re.findall(r"eval step \d+ loss ([\d.]+)", proc.stdout)]
+    assert len(evals) == 2 and evals[-1] < evals[0]
+    assert (tmp_path / "ck" / "checkpoint-6" / "manifest.json").is_file()
+    export = subprocess.run([sys.executable, "-m", "merak_exec", "export", "ck/checkpoint-6",
+                             "--hf", "hf"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=200)
+    assert export.returncode == 0, export.stderr
+    assert _held_out_loss(tmp_path / "hf", tmp_path / "tokens.bin") == \
+        pytest.approx(evals[-1], rel=1e-4)
+
+
+def _held_out_loss(folder: Path, tokens: Path) -> float:
+    """transformers' own loss on the job's held-out windows (global batches of 8)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from merak_exec.data import load_data
+    from merak_exec.models.gpt import lm_loss
+
+    ev = load_data(str(tokens), MODEL["seq_len"], MODEL["vocab"], eval_fraction=0.1).eval
+    hf = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    losses = []
+    with torch.no_grad():
+        for start in range(0, len(ev) - 7, 8):
+            ids = torch.stack([ev[i]["input_ids"] for i in range(start, start + 8)])
+            losses += [float(lm_loss(hf(x[None]).logits, x[None])) for x in ids]
+    return sum(losses) / len(losses)
 
 
 def test_paths_with_spaces_and_arguments_reach_torchrun_intact(tmp_path, monkeypatch):
