@@ -216,7 +216,7 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, microbatches, steps,
         refuse_plan_clash(click.get_current_context())
     degrees["global_batch_size"] = degrees["micro_batch_size"] * degrees["dp"] * _microbatches(
         microbatches, degrees["global_batch_size"], degrees["dp"], degrees["micro_batch_size"])
-    spec, config = _checked_run(plan_path, flags, degrees)
+    spec, config, schedule = _checked_run(plan_path, flags, degrees)
     if spec is not None:
         seq, vocab = spec.seq_len, spec.vocab
     train_ds, eval_ds = _datasets(data_path, tokenizer, data_dtype, seq, vocab,
@@ -243,7 +243,7 @@ def train(kind, layers, hidden, heads, vocab, seq, dropout, microbatches, steps,
         eval_strategy="steps" if eval_every else "no", eval_steps=eval_every or None,
         resume_from_checkpoint=resume, trace_path=trace_path, split_points=points)
     trainer = merak_exec.Trainer(model=model, args=args, train_dataset=train_ds,
-                                 eval_dataset=eval_ds, config=config)
+                                 eval_dataset=eval_ds, config=config, schedule=schedule)
     res = trainer.train()
     if export_dir is not None:
         trainer.save_model(export_dir)
@@ -332,14 +332,12 @@ def export(checkpoint, out) -> None:
 
 
 def _checked_run(plan_path: str | None, flags: dict, degrees: dict):
-    """(the plan's model spec or None, the ParallelConfig) of a train command, after
-    every check that needs no rank: the configuration and its schedule, the model's
-    shape against tp, and its memory and CPU time against this machine
+    """(the plan's model spec or None, the ParallelConfig, its schedule) of a train
+    command, after every check that needs no rank: the configuration and its schedule,
+    the model's shape against tp, and its memory and CPU time against this machine
     (:func:`merak_exec.builders.check_resources`)."""
     from merak_exec.builders import check_resources, check_shape, spec_from_flags
-    from merak_exec.mesh import ExecError
-    from merak_sim.executable import unsupported
-    from merak_sim.sim.from_config import schedule_for
+    from merak_exec.parallel import check_run
 
     spec = None
     if plan_path is not None:
@@ -350,15 +348,13 @@ def _checked_run(plan_path: str | None, flags: dict, degrees: dict):
         spec, config = resolve_model(plan.model), plan.parallel
     else:
         config = config_from_options(degrees)
-    why = unsupported(config, spec)
-    if why:
-        raise ExecError(f"cannot run this {'plan' if spec else 'configuration'}: {why}")
-    schedule_for(config)  # the schedule's requirements, before starting ranks
+    # the one check of what runs, before starting ranks; the runtime takes its schedule
+    schedule = check_run(config, spec, "plan" if spec else "configuration")
     shape = spec or spec_from_flags(**flags)
     check_shape(shape.family, shape.hidden, shape.heads, shape.kv_heads, shape.ffn_hidden,
                 shape.vocab, config.tp)
     check_resources(config, _rank_device(), spec=shape)
-    return spec, config
+    return spec, config, schedule
 
 
 def _rank_device() -> str:

@@ -36,9 +36,10 @@ from merak_exec.tensor_parallel import (
 )
 from merak_sim.config import ParallelConfig
 from merak_sim.executable import unsupported
+from merak_sim.schedule.ir import Schedule
 from merak_sim.sim.from_config import recompute_fractions, schedule_for, stage_rank
 
-__all__ = ["ParallelModel", "parallelize", "check_executable", "materialize_layers",
+__all__ = ["ParallelModel", "parallelize", "check_executable", "check_run", "materialize_layers",
            "model_origin"]
 
 
@@ -141,7 +142,8 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
                 layer_times_s: tuple[float, float, float] | None = None,
                 max_grad_norm: float | None = None,
                 lr_schedule: Callable[[int], float] | None = None,
-                overlap_dp: bool = False, buckets: int = 4) -> ParallelModel:
+                overlap_dp: bool = False, buckets: int = 4,
+                schedule: Schedule | None = None) -> ParallelModel:
     """Parallelise ``model`` for ``config`` on the current torch.distributed world.
 
     Args:
@@ -170,13 +172,15 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
         overlap_dp: average data-parallel gradients in ``buckets`` buckets per chunk,
             overlapped with the last backwards (:mod:`merak_exec.data_parallel`; the
             simulator's ``overlap_dp``/``buckets``).
+        schedule: ``config``'s schedule, already checked by the caller
+            (:func:`check_run`): built and checked once, not again here. None: built
+            and checked here.
     """
-    check_executable(config)
+    sched = schedule if schedule is not None else check_run(config)
     mesh = mesh or build_mesh(config)
     _check_heads(model, config.tp)
     chain, family = to_chain(model, seq_len=seq_len)
     origin = model_origin(model, chain)  # before any layer is materialised or cut
-    sched = schedule_for(config)
     G = sched.num_model_stages
     ranges = (split_from_points(chain, split_points, G) if split_points is not None
               else partition_split(chain, G, partition, layer_times_s))
@@ -198,7 +202,7 @@ def parallelize(model: nn.Module | LayerChain, config: ParallelConfig, *,
     if not isinstance(opt, torch.optim.Optimizer):
         raise ExecError(f"optimizer_fn returned {type(opt).__name__}, not a torch.optim."
                         "Optimizer; return one built over the parameters it is given")
-    opt, grad_sync = _apply_options(config, mesh, chunks, ranges, family, opt)
+    opt, grad_sync = _apply_options(config, mesh, chunks, ranges, family, opt, sched)
     opt = _training_optimizer(opt, chunks, mesh, tied, config, max_grad_norm, lr_schedule)
     specs = _boundary_specs(chain, ranges, config.micro_batch_size,
                             seq_len // (config.tp if config.sequence_parallel else 1), dtype)
@@ -378,16 +382,26 @@ def _boundary_specs(chain: LayerChain, ranges: list[range], mbs: int, seq: int,
     return out
 
 
+def check_run(config: ParallelConfig, spec=None, what: str | None = None) -> Schedule:
+    """Everything about ``config`` that can be refused before any rank starts, checked
+    once: what this runtime does not run (:func:`merak_sim.executable.unsupported`, with
+    the model's ``spec`` when known; the line starts "cannot run this ``what``: " when
+    given) and the schedule's own requirements. Returns the schedule, which
+    :func:`parallelize` then takes as it is."""
+    why = unsupported(config, spec)
+    if why:
+        raise ExecError(f"cannot run this {what}: {why}" if what else why)
+    return schedule_for(config)
+
+
 def check_executable(config: ParallelConfig) -> None:
     """Refuse, in one line, what the simulator prices but this runtime does not run
-    (the one list: :data:`merak_sim.executable.NOT_EXECUTED`). Called when a model is
-    parallelised and when a plan is loaded."""
-    why = unsupported(config)
-    if why:
-        raise ExecError(why)
+    (the one list: :data:`merak_sim.executable.NOT_EXECUTED`)."""
+    check_run(config)
 
 
-def _apply_options(config: ParallelConfig, mesh: Mesh, chunks, ranges, family, opt):
+def _apply_options(config: ParallelConfig, mesh: Mesh, chunks, ranges, family, opt,
+                   sched: Schedule):
     """Sequence parallelism and ZeRO-1 on the built stages: returns the optimizer the
     runtime steps and its AR ``grad_sync`` (None when neither option is on)."""
     from merak_exec.sequence_parallel import GradientSync, apply_sequence_parallel, partial_params
@@ -403,7 +417,7 @@ def _apply_options(config: ParallelConfig, mesh: Mesh, chunks, ranges, family, o
     if config.zero == 1:
         zero = opt = ZeroOptimizer(opt, mesh.dp_group, mesh.dp, mesh.dp_rank, mesh.timeout_s)
     elif config.zero in (2, 3) and mesh.dp_group is not None:  # SP: refused up front
-        return opt, FsdpSync(chunks, schedule_for(config).programs[mesh.pp_rank])
+        return opt, FsdpSync(chunks, sched.programs[mesh.pp_rank])
     return opt, GradientSync(mesh.tp_group, partial, zero)
 
 

@@ -208,11 +208,13 @@ class Trainer:
     ``train_dataset`` is indexable; each item is ``{"input_ids": [s], "labels": [s],
     "attention_mask": [s]}`` (labels and the mask optional; labels aligned with the
     inputs as in HuggingFace, -100 ignored) or an ``(ids, labels)`` pair. Every rank
-    must see the same dataset.
+    must see the same dataset. ``schedule``: the config's schedule when the caller has
+    checked it already (:func:`merak_exec.parallel.check_run`).
     """
 
     def __init__(self, model, args: TrainingArguments, train_dataset, optimizer_fn=None,
-                 config: ParallelConfig | None = None, eval_dataset=None) -> None:
+                 config: ParallelConfig | None = None, eval_dataset=None,
+                 schedule=None) -> None:
         _check_args(args)
         check_inputs(model, args, train_dataset, eval_dataset)
         if config is None:
@@ -250,7 +252,8 @@ class Trainer:
         self.model: ParallelModel = parallelize(
             model, config, optimizer_fn=opt_fn, seq_len=self.seq,
             split_points=args.split_points, mesh=mesh, max_grad_norm=args.max_grad_norm,
-            lr_schedule=lr_lambda(args.lr_scheduler_type, warmup, self.max_steps))
+            lr_schedule=lr_lambda(args.lr_scheduler_type, warmup, self.max_steps),
+            schedule=schedule)
         self.step = 0
 
     def _batch(self, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
