@@ -34,6 +34,10 @@ NOT_EXECUTED: dict[str, tuple[Any, str, str]] = {
     "cp": (lambda v: v > 1, "context parallelism", "no ring attention for this runtime"),
     "dtype": (LOW_PRECISION, "FP8 / MX / FP4 GEMMs",
               "no FP8, MXFP8 or NVFP4 kernels in this runtime"),
+    "ep": (lambda v: v > 1, "expert parallelism", "no expert all-to-all in this runtime"),
+    "etp": (lambda v: v > 1, "expert-tensor parallelism", "no expert layers in this runtime"),
+    "moe_a2a_overlap": ((True,), "the expert all-to-all overlap",
+                        "no expert all-to-all in this runtime"),
 }
 
 #: model families merak-exec builds from a plan.

@@ -65,6 +65,11 @@ CONFIG_FLAGS: dict[str, Flag] = {f.field: f for f in (
     Flag(("--tp",), "tp", POSITIVE, "Tensor-parallel degree."),
     Flag(("--pp",), "pp", POSITIVE, "Pipeline-parallel degree (stages)."),
     Flag(("--cp",), "cp", POSITIVE, "Context-parallel degree (ring attention)."),
+    Flag(("--ep",), "ep", POSITIVE,
+         "Expert-parallel degree of an MoE model: divides its experts, folds with --etp "
+         "over each stage's tp x cp x dp ranks (Megatron's parallel folding)."),
+    Flag(("--etp",), "etp", POSITIVE,
+         "Expert-tensor-parallel degree of an MoE model's experts (1: whole experts)."),
     Flag(("--virtual-stages",), "virtual_stages", POSITIVE,
          "Model chunks per pipeline rank (interleaved and V schedules)."),
     Flag(("--order",), "order", str, ORDER_HELP),
@@ -95,16 +100,20 @@ CONFIG_FLAGS: dict[str, Flag] = {f.field: f for f in (
     Flag(("--overlap-param-gather",), "overlap_param_gather", None,
          "Overlap the DP gradient reduction and the ZeRO 1/2 parameter all-gather with "
          "compute (implies --overlap-dp where the command has it)."),
+    Flag(("--moe-a2a-overlap",), "moe_a2a_overlap", None,
+         "Hide an MoE model's expert all-to-alls behind another micro-batch's compute "
+         "(Megatron's 1F1B A2A overlap)."),
 )}
 
 #: The groups commands take, by meaning.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "degrees": ("dp", "tp", "pp", "cp", "virtual_stages", "order"),
+    "degrees": ("dp", "tp", "pp", "cp", "ep", "etp", "virtual_stages", "order"),
     "batch": ("micro_batch_size", "global_batch_size"),
     "schedule": ("schedule", "recompute"),
     "precision": ("dtype",),
     "memory": ("zero", "zero_group", "sequence_parallel"),
-    "overlap": ("tp_overlap", "tp_overlap_parts", "attention", "overlap_param_gather"),
+    "overlap": ("tp_overlap", "tp_overlap_parts", "attention", "overlap_param_gather",
+                "moe_a2a_overlap"),
 }
 
 
