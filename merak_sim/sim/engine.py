@@ -1,6 +1,9 @@
-"""The SimPy discrete-event engine.
+"""The discrete-event engine (``engine="simpy"``).
 
-One ``simpy.Environment`` per run. Each simulated GPU (:class:`~merak_sim.sim.gpu.GPU`)
+One :class:`~merak_sim.sim.kernel.Environment` per run: the engine's own event loop
+with SimPy's semantics and event order (it replaced SimPy itself, issue 34 item 5:
+the same events, processed in the same order, about a third of the cost per event).
+Each simulated GPU (:class:`~merak_sim.sim.gpu.GPU`)
 is a process that runs its pipeline rank's compiled program
 (:mod:`merak_sim.sim.program`) in order on its compute stream; point-to-point
 transfers and data-parallel collectives run on communication streams and, with
@@ -41,8 +44,8 @@ rendezvous). The wait is part of the AR, as the runtime records it.
 
 With contention off every transfer takes its cost-table time and the engine performs
 exactly the additions and maxima of :func:`merak_sim.sim.evaluator.evaluate`.
-Determinism: SimPy orders simultaneous events by insertion; processes are created in
-rank order and no randomness is used.
+Determinism: simultaneous events are processed in insertion order (SimPy's rule);
+processes are created in rank order and no randomness is used.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from merak_sim.progress import Progress
 
 from .entities import HBM
 from .gpu import GPU, EngineOptions, EngineRun
+from .kernel import Environment
 from .program import Compiled
 from .structure import OP_POST
 
@@ -79,7 +83,7 @@ class EventLog:
         buckets: per entity, (chunk, start, end) of overlapped gradient buckets.
         memory: per entity, its HBM.
         makespan: end of the last action or transfer.
-        events_processed: SimPy events processed (0 for the evaluator).
+        events_processed: events processed (0 for the evaluator).
         tp_comm: per entity, action id -> (start, end, delay) of the TP collectives
             the fabric simulated (contention on); ``delay`` is how much contention
             lengthened the action. Empty where not simulated: the collective then
@@ -132,28 +136,14 @@ def _check_slowdown(opts: EngineOptions, placement: RankLayout, ranks: list[int]
 PROGRESS_EVERY = 4096
 
 
-def _run_to_end(env, gpus: list[GPU], progress: Progress | None = None) -> int:
-    """Run ``env`` until no event is left; the number of events processed (SimPy has
-    no counter, so count the steps). With ``progress``, the compute actions the
-    ``gpus`` finished are reported every :data:`PROGRESS_EVERY` events."""
-    import simpy
-
-    n_events = 0
-    step = env.step
-    try:
-        if progress is None or progress.mode == "off":
-            while True:
-                step()
-                n_events += 1
-        every = PROGRESS_EVERY
-        while True:
-            step()
-            n_events += 1
-            if not n_events % every:
-                progress.advance(sum(len(g.acts) for g in gpus) - progress.done)
-    except simpy.core.EmptySchedule:
-        pass
-    return n_events
+def _run_to_end(env: Environment, gpus: list[GPU], progress: Progress | None = None) -> int:
+    """Run ``env`` until no event is left; the number of events processed. With
+    ``progress``, the compute actions the ``gpus`` finished are reported every
+    :data:`PROGRESS_EVERY` events."""
+    if progress is None or progress.mode == "off":
+        return env.run()
+    return env.run(PROGRESS_EVERY, lambda: progress.advance(
+        sum(len(g.acts) for g in gpus) - progress.done))
 
 
 def _makespan(gpus: list[GPU], xfer_times: list[tuple[list[float], list[float]]]) -> float:
@@ -177,10 +167,8 @@ def run_engine(prog: Compiled, placement: RankLayout, capacity: float,
     """Simulate one iteration of ``prog`` and return its :class:`EventLog`
     (``capacities``: memory capacity per global rank where it differs; ``progress``
     counts the compute actions done)."""
-    import simpy
-
     _check(prog, placement, opts)
-    env = simpy.Environment()
+    env = Environment()
     run = EngineRun(env, prog, placement, opts)
     ents = [(s, ci) for s in range(prog.num_ranks) for ci in range(len(run.copies))]
     ranks = [placement.rank(s, *run.copies[ci]) for s, ci in ents]

@@ -3,7 +3,8 @@ synchronisation groups of tensor- and data-parallel peers (where ranks sit:
 :class:`merak_sim.layout.RankLayout`).
 
 Everything here is deterministic: no global counters, ties broken by insertion
-order, which SimPy preserves for events scheduled at the same time.
+order, which the event loop (:mod:`merak_sim.sim.kernel`, SimPy's rule) preserves for
+events scheduled at the same time.
 
 Link model ("proportional slowdown"): every transfer or collective is a *flow* with
 an isolated duration (from the cost table: what it takes alone on the cluster) and
@@ -292,14 +293,14 @@ class SyncGroup:
 
 class _Flow:
     """One flow on the fabric (``slowed``: its speed has dropped below 1 at least once,
-    so it may end after ``start + work``)."""
+    so it may end after ``start + work``); ``links`` are its (bundle, weight) pairs."""
 
     __slots__ = ("links", "demand", "remaining", "speed", "updated", "done", "gen", "fid",
                  "slowed")
 
     def __init__(self, fid, links, demand, work, now, done):
         self.fid = fid
-        self.links = links  # tuple of (link, weight)
+        self.links = links  # tuple of (bundle id, weight)
         self.demand = demand
         self.remaining = work
         self.speed = 1.0
@@ -312,23 +313,72 @@ class _Flow:
 class Fabric:
     """Directed links shared by flows under the proportional-slowdown model (module
     docstring). ``start(links, work_s, demand_Bps)`` returns an event that fires when
-    the flow's isolated ``work_s`` seconds of progress are done."""
+    the flow's isolated ``work_s`` seconds of progress are done.
 
-    def __init__(self, env: Any, topology: Topology):
+    Links are kept in *bundles*: given every route the run will use (``routes``),
+    links that every route crosses together, with the same weight, always carry the
+    same flows, hence the same load (the same additions and subtractions in the same
+    order), so one load per bundle stands for them all and a flow's speed is the
+    smallest capacity of the bundle over that load: a tensor-parallel ring's sixteen
+    GPU ports are one bundle. Without ``routes`` each link is its own bundle. A flow
+    starting or ending updates the loads of its bundles and re-speeds the flows on
+    them, in increasing flow id (the order that fixes simultaneous events)."""
+
+    def __init__(self, env: Any, topology: Topology,
+                 routes: Iterable[Sequence[tuple[str, float]]] | None = None):
         self.env = env
         self.topology = topology
-        self._cap: dict[str, float] = {}
-        self._load: dict[str, float] = {}
-        self._on: dict[str, dict[int, _Flow]] = {}
+        self._bundle: dict[str, int] = {}  # link name -> bundle id
+        self._cap: list[float] = []  # per bundle: its smallest capacity
+        self._load: list[float] = []
+        self._on: list[dict[int, _Flow]] = []  # per bundle: its flows in id order
+        self._compiled: dict[int, tuple[Any, tuple[tuple[int, float], ...]]] = {}
+        self._fixed = routes is not None
         self._next_id = 0
         self.flows_started = 0
+        if routes is not None:
+            self._bundle_links([tuple(r) for r in routes])
+
+    def _bundle_links(self, routes: list[tuple[tuple[str, float], ...]]) -> None:
+        """Bundle the links of ``routes`` (class docstring)."""
+        crossed: dict[str, list[tuple[int, float]]] = {}
+        for i, route in enumerate(routes):
+            for link, w in route:
+                crossed.setdefault(link, []).append((i, w))
+        ids: dict[tuple, int] = {}
+        for link, sig in crossed.items():
+            b = ids.get(key := tuple(sig))
+            if b is None:
+                b = ids[key] = self._new_bundle(self.topology.capacity(link))
+            self._bundle[link] = b
+            self._cap[b] = min(self._cap[b], self.topology.capacity(link))
+
+    def _new_bundle(self, capacity: float) -> int:
+        self._cap.append(capacity)
+        self._load.append(0.0)
+        self._on.append({})
+        return len(self._cap) - 1
 
     def capacity(self, link: str) -> float:
-        """Cached capacity of a link."""
-        c = self._cap.get(link)
-        if c is None:
-            c = self._cap[link] = self.topology.capacity(link)
-        return c
+        """Capacity of a link."""
+        return self.topology.capacity(link)
+
+    def _route(self, links: Sequence[tuple[str, float]]) -> tuple[tuple[int, float], ...]:
+        """``links`` as (bundle, weight) pairs, one per bundle crossed."""
+        got = self._compiled.get(id(links))
+        if got is not None and got[0] is links:
+            return got[1]
+        out: dict[int, float] = {}
+        for link, w in links:
+            b = self._bundle.get(link)
+            if b is None:
+                if self._fixed:
+                    raise ValueError(f"link {link!r} is on no route the fabric was given")
+                b = self._bundle[link] = self._new_bundle(self.topology.capacity(link))
+            out.setdefault(b, w)
+        route = tuple(out.items())
+        self._compiled[id(links)] = (links, route)
+        return route
 
     def start(self, links: Iterable[tuple[str, float]], work_s: float, demand_Bps: float):
         """Start a flow over weighted ``links``; returns its completion event."""
@@ -340,35 +390,38 @@ class Fabric:
         ``slowed``: whether contention has slowed it so far)."""
         env = self.env
         done = env.event()
-        links = tuple(links)
+        if not isinstance(links, tuple):
+            links = tuple(links)
         if work_s <= 0 or not links or demand_Bps <= 0:
             t = env.timeout(max(work_s, 0.0))
             t.callbacks.append(lambda _e: done.succeed())
             return _Flow(-1, (), 0.0, 0.0, env.now, done)
+        route = self._route(links)
         fid = self._next_id
         self._next_id += 1
         self.flows_started += 1
-        f = _Flow(fid, links, demand_Bps, work_s, env.now, done)
-        affected = self._touching(links)
+        f = _Flow(fid, route, demand_Bps, work_s, env.now, done)
+        affected = self._touching(route)
         self._advance(affected)
-        for link, w in links:
-            self._load[link] = self._load.get(link, 0.0) + w * demand_Bps
-            self._on.setdefault(link, {})[fid] = f
+        load, on = self._load, self._on
+        for b, w in route:
+            load[b] += w * demand_Bps
+            on[b][fid] = f
         affected[fid] = f
         self._respeed(affected)
         return f
 
-    def _touching(self, links) -> dict[int, _Flow]:
-        """The flows on any of ``links`` by increasing id: the order their speeds are
-        reset in, which fixes the order of simultaneous SimPy events. Each link keeps
-        its flows in id order (a new flow has the largest id), so one busy link, or
-        several carrying the same flows (the links of a ring collective), are copied
-        as they are: the merge and sort run only where the sets differ."""
+    def _touching(self, route: tuple[tuple[int, float], ...]) -> dict[int, _Flow]:
+        """The flows on any bundle of ``route`` by increasing id: the order their
+        speeds are reset in, which fixes the order of simultaneous events. Each bundle
+        keeps its flows in id order (a new flow has the largest id), so one busy
+        bundle, or several carrying the same flows, are copied as they are: the merge
+        and sort run only where the sets differ."""
         on = self._on
         out: dict[int, _Flow] | None = None
         merged = False
-        for link, _w in links:
-            g = on.get(link)
+        for b, _w in route:
+            g = on[b]
             if not g:
                 continue
             if out is None:
@@ -388,13 +441,14 @@ class Fabric:
 
     def _respeed(self, flows: dict[int, _Flow]) -> None:
         env = self.env
+        load, cap = self._load, self._cap
         for f in flows.values():
             sp = 1.0
-            for link, _w in f.links:
-                load = self._load[link]
-                cap = self.capacity(link)
-                if load > cap:
-                    s = cap / load
+            for b, _w in f.links:
+                lb = load[b]
+                c = cap[b]
+                if lb > c:
+                    s = c / lb
                     if s < sp:
                         sp = s
             if sp == f.speed and f.gen:
@@ -405,19 +459,21 @@ class Fabric:
             f.gen += 1
             rem = f.remaining if f.remaining > 0 else 0.0
             t = env.timeout(rem / sp)
-            t.callbacks.append(lambda _e, f=f, g=f.gen: self._finish(f, g))
+            t.callbacks.append(partial(self._finish, f, f.gen))
 
-    def _finish(self, f: _Flow, gen: int) -> None:
+    def _finish(self, f: _Flow, gen: int, _event: Any = None) -> None:
         if gen != f.gen:
             return  # superseded by a later speed change
         affected = self._touching(f.links)
         self._advance(affected)
-        for link, w in f.links:
-            del self._on[link][f.fid]
-            if self._on[link]:
-                self._load[link] -= w * f.demand
+        load, on = self._load, self._on
+        for b, w in f.links:
+            flows = on[b]
+            del flows[f.fid]
+            if flows:
+                load[b] -= w * f.demand
             else:
-                self._load[link] = 0.0
+                load[b] = 0.0
         affected.pop(f.fid, None)
         f.remaining = 0.0
         self._respeed(affected)

@@ -1,7 +1,7 @@
-"""The simulated GPUs of the SimPy engine (:mod:`merak_sim.sim.engine`).
+"""The simulated GPUs of the discrete-event engine (:mod:`merak_sim.sim.engine`).
 
 :class:`EngineOptions` says how to run the engine; an :class:`EngineRun` holds what
-every GPU of one run shares: the SimPy clock, the compiled program, the fabric and its
+every GPU of one run shares: the clock, the compiled program, the fabric and its
 routes, the lockstep and collective groups, and the state of every point-to-point
 transfer. A :class:`GPU` owns its streams: the compute stream runs its pipeline rank's
 program in order; the collective stream (only when the data-parallel reduction
@@ -20,8 +20,8 @@ from merak_sim.schedule.ir import Kind
 from .buckets import chunk_buckets, overlapped_share
 from .entities import HBM, Fabric, SyncGroup, Topology
 from .program import Compiled
-from .structure import OP_AR, OP_POST
 from .routes import LinkRoutes
+from .structure import OP_AR, OP_POST
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator
@@ -61,7 +61,7 @@ class TransferState:
 
     Attributes:
         send_posted / recv_posted: whether each side has been posted.
-        done: SimPy event of the transfer's end, set when it starts (both posted).
+        done: event of the transfer's end, set when it starts (both posted).
         waiter: event a consumer waits on when it needs the transfer before it started.
     """
 
@@ -83,8 +83,10 @@ class EngineRun:
         #: (dp index, tp index) of every simulated copy of the pipeline.
         self.copies = ([(d, t) for d in range(pl.dp) for t in range(pl.tp)] if full
                        else [(0, 0)])
-        self.fabric = Fabric(env, opts.topology) if opts.contention else None
         self.routes = LinkRoutes(opts.topology, pl, full) if opts.topology else None
+        self.fabric = (Fabric(env, opts.topology, self.routes.every_route(
+            {(t.src, t.dst) for t in prog.transfers}, prog.num_ranks, self.copies))
+            if opts.contention else None)
         nx = len(prog.transfers)
         self.transfers = [[TransferState() for _ in range(nx)] for _ in self.copies]
         #: per copy, (start times, end times) indexed by transfer id.
@@ -182,7 +184,7 @@ class GPU:
 
     # -- the compute stream -------------------------------------------------------------
     def compute_stream(self) -> Generator:
-        """The SimPy process of the rank's program."""
+        """The process of the rank's program."""
         if self.overlap:
             self.env.process(self.collective_stream())
         for code, x, y in self.run.prog.ops[self.stage]:
@@ -309,7 +311,7 @@ class GPU:
         ev.succeed()
 
     def collective_stream(self) -> Generator:
-        """The SimPy process reducing the gradient buckets in order as they are ready."""
+        """The process reducing the gradient buckets in order as they are ready."""
         env = self.env
         total = len(self.run.prog.ar_chunks[self.stage]) * self.run.opts.buckets
         done = 0

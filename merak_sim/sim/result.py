@@ -309,7 +309,7 @@ def rank_breakdown(tr: EventLog, e: int, rows: list[tuple[int, float, float]] | 
     """(compute, recompute, exposed comm) seconds of entity ``e`` (module docstring);
     of ``rows``, a run of its ``tr.acts[e]`` rows, alone where given. A whole rank of
     a log with :attr:`~merak_sim.sim.engine.EventLog.times` sums its per-micro-batch
-    actions with numpy (:func:`_head_breakdown`) and walks only AR and OPT."""
+    actions with numpy (:func:`range_breakdown`) and walks only AR and OPT."""
     prog = tr.prog
     if rows is not None or tr.times is None or tr.tp_comm:
         return _walk_breakdown(tr, e, tr.acts[e] if rows is None else rows, _Per(prog, e),
@@ -318,10 +318,8 @@ def rank_breakdown(tr: EventLog, e: int, rows: list[tuple[int, float, float]] | 
     lo, hi = int(fa.first[tr.stage_of[e]]), int(fa.first[tr.stage_of[e] + 1])
     tail = (fa.kind[lo:hi] == _AR_CODE) | (fa.kind[lo:hi] == _OPT_CODE)
     head = lo + (int(np.argmax(tail)) if tail.any() else hi - lo)
-    start, end = tr.times[0], tr.times[1]
-    rows = [(x, float(start[x]), float(end[x])) for x in range(head, hi)]
-    return _walk_breakdown(tr, e, rows, _Per(prog, e, range(head, hi)),
-                           *_head_breakdown(tr, e, lo, head))
+    return _walk_breakdown(tr, e, _time_rows(tr, head, hi), _Per(prog, e, range(head, hi)),
+                           *_sums(tr, e, lo, head))
 
 
 def range_breakdown(tr: EventLog, e: int, lo: int, hi: int) -> tuple[float, float, float]:
@@ -332,8 +330,31 @@ def range_breakdown(tr: EventLog, e: int, lo: int, hi: int) -> tuple[float, floa
     if tr.times is None or tr.tp_comm:
         first = tr.prog.structure.compute_ids[tr.stage_of[e]][0]
         return rank_breakdown(tr, e, tr.acts[e][lo - first:hi - first])
-    return _walk_breakdown(tr, e, [], _Per(tr.prog, e, range(0)),
-                           *_head_breakdown(tr, e, lo, hi))
+    return _walk_breakdown(tr, e, [], _Per(tr.prog, e, range(0)), *_sums(tr, e, lo, hi))
+
+
+#: Actions from which :func:`_sums` adds with numpy (below, a loop costs less than
+#: the arrays' fixed cost).
+ARRAY_ACTIONS = 64
+
+
+def _time_rows(tr: EventLog, lo: int, hi: int) -> list[tuple[int, float, float]]:
+    """(action id, start, end) of the actions ``lo`` .. ``hi - 1`` from the log's
+    arrays."""
+    start, end = tr.times[0], tr.times[1]
+    return list(zip(range(lo, hi), start[lo:hi].tolist(), end[lo:hi].tolist(), strict=True))
+
+
+def _sums(tr: EventLog, e: int, lo: int, hi: int) -> tuple[float, float, float, float]:
+    """(compute, recompute, exposed comm, end of the last) of the per-micro-batch
+    actions ``lo`` .. ``hi - 1`` of entity ``e``, from nothing before them: with numpy
+    from :data:`ARRAY_ACTIONS` on, else by the loop (the same floats either way)."""
+    if hi - lo >= ARRAY_ACTIONS:
+        return _head_breakdown(tr, e, lo, hi)
+    rows = _time_rows(tr, lo, hi)
+    comp, recomp, comm = _walk_breakdown(tr, e, rows, _Per(tr.prog, e, range(lo, hi)),
+                                         0.0, 0.0, 0.0, 0.0, buckets=False)
+    return comp, recomp, comm, rows[-1][2] if rows else 0.0
 
 
 class _Per:
@@ -410,9 +431,10 @@ def _head_breakdown(tr: EventLog, e: int, lo: int, hi: int
 
 
 def _walk_breakdown(tr: EventLog, e: int, rows, per: _Per, comp: float, recomp: float,
-                    comm: float, prev_end: float) -> tuple[float, float, float]:
+                    comm: float, prev_end: float, buckets: bool = True
+                    ) -> tuple[float, float, float]:
     """:func:`rank_breakdown`'s loop over ``rows``, from the given sums and the end of
-    the action before them."""
+    the action before them (and the exposed ZeRO-1 all-gather if ``buckets``)."""
     xs, xe = tr.xfers[tr.copy_of[e]]
     acts, dur, rec, tpx, tprx = per.acts, per.dur, per.rec, per.tpx, per.tprx
     sim_tp = tr.tp_comm[e] if tr.tp_comm else {}
@@ -473,7 +495,7 @@ def _walk_breakdown(tr: EventLog, e: int, rows, per: _Per, comp: float, recomp: 
             comp += d
         prev_end = en
     # ZeRO-1 all-gather after the optimizer (overlap mode) is exposed.
-    for ch, bs, be in tr.buckets[e]:
+    for ch, bs, be in tr.buckets[e] if buckets else ():
         if ch == -1:
             comm += be - bs
     return comp, recomp, comm

@@ -105,3 +105,17 @@ class LinkRoutes:
                       for ln, w in links)
             got = self._tp[key] = (links, cap)
         return got
+
+    def every_route(self, pairs: Iterable[tuple[int, int]], stages: int,
+                    copies: list[tuple[int, int]]) -> list[Links]:
+        """The links of every flow a run can start: pipeline transfers between the
+        stage ``pairs`` and data-parallel ring steps of every stage, for each copy
+        (dp index, tp index) simulated, and the tensor-parallel rings of every stage
+        and dp index (what the fabric bundles its links by)."""
+        pairs = sorted(set(pairs))
+        out = [self.p2p(a, b, d, t) for d, t in copies for a, b in pairs]
+        dps = sorted({d for d, _t in copies})
+        for s in range(stages):
+            out += [self.dp_ring(s, d, t) for d, t in copies]
+            out += [self.tp_ring(s, d)[0] for d in dps]
+        return out
