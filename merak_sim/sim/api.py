@@ -302,6 +302,37 @@ def simulate(
     """
     cfg = resolve_config(config, **config_kwargs)
     overlap_dp = overlap_dp or cfg.overlap_param_gather
+    _check_mode(cfg, mode, engine, contention or slowdown or degraded_links or gpu_types)
+    spec, clus = _resolve_model_cluster(model, cluster, nodes, cfg, sub_cluster)
+    cost_table = _priced(cfg, spec, clus, cost_model, cost_table)
+    placement = RankLayout.of(cfg)
+    capacity = float(cost_table.memory_capacity_bytes)
+    common = _common(cfg, spec, clus, cost_table)
+    if engine == "evaluator":
+        return _evaluated(cfg, cost_table, placement, custom_schedule, keep_trace,
+                          overlap_dp, buckets, common)
+    opts, caps = _engine_options(cfg, clus, capacity, mode=mode, topology=topology,
+                                 contention=contention, overlap_dp=overlap_dp,
+                                 buckets=buckets, slowdown=slowdown,
+                                 degraded_links=degraded_links, gpu_types=gpu_types,
+                                 keep_trace=keep_trace)
+    tr = _engine_log(_compiled(cfg, cost_table, custom_schedule), placement, capacity, opts,
+                     caps, progress)
+    return build_result(tr, engine=engine, keep_trace=keep_trace, **common)
+
+
+def _engine_log(prog: Compiled, placement: RankLayout, capacity: float, opts: EngineOptions,
+                caps: dict[int, float] | None, progress: bool | str | Progress) -> EventLog:
+    """The discrete-event engine's log of ``prog`` (its progress reported as asked)."""
+    with progress_reporter(progress, "simulating") as prog_bar:
+        return run_engine(prog, placement, capacity, opts, capacities=caps,
+                          progress=prog_bar)
+
+
+def _check_mode(cfg: ParallelConfig, mode: str, engine: str, discrete: Any) -> None:
+    """SimulationError for a mode or engine :func:`simulate` does not know, full mode
+    with context parallelism, or the evaluator asked for what only the discrete-event
+    engine does (full mode, or ``discrete``: contention or what-ifs)."""
     if mode == "full" and cfg.cp > 1:
         raise SimulationError(f"mode='full' does not place context-parallel ranks (cp="
                               f"{cfg.cp}); use mode='representative'")
@@ -309,40 +340,34 @@ def simulate(
         raise SimulationError(f"unknown mode {mode!r}; choose representative or full")
     if engine not in ("simpy", "evaluator"):
         raise SimulationError(f"unknown engine {engine!r}; choose simpy or evaluator")
-    spec, clus = _resolve_model_cluster(model, cluster, nodes, cfg, sub_cluster)
-    if cost_table is None:
-        if spec is None or clus is None:
-            raise SimulationError("give a model and a cluster (or a cost_table)")
-        if cost_model is None:
-            cost_model = CalibratedCostModel()
-        cost_table = cost_model.cost_table(spec, clus, cfg)
-    placement = RankLayout.of(cfg)
-    capacity = float(cost_table.memory_capacity_bytes)
-    what_if = bool(slowdown or degraded_links or gpu_types)
+    if engine == "evaluator" and (mode != "representative" or discrete):
+        raise SimulationError("the fast evaluator runs representative mode without "
+                              "contention or what-ifs; use engine='simpy'")
+
+
+def _priced(cfg: ParallelConfig, spec: ModelSpec | None, clus: Cluster | None,
+            cost_model: CostModel | None, cost_table: CostTable | None) -> CostTable:
+    """``cost_table``, or the table ``cost_model`` (default the calibrated analytic
+    one) prices for the model and cluster."""
+    if cost_table is not None:
+        return cost_table
+    if spec is None or clus is None:
+        raise SimulationError("give a model and a cluster (or a cost_table)")
+    return (cost_model or CalibratedCostModel()).cost_table(spec, clus, cfg)
+
+
+def _common(cfg: ParallelConfig, spec: ModelSpec | None, clus: Cluster | None,
+            cost_table: CostTable) -> dict:
+    """The keyword arguments every result of :func:`simulate` is built with."""
     # A cost model's table already carries the cluster's notes (CostTable.notes);
     # only a hand-made table may lack them, so add just the ones it does not have.
     notes = list(dict.fromkeys(cost_table.notes))
     if clus is not None:
         notes += [n for n in getattr(clus, "notes", ()) if n not in notes]
-    common = dict(capacity=capacity, peak_flops=float(cost_table.peak_flops),
-                  global_batch=cfg.global_batch_size,
-                  seq_len=getattr(spec, "seq_len", None) if spec is not None else None,
-                  config=cfg, notes=tuple(notes), meta=dict(cost_table.meta))
-    if engine == "evaluator":
-        if mode != "representative" or contention or what_if:
-            raise SimulationError("the fast evaluator runs representative mode without "
-                                  "contention or what-ifs; use engine='simpy'")
-        return _evaluated(cfg, cost_table, placement, custom_schedule, keep_trace,
-                          overlap_dp, buckets, common)
-    prog = _compiled(cfg, cost_table, custom_schedule)
-    opts, caps = _engine_options(cfg, clus, capacity, mode=mode, topology=topology,
-                                 contention=contention, overlap_dp=overlap_dp,
-                                 buckets=buckets, slowdown=slowdown,
-                                 degraded_links=degraded_links, gpu_types=gpu_types,
-                                 keep_trace=keep_trace)
-    with progress_reporter(progress, "simulating") as prog_bar:
-        tr = run_engine(prog, placement, capacity, opts, capacities=caps, progress=prog_bar)
-    return build_result(tr, engine=engine, keep_trace=keep_trace, **common)
+    return dict(capacity=float(cost_table.memory_capacity_bytes),
+                peak_flops=float(cost_table.peak_flops), global_batch=cfg.global_batch_size,
+                seq_len=getattr(spec, "seq_len", None) if spec is not None else None,
+                config=cfg, notes=tuple(notes), meta=dict(cost_table.meta))
 
 
 def _compiled(cfg: ParallelConfig, table: CostTable,

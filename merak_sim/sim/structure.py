@@ -252,176 +252,200 @@ def _build_structure(sched: Schedule) -> ProgramStructure:
     """One walk of ``sched`` (module docstring): everything
     :func:`~merak_sim.sim.program.compile_program` needs but the costs (a receive
     precedes its consumer, so its transfer has an id by then)."""
-    # Transfers, facts, items and memory rules are keyed by integers built from the
-    # fields that identify them (chunks are below v, micro-batches >= 0: Schedule and
-    # Action check both), so the walk builds and hashes no tuples for its lookups.
-    v = sched.virtual_stages
-    n_facts = len(Kind) * v
-    width = _tag_width(sched)
-    tid: dict[int, int] = {}  # transfer number -> id
-    sends: list[Action | None] = []  # per transfer id
-    recvs: list[Action | None] = []
-    bounds: list[int] = []
-    paired = 0  # transfers with both a send and a receive
-    rules: list[tuple] = []
-    mem_rules: list = [None]
-    actions: list[Action] = []
-    rank_of: list[int] = []
-    rule_of: list[int] = []
-    alloc_of: list[int] = []
-    free_of: list[int] = []
-    ops_all, flops_r, rec_r, ar_order, last_bwd, chunks_all = [], [], [], [], [], []
-    ids_all, consumed_all = [], []
-    rebuilds = REBUILDS
+    w = _Walk(sched)
     for rank, prog in enumerate(sched.programs):
-        ops: list[int] = []  # three words per op
-        put = ops.append
-        consumed: dict[int, int] = {}
+        w.rank(rank, prog)
+    return ProgramStructure(**w.fields())
+
+
+class _Walk:
+    """The state of :func:`_build_structure`'s walk: what every rank adds to, and the
+    rank being walked.
+
+    Transfers, facts, items and memory rules are keyed by integers built from the
+    fields that identify them (chunks are below v, micro-batches >= 0: Schedule and
+    Action check both), so the walk builds and hashes no tuples for its lookups.
+    """
+
+    def __init__(self, sched: Schedule):
+        self.sched = sched
+        self.v = sched.virtual_stages
+        self.width = _tag_width(sched)
+        self.tid: dict[int, int] = {}  # transfer number -> id
+        self.sends: list[Action | None] = []  # per transfer id
+        self.recvs: list[Action | None] = []
+        self.bounds: list[int] = []
+        self.paired = 0  # transfers with both a send and a receive
+        self.rules: list[tuple] = []
+        self.mem_rules: list = [None]
+        self.actions: list[Action] = []
+        self.rank_of: list[int] = []
+        self.rule_of: list[int] = []
+        self.alloc_of: list[int] = []
+        self.free_of: list[int] = []
+        self.out: dict[str, list] = {k: [] for k in (
+            "op_words", "flops_rules", "recompute_rules", "ar_order", "last_backward",
+            "chunks", "compute_ids", "consumed")}
+
+    def rank(self, rank: int, prog: tuple) -> None:
+        """Walk rank ``rank``'s program ``prog``."""
+        v = self.v
+        rebuilds = REBUILDS
+        self.ops: list[int] = []  # three words per op
+        self.consumed: dict[int, int] = {}
         # (chunk, micro-batch) of every explicit R (its item rebuilt) on the rank; the
         # scan for one runs at C speed (a fused group has no kind: None).
-        explicit_r = ({(a.chunk, a.microbatch) for a in prog
-                       if type(a) is Action and a.kind is rebuilds}
-                      if rebuilds in map(getattr, prog, repeat("kind"), repeat(None))
-                      else None)
+        self.explicit_r = ({(a.chunk, a.microbatch) for a in prog
+                            if type(a) is Action and a.kind is rebuilds}
+                           if rebuilds in map(getattr, prog, repeat("kind"), repeat(None))
+                           else None)
         # The liveness walk of :func:`~merak_sim.schedule.liveness.transitions`,
         # inlined: an item is live exactly while ``history`` holds it. ``history``:
         # (chunk, micro-batch) -> code of the states it entered (base 4, states + 1:
         # unique per history), so rules are keyed by integers.
-        history: dict[int, int] = {}  # key m * v + chunk
-        mem_ids: dict[int, int] = {}  # key (code * v + chunk) * 2 + frees
-        last_b: dict[int, int] = {}
-        fl: list[int] = []
-        rf: list[int] = []
-        facts: list[list | None] = [None] * n_facts  # index kind code * v + chunk
-        first = aid = len(actions)
+        self.history: dict[int, int] = {}  # key m * v + chunk
+        self.mem_ids: dict[int, int] = {}  # key (code * v + chunk) * 2 + frees
+        self.last_b: dict[int, int] = {}
+        self.fl: list[int] = []
+        self.rf: list[int] = []
+        self.facts: list[list | None] = [None] * (len(Kind) * v)  # kind code * v + chunk
+        first = len(self.actions)
+        post, compute = self._post, self._compute
         for step in prog:
             if type(step) is not Action:
-                parts = step.parts
+                for p in step.parts:
+                    post(p)
             elif step.kind.is_comm:
-                parts = (step,)
+                post(step)
             else:
-                parts = None
-            if parts is not None:
-                for p in parts:
-                    fk = p.kind.code * v + p.chunk
-                    f = facts[fk]
-                    if f is None:
-                        f = facts[fk] = _step_facts(sched, p)
-                    is_send, base, bound = f
-                    key = p.microbatch * width + base
-                    t = tid.get(key)
-                    if t is None:
-                        t = tid[key] = len(bounds)
-                        bounds.append(bound)
-                        if is_send:
-                            sends.append(p)
-                            recvs.append(None)
-                        else:
-                            recvs.append(p)
-                            sends.append(None)
-                    elif is_send:
-                        if sends[t] is None:
-                            paired += 1
-                        sends[t] = p
-                    else:
-                        if recvs[t] is None:
-                            paired += 1
-                        recvs[t] = p
-                    put(OP_POST)
-                    put(t)
-                    put(is_send)
-                continue
-            a = step
-            ch = a.chunk
-            fk = a.kind.code * v + ch
-            f = facts[fk]
-            if f is None:
-                f = facts[fk] = _step_facts(sched, a)
-            (per_mb, g, reads, flops_class, is_last, is_ar, head, head_base, rid, rid_r,
-             enters, frees) = f
-            mb = a.microbatch
-            actions.append(a)
-            al = fr = 0
-            if enters is not None:
-                item = mb * v + ch
-                code = history[item] = history.get(item, 0) * 4 + enters + 1
-                mk = (code * v + ch) * 2
-                al = mem_ids.get(mk, -1)
-                if al < 0:
-                    al = mem_ids[mk] = len(mem_rules)
-                    mem_rules.append((rank, ch, _history(code), False))
-            elif frees:  # its item, if live
-                code = history.pop(mb * v + ch, None)
-                if code is not None:
-                    mk = (code * v + ch) * 2 + 1
-                    fr = mem_ids.get(mk, -1)
-                    if fr < 0:
-                        fr = mem_ids[mk] = len(mem_rules)
-                        mem_rules.append((rank, ch, _history(code), True))
-            alloc_of.append(al)
-            free_of.append(fr)
-            if reads and explicit_r is not None and (ch, mb) in explicit_r:
-                if rid_r < 0:
-                    rid_r = f[9] = len(rules)
-                    rules.append((a.kind, g, True, rank))
-                rid = rid_r
-            elif rid < 0:
-                rid = f[8] = len(rules)
-                rules.append((a.kind, g, False, rank) if per_mb else (a.kind, rank))
-            rule_of.append(rid)
-            if flops_class == 1:
-                fl.append(rid)
-            elif flops_class == 2:
-                rf.append(rid)
-            if is_last:
-                last_b[ch] = aid
-            if is_ar:
-                put(OP_AR)
-                put(aid)
-                put(-1)
-            elif head is None:
-                put(OP_COMPUTE)
-                put(aid)
-                put(-1)
-            else:
-                t = tid.get(mb * width + head_base)
-                if t is None:
-                    raise ScheduleError(f"{a} on rank {rank} consumes "
-                                        f"{(*head, mb)} before its receive; "
-                                        "lower the schedule")
-                consumed[aid] = t
-                put(OP_COMPUTE)
-                put(aid)
-                put(t)
-            aid += 1
-        rank_of += [rank] * (len(actions) - first)
+                compute(rank, step)
+        self._end_rank(rank, first)
+
+    def _facts(self, a: Action) -> list:
+        fk = a.kind.code * self.v + a.chunk
+        f = self.facts[fk]
+        if f is None:
+            f = self.facts[fk] = _step_facts(self.sched, a)
+        return f
+
+    def _post(self, p: Action) -> None:
+        """A send or receive: its transfer's id (a new one where the tag is new)."""
+        is_send, base, bound = self._facts(p)
+        key = p.microbatch * self.width + base
+        t = self.tid.get(key)
+        if t is None:
+            t = self.tid[key] = len(self.bounds)
+            self.bounds.append(bound)
+            (self.sends if is_send else self.recvs).append(p)
+            (self.recvs if is_send else self.sends).append(None)
+        elif is_send:
+            if self.sends[t] is None:
+                self.paired += 1
+            self.sends[t] = p
+        else:
+            if self.recvs[t] is None:
+                self.paired += 1
+            self.recvs[t] = p
+        self.ops += (OP_POST, t, is_send)
+
+    def _memory(self, rank: int, ch: int, mb: int, enters: Held | None, frees: bool
+                ) -> tuple[int, int]:
+        """(alloc rule, free rule) of a compute action (0: none)."""
+        v, history, mem_ids, mem_rules = self.v, self.history, self.mem_ids, self.mem_rules
+        if enters is not None:
+            item = mb * v + ch
+            code = history[item] = history.get(item, 0) * 4 + enters + 1
+            mk = (code * v + ch) * 2
+            al = mem_ids.get(mk, -1)
+            if al < 0:
+                al = mem_ids[mk] = len(mem_rules)
+                mem_rules.append((rank, ch, _history(code), False))
+            return al, 0
+        if frees:  # its item, if live
+            code = history.pop(mb * v + ch, None)
+            if code is not None:
+                mk = (code * v + ch) * 2 + 1
+                fr = mem_ids.get(mk, -1)
+                if fr < 0:
+                    fr = mem_ids[mk] = len(mem_rules)
+                    mem_rules.append((rank, ch, _history(code), True))
+                return 0, fr
+        return 0, 0
+
+    def _compute(self, rank: int, a: Action) -> None:
+        """A compute action: its id, rules, memory rules and op."""
+        ch, mb = a.chunk, a.microbatch
+        f = self._facts(a)
+        (per_mb, g, reads, flops_class, is_last, is_ar, head, head_base, rid, rid_r,
+         enters, frees) = f
+        aid = len(self.actions)
+        self.actions.append(a)
+        al, fr = self._memory(rank, ch, mb, enters, frees)
+        self.alloc_of.append(al)
+        self.free_of.append(fr)
+        rules = self.rules
+        if reads and self.explicit_r is not None and (ch, mb) in self.explicit_r:
+            if rid_r < 0:
+                rid_r = f[9] = len(rules)
+                rules.append((a.kind, g, True, rank))
+            rid = rid_r
+        elif rid < 0:
+            rid = f[8] = len(rules)
+            rules.append((a.kind, g, False, rank) if per_mb else (a.kind, rank))
+        self.rule_of.append(rid)
+        if flops_class == 1:
+            self.fl.append(rid)
+        elif flops_class == 2:
+            self.rf.append(rid)
+        if is_last:
+            self.last_b[ch] = aid
+        if is_ar:
+            self.ops += (OP_AR, aid, -1)
+        elif head is None:
+            self.ops += (OP_COMPUTE, aid, -1)
+        else:
+            t = self.tid.get(mb * self.width + head_base)
+            if t is None:
+                raise ScheduleError(f"{a} on rank {rank} consumes {(*head, mb)} before its "
+                                    "receive; lower the schedule")
+            self.consumed[aid] = t
+            self.ops += (OP_COMPUTE, aid, t)
+
+    def _end_rank(self, rank: int, first: int) -> None:
+        """What the rank just walked adds to the per-rank fields."""
+        v, out, last_b = self.v, self.out, self.last_b
+        aid = len(self.actions)
+        self.rank_of += [rank] * (aid - first)
         # chunks with per-micro-batch actions (sends and receives all are)
-        chunks_all.append(tuple(sorted({fk % v for fk, f in enumerate(facts)
-                                        if f is not None and (len(f) == 3 or f[0])})))
-        ops_all.append(tuple(ops))
-        ids_all.append(tuple(range(first, aid)))
-        consumed_all.append(consumed)
+        out["chunks"].append(tuple(sorted({fk % v for fk, f in enumerate(self.facts)
+                                           if f is not None and (len(f) == 3 or f[0])})))
+        out["op_words"].append(tuple(self.ops))
+        out["compute_ids"].append(tuple(range(first, aid)))
+        out["consumed"].append(self.consumed)
         order = sorted(last_b, key=lambda ch: last_b[ch])
-        ar_order.append(tuple(order))
-        last_bwd.append(tuple(last_b[ch] for ch in order))
-        flops_r.append(tuple(fl))
-        rec_r.append(tuple(rf))
-    if paired != len(bounds):
-        for s, r in zip(sends, recvs, strict=True):
-            if s is None or r is None:
-                a = s or r
-                raise ScheduleError(f"{a} on rank {a.stage} has no matching "
-                                    f"{'receive' if a.kind.is_send else 'send'}")
-    return ProgramStructure(
-        schedule=sched, op_words=tuple(ops_all), actions=tuple(actions),
-        rank_of_action=tuple(rank_of),
-        num_actions=sum(map(len, ops_all)) // 3,
-        transfer_sends=tuple(sends), transfer_recvs=tuple(recvs),
-        transfer_boundary=tuple(bounds), rules=tuple(rules),
-        rule_of_action=tuple(rule_of), memory_rules=tuple(mem_rules),
-        alloc_rule=tuple(alloc_of), free_rule=tuple(free_of), flops_rules=tuple(flops_r),
-        recompute_rules=tuple(rec_r), chunks=tuple(chunks_all),
-        chunk_stages=tuple(tuple(sched.stage_of(r, ch) for ch in range(sched.virtual_stages))
-                           for r in range(sched.num_stages)),
-        ar_order=tuple(ar_order), last_backward=tuple(last_bwd),
-        compute_ids=tuple(ids_all), consumed=tuple(consumed_all))
+        out["ar_order"].append(tuple(order))
+        out["last_backward"].append(tuple(last_b[ch] for ch in order))
+        out["flops_rules"].append(tuple(self.fl))
+        out["recompute_rules"].append(tuple(self.rf))
+
+    def fields(self) -> dict:
+        """:class:`ProgramStructure`'s fields (ScheduleError for a send or receive
+        without its other end)."""
+        sched = self.sched
+        if self.paired != len(self.bounds):
+            for s, r in zip(self.sends, self.recvs, strict=True):
+                if s is None or r is None:
+                    a = s or r
+                    raise ScheduleError(f"{a} on rank {a.stage} has no matching "
+                                        f"{'receive' if a.kind.is_send else 'send'}")
+        ops_all = self.out["op_words"]
+        return dict(
+            schedule=sched, actions=tuple(self.actions), rank_of_action=tuple(self.rank_of),
+            num_actions=sum(map(len, ops_all)) // 3,
+            transfer_sends=tuple(self.sends), transfer_recvs=tuple(self.recvs),
+            transfer_boundary=tuple(self.bounds), rules=tuple(self.rules),
+            rule_of_action=tuple(self.rule_of), memory_rules=tuple(self.mem_rules),
+            alloc_rule=tuple(self.alloc_of), free_rule=tuple(self.free_of),
+            chunk_stages=tuple(tuple(sched.stage_of(r, ch) for ch in range(self.v))
+                               for r in range(sched.num_stages)),
+            **{k: tuple(x) for k, x in self.out.items()})
