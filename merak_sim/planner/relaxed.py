@@ -3,10 +3,11 @@
 Pricing a cost table is the expensive step of a large search (the data-parallel and
 ZeRO-3 collectives of every stage are placed on the cluster), and most candidates of a
 full space lose by far. The planner therefore bounds them first from a *relaxed* table
-that every candidate sharing (tp, cp, micro-batch, sequence parallelism, TP overlap,
+that every candidate sharing (tp, cp, ep, micro-batch, sequence parallelism, TP overlap,
 selective recompute, attention) can reuse:
 
-- One three-stage *probe* table per such key (dp = 1, ZeRO 0) gives, per field, the
+- One three-stage *probe* table per such key (dp = 1, or the fewest replicas an MoE
+  model's ep folds onto; ZeRO 0) gives, per field, the
   cost of one transformer layer (the middle stage over its layer count) and the extras
   of the first stage (embedding) and the last (head) (a one-stage pipeline drops
   the smaller end's extra model state: a tied embedding is stored once there). A
@@ -27,6 +28,7 @@ makes the search price every candidate exactly, as the exhaustive search does.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,7 +52,7 @@ _TOL = 1e-9
 def relaxed_key(c: Candidate) -> tuple:
     """What a candidate's relaxed arrays depend on besides (pp, virtual stages)."""
     return (c.tp, c.cp, c.micro_batch_size, c.sequence_parallel, c.tp_overlap,
-            c.recompute == "selective", c.attention)
+            c.recompute == "selective", c.attention, c.ep)
 
 
 @dataclass
@@ -78,12 +80,15 @@ class RelaxedPricer:
     def _probe(self, key: tuple):
         if key in self._per_layer:
             return self._per_layer[key]
-        tp, cp, mbs, sp, ov, sel, att = key
+        tp, cp, mbs, sp, ov, sel, att, *more = key
+        ep = more[0] if more else 1  # a key without ep is a dense one's
         L = self.model.layers
         out = None
+        # The fewest data-parallel ranks onto which ep folds (1 for a dense model).
+        dp = ep // math.gcd(ep, tp * cp)
         if L >= 3:
-            cfg = ParallelConfig(dp=1, tp=tp, pp=3, micro_batch_size=mbs,
-                                 global_batch_size=3 * mbs, schedule="1f1b",
+            cfg = ParallelConfig(dp=dp, tp=tp, pp=3, micro_batch_size=mbs, ep=ep,
+                                 global_batch_size=3 * mbs * dp, schedule="1f1b",
                                  recompute="selective" if sel else "none",
                                  sequence_parallel=sp, tp_overlap=ov, zero=0, cp=cp,
                                  attention=att, dtype=self.dtype)
@@ -92,7 +97,7 @@ class RelaxedPricer:
             # Megatron's order whatever the candidates' order: it packs the tp and cp
             # groups into as few nodes as any order can, so the probe stays a bound.
             gpn = self.cluster.gpus_per_node
-            nodes = max(self.cluster.nodes, -(-3 * tp * cp // gpn))
+            nodes = max(self.cluster.nodes, -(-3 * tp * cp * dp // gpn))
             # One cluster object per size (the cluster itself when it suffices), so the
             # collective memos, which key on it, serve every probe.
             cluster = self._clusters.get(nodes)

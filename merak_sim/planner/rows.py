@@ -23,16 +23,16 @@ __all__ = ["ROW_KEYS", "RowBook", "row", "ranked_table"]
 ROW_KEYS = ("status", "time_s", "samples_per_s", "tokens_per_s", "mfu", "peak_memory_gib",
             "dp", "tp", "pp", "virtual_stages", "micro_batch_size", "microbatches",
             "schedule", "recompute", "recompute_fractions", "sequence_parallel",
-            "tp_overlap", "zero", "cp", "zero_group", "attention", "overlap_param_gather",
+            "tp_overlap", "zero", "cp", "ep", "zero_group", "attention", "overlap_param_gather",
             "bound_s", "engine", "reason", "shortfall_gib")
 _STATUS_ORDER = {"best": 0, "confirmed": 1, "evaluated": 2, "bounded": 3, "pruned": 4}
 #: Columns a chunk takes from its block and from its variant (the rest are constant).
 _BLOCK_COLS = ("dp", "tp", "pp", "virtual_stages", "micro_batch_size", "microbatches",
-               "schedule", "cp")
+               "schedule", "cp", "ep")
 _VARIANT_COLS = ("recompute", "sequence_parallel", "tp_overlap", "zero", "zero_group",
                  "attention", "overlap_param_gather")
 _INT_COLS = {"dp", "tp", "pp", "virtual_stages", "micro_batch_size", "microbatches", "zero",
-             "cp", "zero_group"}
+             "cp", "ep", "zero_group"}
 _BOOL_COLS = {"sequence_parallel", "overlap_param_gather"}
 _FLOAT_COLS = {"time_s", "samples_per_s", "tokens_per_s", "mfu", "peak_memory_gib",
                "bound_s", "shortfall_gib"}
@@ -45,7 +45,7 @@ def row(c: Candidate, status: str, reason: str, **values: Any) -> dict:
     d = dict(zip(ROW_KEYS, (
         status, nan, nan, nan, nan, nan, c.dp, c.tp, c.pp, c.virtual_stages,
         c.micro_batch_size, c.microbatches, c.schedule, c.recompute, None,
-        c.sequence_parallel, c.tp_overlap, c.zero, c.cp, c.zero_group, c.attention,
+        c.sequence_parallel, c.tp_overlap, c.zero, c.cp, c.ep, c.zero_group, c.attention,
         c.overlap_param_gather, nan, "", reason, nan)))
     if values:
         d.update(values)
@@ -154,7 +154,7 @@ class RowBook:
                          r["micro_batch_size"], r["microbatches"], r["schedule"],
                          r["recompute"], bool(r["sequence_parallel"]), r["tp_overlap"],
                          r["zero"], "", r["cp"], r["zero_group"], r["attention"],
-                         bool(r["overlap_param_gather"]))
+                         bool(r["overlap_param_gather"]), r["ep"])
 
     def dicts(self):
         """Every row as a dict, in order (chunks materialised: the slow path)."""

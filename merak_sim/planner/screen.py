@@ -69,7 +69,7 @@ class Pricer:
             micro_batch_size=c.micro_batch_size, global_batch_size=self.global_batch_size,
             schedule=c.schedule, recompute="selective" if c.recompute == "selective" else "none",
             sequence_parallel=c.sequence_parallel, tp_overlap=c.tp_overlap, zero=c.zero,
-            cp=c.cp, zero_group=c.zero_group, attention=c.attention, dtype=self.dtype,
+            cp=c.cp, ep=c.ep, zero_group=c.zero_group, attention=c.attention, dtype=self.dtype,
             order=self.order)
 
 

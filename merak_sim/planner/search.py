@@ -91,7 +91,7 @@ class _Job:
             recompute_fractions=(r["recompute_fractions"] if r["recompute"] == "stage-aware"
                                  else None),
             sequence_parallel=r["sequence_parallel"], tp_overlap=r["tp_overlap"],
-            zero=r["zero"], cp=r["cp"], zero_group=r["zero_group"],
+            zero=r["zero"], cp=r["cp"], ep=r["ep"], zero_group=r["zero_group"],
             attention=r["attention"], overlap_param_gather=r["overlap_param_gather"],
             dtype=self.space.dtype, order=self.space.order)
 

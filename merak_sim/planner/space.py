@@ -6,6 +6,9 @@ asked), pp (dividing the rest, at most the layers), dp = GPUs / (tp cp pp),
 micro-batch size (dividing the per-replica batch), schedule (with virtual stages for
 interleaved 1F1B), recompute policy, sequence parallelism, TP overlap, ZeRO stage (and
 HSDP shard group), attention kernel and overlap of the data-parallel synchronisation.
+An MoE model's candidates also carry the expert-parallel degree ep (etp 1, as
+Megatron-Bridge's MoE recipes): every divisor of the expert count that folds onto the
+stage's tp x cp x dp ranks (:func:`expert_degrees`); a dense model's ep is 1.
 The defaults keep the space of the paper reproduction (no cp, ZeRO 0/1, no DP overlap)
 but with the cost model's attention ("auto": flash on GPUs; the paper's systems pin
 the unfused kernel); the newer options are opt-in.
@@ -37,7 +40,7 @@ from merak_sim.layout import DEFAULT_ORDER, RankLayout
 from merak_sim.schedule import SCHEDULES
 
 __all__ = ["SearchSpace", "Candidate", "Block", "enumerate_candidates", "candidate_blocks",
-           "SYSTEMS", "divisors"]
+           "SYSTEMS", "divisors", "expert_degrees"]
 
 
 def divisors(n: int) -> list[int]:
@@ -67,6 +70,8 @@ class SearchSpace:
             ``ParallelConfig.overlap_param_gather``.
         dtype: training precision.
         order: rank placement of every candidate (``ParallelConfig.order``).
+        ep: allowed expert-parallel degrees of an MoE model (None: every divisor of its
+            experts; :func:`expert_degrees` keeps those folding onto a stage's ranks).
         name: a label for reports.
         exclude: a joint restriction the per-option tuples cannot state, (schedule,
             zero, sequence_parallel) -> why that combination is left out ("" when it is
@@ -92,6 +97,7 @@ class SearchSpace:
     order: str = DEFAULT_ORDER
     name: str = "full"
     exclude: Callable[[str, int, bool], str] | None = None
+    ep: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for s in self.schedules:
@@ -115,6 +121,11 @@ class SearchSpace:
         for c in self.cp:
             if not isinstance(c, int) or c < 1:
                 raise ValueError(f"search space: cp must be a positive integer, got {c!r}")
+        for e in self.ep or ():
+            if not isinstance(e, int) or isinstance(e, bool) or e < 1:
+                raise ValueError(f"search space: ep must be a positive integer, got {e!r}")
+        if self.ep == ():
+            raise ValueError("search space: ep must not be empty")
         for what in ("schedules", "recompute", "sequence_parallel", "tp_overlap", "zero",
                      "cp", "zero_groups", "attention", "overlap_param_gather"):
             if not getattr(self, what):
@@ -188,6 +199,7 @@ class Candidate:
     zero_group: int = 0
     attention: str = "auto"
     overlap_param_gather: bool = False
+    ep: int = 1
 
     def table_key(self) -> tuple:
         """What the cost table depends on (not the schedule or the checkpointed
@@ -198,7 +210,7 @@ class Candidate:
         return (self.dp, self.tp, self.pp, self.virtual_stages, self.micro_batch_size,
                 self.sequence_parallel, self.tp_overlap, self.zero,
                 self.recompute == "selective", self.cp, self.zero_group, self.attention,
-                spec.placement if spec is not None else "")
+                spec.placement if spec is not None else "", self.ep)
 
 
 def _collapse(values, applicable: bool, off):
@@ -234,13 +246,14 @@ class Block:
     cp: int
     variants: tuple[Variant, ...]
     rules: tuple[tuple[tuple[int, bool], str], ...]
+    ep: int = 1
 
     def candidate(self, i: int) -> Candidate:
         """The ``i``-th candidate of the block."""
         rc, sp, ov, z, zg, att, odp = self.variants[i]
         return Candidate(self.dp, self.tp, self.pp, self.virtual_stages,
                          self.micro_batch_size, self.microbatches, self.schedule, rc, sp, ov,
-                         z, dict(self.rules)[z, sp], self.cp, zg, att, odp)
+                         z, dict(self.rules)[z, sp], self.cp, zg, att, odp, self.ep)
 
     def candidates(self) -> Iterator[Candidate]:
         """Every candidate of the block, in enumeration order."""
@@ -249,7 +262,7 @@ class Block:
             # Positional, in field order (pruned, cp, zero_group, attention, overlap).
             yield Candidate(self.dp, self.tp, self.pp, self.virtual_stages,
                             self.micro_batch_size, self.microbatches, self.schedule, rc, sp,
-                            ov, z, rules[z, sp], self.cp, zg, att, odp)
+                            ov, z, rules[z, sp], self.cp, zg, att, odp, self.ep)
 
 
 def enumerate_candidates(model, gpus: int, gpus_per_node: int, global_batch_size: int,
@@ -327,14 +340,29 @@ def _with_cp(model, gpus: int, tp: int, cp: int, global_batch_size: int,
             if pp == 1:
                 keep = [s for s in scheds if not SCHEDULES[s].interleaved]
                 scheds = tuple(keep[:1]) if keep else ()
-            for sched in scheds:
-                spec = SCHEDULES[sched]
-                vs = space.virtual_stages if spec.interleaved else (1,)
-                for v in vs:
-                    yield _block(model, dp, tp, pp, v, mbs, M, sched, space, cp, interned)
+            for ep in expert_degrees(model, tp * cp * dp, space.ep):
+                for sched in scheds:
+                    spec = SCHEDULES[sched]
+                    vs = space.virtual_stages if spec.interleaved else (1,)
+                    for v in vs:
+                        yield _block(model, dp, tp, pp, v, mbs, M, sched, space, cp,
+                                     interned, ep)
 
 
-def _block(model, dp, tp, pp, v, mbs, M, sched, space, cp, interned: dict) -> Block:
+def expert_degrees(model, ranks: int, allowed: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The expert-parallel degrees of ``allowed`` (None: every divisor of the experts)
+    that divide ``model``'s experts and fold onto a stage's ``ranks`` (tp x cp x dp,
+    etp 1); (1,) for a dense model or when none folds (the candidate runs without
+    expert parallelism, as an inapplicable option collapses)."""
+    moe = getattr(model, "moe", None)
+    if moe is None:
+        return (1,)
+    es = allowed if allowed is not None else tuple(divisors(moe.experts))
+    return tuple(dict.fromkeys(e for e in es if moe.experts % e == 0 and ranks % e == 0)) or (1,)
+
+
+def _block(model, dp, tp, pp, v, mbs, M, sched, space, cp, interned: dict,
+           ep: int = 1) -> Block:
     spec = SCHEDULES[sched]
     if pp * v > model.layers:
         rule = f"pp={pp} x virtual stages {v} exceeds the model's {model.layers} layers"
@@ -347,7 +375,7 @@ def _block(model, dp, tp, pp, v, mbs, M, sched, space, cp, interned: dict) -> Bl
     if got is None:
         got = interned[shared] = _variants(spec, sched, tp, mbs, dp * cp, rule, space,
                                            interned)
-    return Block(dp, tp, pp, v, mbs, M, sched, cp, *got)
+    return Block(dp, tp, pp, v, mbs, M, sched, cp, *got, ep)
 
 
 def _variants(spec, sched: str, tp: int, mbs: int, replicas: int, rule: str,

@@ -254,13 +254,13 @@ def _plan_block(b: Block, ix: _Index, memo: _Memo, free: np.ndarray) -> tuple:
     sched = (spec.placement, spec.never_recompute(b.pp), spec.explicit_recompute)
     # The micro-batch count is not in the keys: one search has one world size and one
     # global batch, so tp, cp, pp and the micro-batch size fix it.
-    key = (b.tp, b.cp, b.pp, b.virtual_stages, b.micro_batch_size, sched, id(b.variants),
+    key = (b.tp, b.cp, b.ep, b.pp, b.virtual_stages, b.micro_batch_size, sched, id(b.variants),
            free.tobytes())
     if key in memo.plans:
         return key
     # Only keys some unpruned variant reads: a probe is a cost table.
     need = sorted(set(ix.relaxed_idx[free].tolist()))
-    keys = [(b.tp, b.cp, b.micro_batch_size, *ix.relaxed[j]) for j in need]
+    keys = [(b.tp, b.cp, b.micro_batch_size, *ix.relaxed[j], b.ep) for j in need]
     rel: list[tuple] = [(None, None)] * len(ix.relaxed)
     for j, arr in zip(need, memo.rp.arrays_of(keys, b.pp, b.virtual_stages), strict=True):
         # The pricer keeps the arrays for the whole search, so their id names them in
