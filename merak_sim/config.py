@@ -12,7 +12,7 @@ from merak_sim.layout import DEFAULT_ORDER, RankLayout
 from merak_sim.schedule import SCHEDULES
 
 __all__ = ["ParallelConfig", "RECOMPUTE_POLICIES", "TP_OVERLAPS", "DTYPES", "ATTENTIONS",
-           "ZERO_STAGES"]
+           "ZERO_STAGES", "CP_COMMS"]
 
 RECOMPUTE_POLICIES = ("none", "full", "selective", "stage-aware")
 #: "sub-pipelined": Merak T3 (micro-batch parts); "te-chunked" / "async-tp": Transformer
@@ -27,6 +27,9 @@ DTYPES = ("bf16", "fp16", "fp32", "fp8", "fp8-block", "mxfp8", "nvfp4")
 #: decides, for both time and memory); "flash" / "unfused" force one kernel.
 ATTENTIONS = ("auto", "flash", "unfused")
 ZERO_STAGES = (0, 1, 2, 3)
+#: How context-parallel ranks exchange keys and values (:mod:`merak_sim.costs.cp`):
+#: ring attention (Megatron's p2p), all-gather (Llama 3), a2a (Ulysses), a2a+ring.
+CP_COMMS = ("ring", "all-gather", "a2a", "a2a+ring")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,6 +59,8 @@ class ParallelConfig:
         zero_group: ranks one shard group spans (HSDP: shard inside groups of this
             many data-parallel ranks, replicate across them); 0 = all of dp x cp.
         cp: context-parallel degree (ring attention over the sequence).
+        cp_comm: how the cp ranks exchange keys and values, one of :data:`CP_COMMS`
+            (Megatron's --cp-comm-type; :mod:`merak_sim.costs.cp`); "ring" by default.
         attention: one of :data:`ATTENTIONS`.
         overlap_param_gather: overlap the data-parallel gradient reduction with the
             last backwards and, under ZeRO 1/2, the distributed optimizer's parameter
@@ -94,6 +99,7 @@ class ParallelConfig:
     zero: int = 0
     zero_group: int = 0
     cp: int = 1
+    cp_comm: str = "ring"
     attention: str = "auto"
     overlap_param_gather: bool = False
     dtype: str = "bf16"
@@ -179,6 +185,9 @@ class ParallelConfig:
                 "(0: shard over all of them)")
         if self.zero_group and not self.zero:
             raise ValueError(f"zero group {self.zero_group} needs a ZeRO stage (zero >= 1)")
+        if self.cp_comm not in CP_COMMS:
+            raise ValueError(f"unknown cp comm {self.cp_comm!r}; choose one of: "
+                             f"{', '.join(CP_COMMS)}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {self.attention!r}; choose one of: "
                              f"{', '.join(ATTENTIONS)}")

@@ -32,6 +32,8 @@ NOT_EXECUTED: dict[str, tuple[Any, str, str]] = {
     "overlap_param_gather": ((True,), "the overlapped ZeRO parameter all-gather",
                              "ZeRO-1 all-gathers after the optimizer step"),
     "cp": (lambda v: v > 1, "context parallelism", "no ring attention for this runtime"),
+    "cp_comm": (lambda v: v != "ring", "context-parallel all-gather / all-to-all",
+                "no context parallelism in this runtime"),
     "dtype": (LOW_PRECISION, "FP8 / MX / FP4 GEMMs",
               "no FP8, MXFP8 or NVFP4 kernels in this runtime"),
     "ep": (lambda v: v > 1, "expert parallelism", "no expert all-to-all in this runtime"),

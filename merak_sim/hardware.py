@@ -153,6 +153,10 @@ class Cluster:
         nvlink_domain: GPUs one NVLink fabric joins (a multiple of ``gpus_per_node``;
             0: one node), module docstring.
         nvls: whether the NVLink switches reduce in-network (NVLink SHARP).
+        gpu_jitter_cv: per-GPU step-time jitter (coefficient of variation); None (the
+            presets): the fixed costs at scale are told, not charged; a number charges
+            the gradient-norm all-reduce and the slowest-of-N term
+            (:mod:`merak_sim.costs.fixed`).
     """
 
     name: str
@@ -164,6 +168,7 @@ class Cluster:
     notes: tuple[str, ...] = ()
     nvlink_domain: int = 0
     nvls: bool = False
+    gpu_jitter_cv: float | None = None
 
     def __post_init__(self) -> None:
         for f in ("nodes", "gpus_per_node"):
@@ -179,6 +184,11 @@ class Cluster:
         if not isinstance(self.nvls, bool):
             raise HardwareError(f"cluster {self.name} nvls must be true or false, got "
                                 f"{self.nvls!r}")
+        cv = self.gpu_jitter_cv
+        if cv is not None and (isinstance(cv, bool) or not isinstance(cv, (int, float))
+                               or not 0 <= cv < 1):
+            raise HardwareError(f"cluster {self.name} gpu_jitter_cv must be a number in "
+                                f"[0, 1) or null, got {cv!r}")
 
     @property
     def world_size(self) -> int:
@@ -228,6 +238,8 @@ class Cluster:
         """JSON-ready dict (accepted by :meth:`from_json`)."""
         d = asdict(self)
         d["notes"] = list(self.notes)
+        if d["gpu_jitter_cv"] is None:
+            del d["gpu_jitter_cv"]  # unset: the form files had before the field
         return d
 
     @staticmethod
@@ -261,9 +273,10 @@ class Cluster:
             base = {"name": pre.name, "gpu": pre.gpu, "nodes": pre.nodes,
                     "gpus_per_node": pre.gpus_per_node, "intra": pre.intra,
                     "inter": pre.inter, "notes": pre.notes,
-                    "nvlink_domain": pre.nvlink_domain, "nvls": pre.nvls}
+                    "nvlink_domain": pre.nvlink_domain, "nvls": pre.nvls,
+                    "gpu_jitter_cv": pre.gpu_jitter_cv}
         known = {"name", "gpu", "nodes", "gpus_per_node", "intra", "inter", "notes",
-                 "nvlink_domain", "nvls"}
+                 "nvlink_domain", "nvls", "gpu_jitter_cv"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise HardwareError(f"cluster JSON has unknown field(s): {', '.join(unknown)}")
@@ -285,7 +298,8 @@ class Cluster:
                        gpus_per_node=base["gpus_per_node"], intra=links["intra"],
                        inter=links["inter"], notes=tuple(base.get("notes", ())),
                        nvlink_domain=base.get("nvlink_domain", 0),
-                       nvls=base.get("nvls", False))
+                       nvls=base.get("nvls", False),
+                       gpu_jitter_cv=base.get("gpu_jitter_cv"))
 
 
 def _build(cls: type, d: dict, what: str) -> Any:

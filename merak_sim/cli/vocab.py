@@ -24,7 +24,14 @@ from typing import Any
 
 import click
 
-from merak_sim.config import ATTENTIONS, DTYPES, RECOMPUTE_POLICIES, TP_OVERLAPS, ZERO_STAGES
+from merak_sim.config import (
+    ATTENTIONS,
+    CP_COMMS,
+    DTYPES,
+    RECOMPUTE_POLICIES,
+    TP_OVERLAPS,
+    ZERO_STAGES,
+)
 from merak_sim.schedule import SCHEDULES
 
 from .options import NON_NEGATIVE, ORDER_HELP, POSITIVE, AliasOption, parse_recompute
@@ -65,6 +72,9 @@ CONFIG_FLAGS: dict[str, Flag] = {f.field: f for f in (
     Flag(("--tp",), "tp", POSITIVE, "Tensor-parallel degree."),
     Flag(("--pp",), "pp", POSITIVE, "Pipeline-parallel degree (stages)."),
     Flag(("--cp",), "cp", POSITIVE, "Context-parallel degree (ring attention)."),
+    Flag(("--cp-comm",), "cp_comm", click.Choice(list(CP_COMMS)),
+         "How context-parallel ranks exchange keys and values: ring (ring attention), "
+         "all-gather (Llama 3), a2a (Ulysses) or a2a+ring (Megatron's --cp-comm-type)."),
     Flag(("--ep",), "ep", POSITIVE,
          "Expert-parallel degree of an MoE model: divides its experts, folds with --etp "
          "over each stage's tp x cp x dp ranks (Megatron's parallel folding)."),
@@ -107,7 +117,7 @@ CONFIG_FLAGS: dict[str, Flag] = {f.field: f for f in (
 
 #: The groups commands take, by meaning.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "degrees": ("dp", "tp", "pp", "cp", "ep", "etp", "virtual_stages", "order"),
+    "degrees": ("dp", "tp", "pp", "cp", "cp_comm", "ep", "etp", "virtual_stages", "order"),
     "batch": ("micro_batch_size", "global_batch_size"),
     "schedule": ("schedule", "recompute"),
     "precision": ("dtype",),

@@ -22,12 +22,17 @@ per parameter).
 
 ZeRO 1-3, FSDP and HSDP: :mod:`merak_sim.costs.sharded_dp` (ZeRO-3's per-layer
 all-gathers and reduce-scatters are exposed inside ``forward_s`` / ``backward_s`` as far
-as prefetching cannot hide them). Context parallelism: :mod:`merak_sim.costs.ring`
-(the exposed part of the K/V ring exchange inside the same times). FP8 and flash
+as prefetching cannot hide them). Context parallelism: :mod:`merak_sim.costs.cp` (ring,
+all-gather, a2a or a2a+ring; the ring in :mod:`merak_sim.costs.ring`: the exposed part
+of the K/V exchange inside the same times). FP8 and flash
 attention: :mod:`merak_sim.costs.layers` and :mod:`merak_sim.costs.kernels`; which
 attention kernel a configuration runs: :mod:`merak_sim.costs.attention_choice`. MFU of
 a low-precision configuration is quoted against the 16-bit peak (``CostTable.peak_flops``)
 and the table's notes name it (:mod:`merak_sim.precision`).
+
+Fixed costs per iteration (optimizer step, gradient-norm all-reduce, pipeline fill /
+drain latency, slowest of N GPUs): :mod:`merak_sim.costs.fixed`, told as notes and
+charged only where the cluster sets ``gpu_jitter_cv``.
 
 Speed: layer costs are cached per (model, GPU, efficiency, dtype, micro-batch, tp,
 sequence parallel, overlap) and communication per (cluster, group shape), so a
@@ -50,13 +55,15 @@ from merak_sim.costs.comm import (
     pipeline_send_time,
     stage_placement,
 )
+from merak_sim.costs.cp import check_cp_comm, cp_notes, cp_pass
 from merak_sim.costs.efficiency import Efficiency, default_efficiency
+from merak_sim.costs.fixed import charge_fixed, fixed_costs, fixed_notes
 from merak_sim.costs.framework import DEFAULT_FRAMEWORK, FrameworkKernels
 from merak_sim.costs.kernels import KernelEfficiency, default_kernels
 from merak_sim.costs.layers import LayerCost, LayerOptions, edge_costs, layer_cost
 from merak_sim.costs.moe import check_moe, moe_layers_in, moe_notes, moe_stage
 from merak_sim.costs.param_balance import parameter_balanced
-from merak_sim.costs.ring import check_cp, ring_pass
+from merak_sim.costs.ring import check_cp
 from merak_sim.costs.sharded_dp import (
     fsdp_collectives,
     fsdp_pass,
@@ -269,6 +276,7 @@ class AnalyticCostModel:
         check_moe(model, config)
         try:
             check_cp(model, config.cp)
+            check_cp_comm(model, config)
         except ValueError as e:
             raise CostModelError(str(e)) from None
         if config.world_size > cluster.world_size:
@@ -337,19 +345,21 @@ class AnalyticCostModel:
                     cluster, config, here, key[-1],
                     stage_params(model, e - s, g == 0, g == n_st - 1, config.tp), self)
             stages_l.append(st)
-        stages = tuple(stages_l)
+        fixed = fixed_costs(self._comm, cluster, config, tuple(stages_l))  # costs.fixed
+        stages = charge_fixed(fixed, config, tuple(stages_l))
         eff = self.efficiency_for(cluster)
         placed = ((f"ranks placed {config.order} (fastest varying first; Megatron's is "
                    f"{DEFAULT_ORDER})",) if config.order != DEFAULT_ORDER else ())
         notes = tuple(cluster.notes) + ((f"model: {model.source}",) if model.source else ()) \
-            + tuple(extra_notes) + placed + moe_notes(
+            + tuple(extra_notes) + placed + cp_notes(model, cluster, config, lay.cp_kv_bytes) \
+            + moe_notes(
                 model, cluster, config, self,
                 max(moe_layers_in(model, s, e) for s, e in ranges) * config.virtual_stages)
         return CostTable(
             stages=stages,
             memory_capacity_bytes=usable_memory_bytes(cluster.gpu),
             peak_flops=self.peak16(cluster, config),
-            notes=notes + mfu_notes(cluster.gpu, config.dtype),
+            notes=notes + mfu_notes(cluster.gpu, config.dtype) + fixed_notes(fixed),
             meta={"source": "analytic", "mfu_reference": mfu_reference(config.dtype),
                   "efficiency": eff.to_dict(),
                   "profile": self.profile_for(cluster, config).name, "ranges": ranges,
@@ -372,8 +382,8 @@ class AnalyticCostModel:
         lay_b = tp_pass(self._comm, lay, "bwd", cluster, config, pp_rank,
                               lay.backward_input_s + lay.backward_weight_s)
         lay_f_comm, lay_b_comm = lay_f[1], lay_b[1]
-        ring = ring_pass(self._comm, cluster, config, pp_rank, lay.cp_kv_bytes,
-                         lay.attn_fwd_s, lay.attn_bwd_s)
+        ring = cp_pass(self._comm, cluster, config, pp_rank, model, lay.cp_kv_bytes,
+                       lay.attn_fwd_s, lay.attn_bwd_s)
         fwd_layer = lay.forward_s + lay_f_comm + ring.fwd_exposed_s
         rec_layer = ((lay.forward_s if lay.recompute_s is None else lay.recompute_s)
                      + lay_f_comm + ring.fwd_exposed_s)
@@ -408,7 +418,8 @@ class AnalyticCostModel:
         params = stage_params(model, n, first, last, tp)
         shard = config.shard_group if config.zero else 1
         state = model_state_bytes(params, dt, shard, config.zero)
-        weight_b, grad_b = state.weight_bytes, state.grad_bytes
+        # Working buffers of the cp exchange, held one layer at a time (costs.cp).
+        weight_b, grad_b = state.weight_bytes + ring.working_bytes, state.grad_bytes
         fsdp = {}
         if config.zero == 3:
             fsdp, (gw, gg) = self._zero3(model, cluster, config, pp_rank, n, first, last,
