@@ -142,7 +142,9 @@ def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
     first use)."""
     ev = evaluate(prog, pl, overlap_dp=overlap_dp, buckets=buckets, zero=zero)
     S = prog.num_ranks
-    start, end = np.array(ev.start), np.array(ev.end)
+    times = ev.arrays or (np.array(ev.start), np.array(ev.end), np.array(ev.xfer_start),
+                          np.array(ev.xfer_end))
+    start, end = times[0], times[1]
     fa = prog.structure.arrays
     mem = np.array(prog.memory_values)
     alloc, free = mem[fa.alloc], mem[fa.free]
@@ -159,7 +161,7 @@ def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
                     ranks=[placement.rank(s) for s in range(S)], stage_of=list(range(S)),
                     copy_of=[0] * S, acts=acts, xfers=[(ev.xfer_start, ev.xfer_end)],
                     buckets=list(ev.buckets), memory=mems, makespan=ev.makespan,
-                    times=(start, end, np.array(ev.xfer_start), np.array(ev.xfer_end)))
+                    times=times)
 
 
 def _rows(ids: range, start: list[float], end: list[float]) -> list[tuple[int, float, float]]:

@@ -19,7 +19,7 @@ event with contention off, which is why the two agree to rounding.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -61,6 +61,8 @@ class Evaluation:
         xfer_start, xfer_end: per transfer id.
         buckets: per rank, (chunk, start, end) of each gradient bucket (overlapped AR,
             and the ZeRO-1 all-gather after OPT as chunk -1), else empty.
+        arrays: where the ranks were timed without a graph, (start, end, xfer_start,
+            xfer_end) as numpy arrays too (what the trace reads); else None.
     """
 
     makespan: float
@@ -69,6 +71,7 @@ class Evaluation:
     xfer_start: list[float]
     xfer_end: list[float]
     buckets: tuple[tuple[tuple[int, float, float], ...], ...]
+    arrays: tuple[np.ndarray, ...] | None = field(default=None, compare=False, repr=False)
 
 
 #: Dependency graphs by program structure: the order is a property of the schedule.
@@ -249,21 +252,26 @@ def evaluate(
         zero: ZeRO stage (1: only the reduce-scatter half overlaps).
     """
     run = None if pl is not None else _run_times(prog)
+    arrays = None
     if run is None:
         if pl is None:
             pl = plan(prog)
         start, end, xs, xe = _graph_times(prog, pl)
     else:
-        start, end, xs, xe, pl = run
+        start, end, pl = run
     all_buckets = _finish_ranks(prog, pl, start, end, overlap_dp, buckets, zero)
     start.pop()
     end.pop()
+    if run is not None:  # every end is known now: the transfers' times from them
+        ends = np.array(end, dtype=float)
+        arrays = (np.array(start, dtype=float), ends, *_transfer_times(prog, ends))
+        xs, xe = arrays[2].tolist(), arrays[3].tolist()
     makespan = max(max(end, default=0.0), max(xe, default=0.0))
     for rb in all_buckets:
         for _c, _s, e in rb:
             if e > makespan:
                 makespan = e
-    return Evaluation(makespan, start, end, xs, xe, tuple(all_buckets))
+    return Evaluation(makespan, start, end, xs, xe, tuple(all_buckets), arrays)
 
 
 def _graph_times(prog: Compiled, pl: DependencyGraph
@@ -327,14 +335,13 @@ def rank_tails(prog: Compiled) -> tuple[list[int], list[int], list] | None:
     return ends, first, tails
 
 
-def _run_times(prog: Compiled) -> tuple[list[float], list[float], list[float], list[float],
-                                        DependencyGraph] | None:
+def _run_times(prog: Compiled) -> tuple[list[float], list, DependencyGraph] | None:
     """:func:`_graph_times` without a graph: the ranks run in sweeps (down the
     pipeline, then up), each timing its actions until one needs a transfer whose send
     is not posted yet (the action before the send not timed yet), until every rank is
-    done; then the transfers' times follow from their ends' (the same maxima and
-    additions). Also the graph's tails; None where :func:`rank_tails` says the walk of
-    :func:`plan` must time it."""
+    done (:func:`_transfer_times` then gives the transfers' times). Also the graph's
+    tails; None where :func:`rank_tails` says the walk of :func:`plan` must time
+    it."""
     got = rank_tails(prog)
     if got is None:
         return None
@@ -343,10 +350,19 @@ def _run_times(prog: Compiled) -> tuple[list[float], list[float], list[float], l
     n = len(prog.duration_s)
     has = fa.consumed >= 0
     dep = np.where(has, fa.consumed, 0)
-    # Per action: the end slots its transfer's start reads (-2: none) and its time;
-    # one slot more, so that a schedule without transfers reads from it.
-    sp = np.where(has, np.append(fa.send_prev, -2)[dep], -2).tolist()
-    rp = np.append(fa.recv_prev, -1)[dep].tolist()
+    # Per action: the end slots its transfer's start reads and its time (one slot
+    # more, so that a schedule without transfers reads from it). Where the receive
+    # is posted right after the action before (the lowering's place for it: the
+    # receive's end slot is then the rank's clock), ``sp`` is the send's slot;
+    # elsewhere -3 - that slot, and ``rp`` the receive's; -2 without a transfer.
+    ids = np.arange(n)
+    sp = np.append(fa.send_prev, -2)[dep]
+    rp = np.append(fa.recv_prev, -1)[dep]
+    rank_first = np.zeros(n, dtype=bool)
+    rank_first[np.array(first[:-1])[np.array(first[:-1]) < n]] = True
+    after = (rp == ids - 1) | ((rp == -1) & rank_first)
+    sp = np.where(has, np.where(after, sp, -3 - sp), -2).tolist()
+    rp = rp.tolist()
     xd = np.append(np.asarray(prog.transfer_s, dtype=float), 0.0)[dep].tolist()
     start = [0.0] * (n + 1)
     end: list = [None] * n + [0.0]  # None: not timed yet; index -1: no predecessor
@@ -354,8 +370,7 @@ def _run_times(prog: Compiled) -> tuple[list[float], list[float], list[float], l
         # Let the reference interpreter produce its rank x step grid.
         execute(prog.schedule, lambda a: 1.0)
         raise ScheduleError(f"schedule {prog.schedule.name!r} deadlocks")
-    xs, xe = _transfer_times(prog, end)
-    return start, end, xs, xe, DependencyGraph((), tuple(tails))
+    return start, end, DependencyGraph((), tuple(tails))
 
 
 def _sweep(stop: list[int], pos: list[int], sp: list[int], rp: list[int], xd: list[float],
@@ -377,9 +392,18 @@ def _sweep(stop: list[int], pos: list[int], sp: list[int], rp: list[int], xd: li
             t = clock[r]
             for i in range(i0, hi):
                 p = sp[i]
-                if p != -2:
+                if p > -2:  # the receive's end is the clock ``t``
                     a = end[p]
                     if a is None:  # its send is not posted yet
+                        break
+                    if t > a:
+                        a = t
+                    a += xd[i]
+                    if a > t:
+                        t = a
+                elif p < -2:
+                    a = end[-3 - p]
+                    if a is None:
                         break
                     b = end[rp[i]]
                     if b > a:
@@ -402,10 +426,10 @@ def _sweep(stop: list[int], pos: list[int], sp: list[int], rp: list[int], xd: li
     return True
 
 
-def _transfer_times(prog: Compiled, end: list) -> tuple[list[float], list[float]]:
+def _transfer_times(prog: Compiled, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Start and end of every transfer that a compute action consumes (0.0 for the
     others, as the walk leaves them): the later end of the actions before its two
-    postings, plus its time."""
+    postings, plus its time (the walk's maximum and addition)."""
     fa = prog.structure.arrays
     nx = len(prog.transfer_s)
     xs = np.zeros(nx)
@@ -414,8 +438,8 @@ def _transfer_times(prog: Compiled, end: list) -> tuple[list[float], list[float]
     used[fa.consumed[fa.consumed >= 0]] = True
     used = np.flatnonzero(used)
     if len(used):
-        ends = np.array(end, dtype=float)  # AR and OPT (never before a posting): nan
+        ends = np.append(end, 0.0)  # slot -1: no action before
         a, b = ends[fa.send_prev[used]], ends[fa.recv_prev[used]]
         xs[used] = np.where(b > a, b, a)
         xe[used] = xs[used] + np.asarray(prog.transfer_s, dtype=float)[used]
-    return xs.tolist(), xe.tolist()
+    return xs, xe

@@ -113,8 +113,8 @@ def _actions(kind: np.ndarray, rank: np.ndarray, mb: np.ndarray, ch: np.ndarray)
             zip(kind.tolist(), rank.tolist(), mb.tolist(), ch.tolist(), strict=True)]
 
 
-def _rank_words(bounds: list[int], words: np.ndarray, r: int) -> tuple:
-    return tuple(words[3 * bounds[r]: 3 * bounds[r + 1]].tolist())
+def _rank_words(bounds: list[int], words: Deferred, r: int) -> tuple:
+    return tuple(words[0][3 * bounds[r]: 3 * bounds[r + 1]])
 
 
 def _rank_consumed(first: list[int], consumed: np.ndarray, r: int) -> dict[int, int]:
@@ -158,29 +158,25 @@ def _transfers(c: _Rows, width: int) -> dict | None:
     kc = c.kind[ci]
     is_send = (kc == _SA) | (kc == _SG)
     grad = kc >= _SG
-    src = c.g[ci] + np.where(kc == _RA, -1, np.where(kc == _RG, 1, 0))
+    src = c.g[ci] + (kc == _RG) - (kc == _RA)
     key = c.mb[ci] * width + (src + 1) * 2 + grad
     tid, firsts = _first_numbered(key)
     nt = len(firsts)
-    if nt and not (np.array_equal(np.bincount(tid[is_send], minlength=nt), np.ones(nt))
-                   and np.array_equal(np.bincount(tid[~is_send], minlength=nt),
-                                      np.ones(nt))):
+    st, rt = tid[is_send], tid[~is_send]
+    if len(st) != nt or len(rt) != nt or (nt and not (
+            np.bincount(st, minlength=nt).max() == 1 == np.bincount(rt, minlength=nt).max())):
         return None
     send_row = np.empty(nt, dtype=np.int64)
     recv_row = np.empty(nt, dtype=np.int64)
-    send_row[tid[is_send]] = ci[is_send]
-    recv_row[tid[~is_send]] = ci[~is_send]
-    prev = c.aid[ci]
-    prev = np.where(prev >= c.first[c.rank[ci]], prev, -1)  # none before it on its rank
-    send_prev = np.empty(nt, dtype=np.int64)
-    recv_prev = np.empty(nt, dtype=np.int64)
-    send_prev[tid[is_send]] = prev[is_send]
-    recv_prev[tid[~is_send]] = prev[~is_send]
+    send_row[st] = ci[is_send]
+    recv_row[rt] = ci[~is_send]
+    # the compute action before each posting on its rank, or -1
+    before = np.where(c.aid >= c.first[c.rank], c.aid, -1)
     bound = np.empty(nt, dtype=np.int64)
-    bound[tid] = np.where(grad, src - 1, src)
+    bound[tid] = src - grad
     return dict(rows=ci, tid=tid, is_send=is_send, key=key, first_row=ci[firsts],
-                send_row=send_row, recv_row=recv_row, send_prev=send_prev,
-                recv_prev=recv_prev, bound=bound)
+                send_row=send_row, recv_row=recv_row, send_prev=before[send_row],
+                recv_prev=before[recv_row], bound=bound)
 
 
 def _consumed(sched: Schedule, c: _Rows, ai: np.ndarray, xf: dict, width: int
@@ -311,8 +307,7 @@ def _chunk_facts(sched: Schedule, c: _Rows, ai: np.ndarray) -> dict:
     backward (B or W) comes and the ids of those backwards."""
     S, v = sched.num_stages, sched.virtual_stages
     per_mb = (c.kind != _AR) & (c.kind != _OPT)
-    present = np.zeros((S, v), dtype=bool)
-    present[c.rank[per_mb], c.ch[per_mb]] = True
+    present = (np.bincount((c.rank * v + c.ch)[per_mb], minlength=S * v) > 0).reshape(S, v)
     k = c.kind[ai]
     bw = (k == _B) | (k == _W)
     last = np.full(S * v, -1, dtype=np.int64)
@@ -327,9 +322,9 @@ def _chunk_facts(sched: Schedule, c: _Rows, ai: np.ndarray) -> dict:
                 ar_order=tuple(order), last_backward=tuple(ids))
 
 
-def _op_words(c: _Rows, xf: dict, consumed: np.ndarray) -> np.ndarray:
+def _op_words(c: _Rows, xf: dict, consumed: np.ndarray) -> tuple[list[int]]:
     """Three words per row (:class:`~merak_sim.sim.structure.ProgramStructure`
-    ``op_words``), flattened."""
+    ``op_words``), flattened, as a list in a 1-tuple (built on first use)."""
     n = len(c.kind)
     words = np.empty((n, 3), dtype=np.int64)
     words[:, 0] = np.where(c.kind == _AR, OP_AR, OP_COMPUTE)
@@ -340,7 +335,7 @@ def _op_words(c: _Rows, xf: dict, consumed: np.ndarray) -> np.ndarray:
     words[ci, 0] = OP_POST
     words[ci, 1] = xf["tid"]
     words[ci, 2] = xf["is_send"]
-    return words.ravel()
+    return (words.ravel().tolist(),)
 
 
 def structure_fields(sched: Schedule, rows: StepRows) -> dict | None:
@@ -368,7 +363,8 @@ def structure_fields(sched: Schedule, rows: StepRows) -> dict | None:
             for row in ("send_row", "recv_row")]
     return dict(
         schedule=sched,
-        op_words=PerRank(S, partial(_rank_words, bounds, _op_words(c, xf, consumed))),
+        op_words=PerRank(S, partial(_rank_words, bounds, Deferred(
+            partial(_op_words, c, xf, consumed), 1))),
         actions=Deferred(partial(_actions, *act), len(ai)),
         rank_of_action=Deferred(rank.tolist, len(ai)),
         num_actions=len(c.kind),

@@ -338,6 +338,21 @@ def range_breakdown(tr: EventLog, e: int, lo: int, hi: int) -> tuple[float, floa
 ARRAY_ACTIONS = 64
 
 
+def _rank_heads(tr: EventLog) -> tuple[list[int], list[int], list]:
+    """Per entity of a log with ``times`` (one per pipeline rank): where its AR and
+    OPT start, where its actions end, and the sums of the actions before them
+    (:func:`_array_sums`)."""
+    fa = tr.prog.structure.arrays
+    first = fa.first
+    tail = (fa.kind == _AR_CODE) | (fa.kind == _OPT_CODE)
+    stages = np.array(tr.stage_of, dtype=np.int64)
+    lo, hi = first[stages], first[stages + 1]
+    # the first AR or OPT of each rank (its end where it has none)
+    marks = np.append(np.flatnonzero(tail), len(tail))
+    head = np.minimum(marks[np.searchsorted(marks, lo)], hi)
+    return head.tolist(), hi.tolist(), _array_sums(tr, lo, head)
+
+
 def _time_rows(tr: EventLog, lo: int, hi: int) -> list[tuple[int, float, float]]:
     """(action id, start, end) of the actions ``lo`` .. ``hi - 1`` from the log's
     arrays."""
@@ -392,24 +407,40 @@ class _KindOnly:
 def _head_breakdown(tr: EventLog, e: int, lo: int, hi: int
                     ) -> tuple[float, float, float, float]:
     """(compute, recompute, exposed comm, end of the last) of entity ``e``'s actions
-    ``lo`` .. ``hi - 1`` (no AR or OPT among them, contention-free), the loop of
-    :func:`_walk_breakdown` as array operations: each sum accumulates its terms in
-    the loop's order (a sequential ``cumsum``), so the floats are the loop's."""
+    ``lo`` .. ``hi - 1`` (no AR or OPT among them, contention-free): the loop of
+    :func:`_walk_breakdown` as array operations (:func:`_array_sums`)."""
     if hi <= lo:
         return 0.0, 0.0, 0.0, 0.0
+    return _array_sums(tr, np.array([lo]), np.array([hi]))[0]
+
+
+def _array_sums(tr: EventLog, lo: np.ndarray, hi: np.ndarray
+                ) -> list[tuple[float, float, float, float]]:
+    """For each range ``lo[k]`` .. ``hi[k] - 1`` of one rank's per-micro-batch action
+    ids (contention-free, of a log with ``times``; the ranges padded to one length
+    with terms of 0.0 at their ends), (compute, recompute, exposed comm, end of the
+    last): every term of :func:`_walk_breakdown`'s loop at once, and each sum a
+    sequential ``cumsum`` along its range of the loop's terms in the loop's order,
+    so the floats are the loop's."""
     prog = tr.prog
     fa = prog.structure.arrays
-    st, en = tr.times[0][lo:hi], tr.times[1][lo:hi]
+    n = hi - lo
+    L = int(n.max(initial=0))
+    if L == 0:
+        return [(0.0, 0.0, 0.0, 0.0)] * len(lo)
+    valid = np.arange(L)[None, :] < n[:, None]
+    ids = np.where(valid, lo[:, None] + np.arange(L)[None, :], 0)
+    st, en = tr.times[0][ids], tr.times[1][ids]
     xs, xe = tr.times[2], tr.times[3]
     per = prog.action_arrays
-    dur, rec, tpx, tprx = (per[k][lo:hi] for k in ("duration_s", "recompute_s",
-                                                   "tp_exposed_s", "tp_recompute_exposed_s"))
-    prev = np.concatenate([[0.0], en[:-1]])
+    dur, rec, tpx, tprx = (per[k][ids] for k in ("duration_s", "recompute_s",
+                                                  "tp_exposed_s", "tp_recompute_exposed_s"))
+    prev = np.concatenate([np.zeros((len(lo), 1)), en[:, :-1]], axis=1)
     wait = st - prev
-    y = fa.consumed[lo:hi]
-    comm = np.zeros((hi - lo, 2))
-    w = np.flatnonzero((wait > 0.0) & (y >= 0))
-    if len(w):
+    y = fa.consumed[ids]
+    comm = np.zeros((len(lo), L, 2))
+    w = (wait > 0.0) & (y >= 0) & valid
+    if w.any():
         yw, pw, sw = y[w], prev[w], st[w]
         low = np.where(xs[yw] > pw, xs[yw], pw)
         high = np.where(sw < xe[yw], sw, xe[yw])
@@ -419,15 +450,18 @@ def _head_breakdown(tr: EventLog, e: int, lo: int, hi: int
     d = en - st
     tp = tpx > 0.0
     c = np.where(tpx < d, tpx, d)
-    comm[:, 1] = np.where(tp, c, 0.0)
+    comm[:, :, 1] = np.where(tp & valid, c, 0.0)
     d = np.where(tp, d - c, d)
     base = dur - tpx
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(tp, np.where((base > 0.0) & (rec > 0.0), d * (rec - tprx) / base, 0.0),
                      np.where((dur > 0.0) & (rec > 0.0), d * rec / dur, 0.0))
     comp = np.where(tp | (dur > 0.0) & (rec > 0.0), d - r, d)
-    return (float(np.cumsum(comp)[-1]), float(np.cumsum(r)[-1]),
-            float(np.cumsum(comm.ravel())[-1]), float(en[-1]))
+    sums = [np.cumsum(np.where(valid, x, 0.0), axis=1)[:, -1] for x in (comp, r)]
+    sums.append(np.cumsum(comm.reshape(len(lo), 2 * L), axis=1)[:, -1])
+    last = en[np.arange(len(lo)), np.maximum(n - 1, 0)]
+    return [(float(a), float(b), float(cm), float(x) if k else 0.0) for a, b, cm, x, k in
+            zip(sums[0], sums[1], sums[2], last, n.tolist(), strict=True)]
 
 
 def _walk_breakdown(tr: EventLog, e: int, rows, per: _Per, comp: float, recomp: float,
@@ -509,10 +543,17 @@ def build_result(tr: EventLog, *, capacity: float, peak_flops: float, engine: st
     prog = tr.prog
     figures = []
     oom = None
+    split = _rank_heads(tr) if tr.times is not None and not tr.tp_comm else None
     for e, grank in enumerate(tr.ranks):
         s = tr.stage_of[e]
         hbm = tr.memory[e]
-        figures.append((grank, s, *rank_breakdown(tr, e), hbm.peak))
+        if split is None:
+            figures.append((grank, s, *rank_breakdown(tr, e), hbm.peak))
+        else:
+            head, hi, sums = split[0][e], split[1][e], split[2][e]
+            figures.append((grank, s, *_walk_breakdown(
+                tr, e, _time_rows(tr, head, hi), _Per(prog, e, range(head, hi)), *sums),
+                hbm.peak))
         if hbm.oom_time is not None:
             cand = OutOfMemory(
                 grank, s, hbm.oom_time,
