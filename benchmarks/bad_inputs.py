@@ -102,6 +102,17 @@ def cases(tmp: Path) -> list[list[str]]:
         ["plan", "--model", "gpt-20b", "--cluster", "paper-3090", "--nodes", "1",
          "--global-batch-size", "8", "--out", str(plan)],
         [*PLAN, "--memory-margin", "0.8", "--out", str(plan)],
+        # what-ifs, hardware and the planner's answers
+        [*SIM, "--mode", "full", "--degrade-link", "node99.nic.out:0.1"],
+        [*SIM, "--mode", "full", "--degrade-link", "gpu999.out:0.5"],
+        [*SIM, "--mode", "full", "--slow-gpu", "5:2", "--slow-gpu", "5:3"],
+        [*SIM, "--degrade-link", "node0.nic.out:0.5"], [*SIM, "--ep", "2"],
+        [*SIM, "--dtype", "nvfp4"], [*SIM, "--cp", "2", "--cp-comm", "bogus"],
+        [*SIM, "--tp-overlap", "te-chunked"], [*PLAN, "--dtype", "fp8"],
+        ["plan", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--global-batch-size", "64",
+         "--no-confirm", "--out", str(plan)],
+        ["dispatch", str(plan), "--launcher", "slurm", "--script", "train.py --steps 100",
+         "--out", str(tmp / "job")],
         # demo, dispatch, validate
         ["demo", "--pp", "0"], ["demo", "--out", "/proc/nope"],
         ["demo", "--pp", "100000", "--out", str(tmp / "demo")],
