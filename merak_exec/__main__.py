@@ -19,7 +19,7 @@ import click
 
 from merak_sim.cli.vocab import config_from_options, config_options, refuse_plan_clash
 
-__all__ = ["main", "cli"]
+__all__ = ["main", "run", "cli"]
 
 _POS = click.IntRange(min=1)
 #: merak-exec train's configuration defaults: one process, 1F1B, fp32, no recompute.
@@ -501,6 +501,25 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("merak-exec: error: torch is not installed; install the backend with "
                    "pip install 'merak[exec]'", err=True)
         sys.exit(2)
+    code = run(argv)
+    if not code:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return
+        dist.destroy_process_group()
+    # Skip the interpreter's teardown: a failed job's groups may be wedged (a peer is
+    # gone), and in a finished one gloo's background threads now and then abort
+    # ("terminate called without an active exception", SIGABRT), which torchrun
+    # reports as a failure after all work was done and reported.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run one merak-exec command line in this process; returns its exit status with
+    every error printed as one line (what :func:`main` calls before it exits)."""
     from merak_exec.mesh import ExecError, RankTimeoutError
 
     code = 0
@@ -529,19 +548,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"merak-exec: error: merak_exec: a peer was lost: "
                    f"{str(e).splitlines()[0][:200]}", err=True)
         code = 1
-    if not code:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            return
-        dist.destroy_process_group()
-    # Skip the interpreter's teardown: a failed job's groups may be wedged (a peer is
-    # gone), and in a finished one gloo's background threads now and then abort
-    # ("terminate called without an active exception", SIGABRT), which torchrun
-    # reports as a failure after all work was done and reported.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

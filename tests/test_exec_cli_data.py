@@ -31,6 +31,13 @@ def run(tmp_path_factory):
     return d, p
 
 
+def test_token_ids_beyond_the_vocabulary_are_one_line(run):
+    d, _ = run
+    p = _run(["train", "--data", "tokens.bin", "--vocab", "100"], d)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "outside the model's vocabulary of 100" in p.stderr
+
+
 def test_train_on_data_evaluates_saves_and_exports(run):
     d, p = run
     assert p.returncode == 0, p.stderr
@@ -52,11 +59,14 @@ def test_train_on_data_evaluates_saves_and_exports(run):
     (["--microbatches", "2", "--global-batch-size", "8"], "disagree"),
     (["--global-batch-size", "3", "--dp", "1", "--micro-batch-size", "2"], "not divisible"),
     (["--data", "missing.bin"], "no data at missing.bin"),
-    (["--data", "tokens.bin", "--vocab", "100"], "outside the model's vocabulary of 100"),
 ])
-def test_clashes_and_bad_data_are_one_line(run, args, text):
-    d, _ = run
-    (d / "bad.toml").write_text("stepz = 3\n")
-    p = _run(["train", *args], d)
-    assert p.returncode == 2, p.stdout + p.stderr
-    assert text in p.stderr and p.stderr.count("\n") == 1, p.stderr
+def test_clashes_and_bad_data_are_one_line(tmp_path, monkeypatch, capsys, args, text):
+    """Refused before any rank starts: run in this process (merak_exec.__main__.run)."""
+    from merak_exec.__main__ import run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RANK", raising=False)
+    (tmp_path / "bad.toml").write_text("stepz = 3\n")
+    code = run(["train", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and text in err and err.count("\n") == 1, err
