@@ -18,7 +18,8 @@ from merak_sim.sim.deferred import Deferred, PerRank
 from merak_sim.sim.structure import ProgramStructure, build_structure, program_structure
 from tests.test_schedule_generators import _valid_args
 
-FLAT_FIELDS = ("first", "kind", "consumed", "send_prev", "recv_prev", "rule", "alloc", "free")
+FLAT_FIELDS = ("first", "kind", "consumed", "send_prev", "recv_prev", "rule", "alloc", "free",
+               "chunk", "send_rank", "recv_rank")
 
 
 def assert_same_structure(walked: ProgramStructure, built: ProgramStructure) -> None:

@@ -333,6 +333,7 @@ class Fabric:
         self._load: list[float] = []
         self._on: list[dict[int, _Flow]] = []  # per bundle: its flows in id order
         self._compiled: dict[int, tuple[Any, tuple[tuple[int, float], ...]]] = {}
+        self._exclusive: set[int] = set()  # bundles one route alone crosses
         self._fixed = routes is not None
         self._next_id = 0
         self.flows_started = 0
@@ -340,7 +341,8 @@ class Fabric:
             self._bundle_links([tuple(r) for r in routes])
 
     def _bundle_links(self, routes: list[tuple[tuple[str, float], ...]]) -> None:
-        """Bundle the links of ``routes`` (class docstring)."""
+        """Bundle the links of ``routes`` (class docstring); a bundle that one route
+        alone crosses is *exclusive* (what :meth:`flow` may skip for a serial flow)."""
         crossed: dict[str, list[tuple[int, float]]] = {}
         for i, route in enumerate(routes):
             for link, w in route:
@@ -350,6 +352,8 @@ class Fabric:
             b = ids.get(key := tuple(sig))
             if b is None:
                 b = ids[key] = self._new_bundle(self.topology.capacity(link))
+                if len({i for i, _w in sig}) == 1:
+                    self._exclusive.add(b)
             self._bundle[link] = b
             self._cap[b] = min(self._cap[b], self.topology.capacity(link))
 
@@ -384,19 +388,28 @@ class Fabric:
         """Start a flow over weighted ``links``; returns its completion event."""
         return self.flow(links, work_s, demand_Bps).done
 
-    def flow(self, links: Iterable[tuple[str, float]], work_s: float, demand_Bps: float
-             ) -> _Flow:
+    def flow(self, links: Iterable[tuple[str, float]], work_s: float, demand_Bps: float,
+             serial: bool = False) -> _Flow:
         """Start a flow like :meth:`start` and return it (its ``done`` event, and
-        ``slowed``: whether contention has slowed it so far)."""
+        ``slowed``: whether contention has slowed it so far).
+
+        ``serial``: flows over these links never overlap in time (a tensor-parallel
+        group's collectives, one action after the other). Such a flow on links no
+        other route crosses is alone for its whole life, so where alone it runs at
+        full speed nothing can change it: it is not put on the links (its end and
+        ``done`` event would be read by no one) and comes back with ``done`` None."""
         env = self.env
-        done = env.event()
         if not isinstance(links, tuple):
             links = tuple(links)
         if work_s <= 0 or not links or demand_Bps <= 0:
+            done = env.event()
             t = env.timeout(max(work_s, 0.0))
             t.callbacks.append(lambda _e: done.succeed())
             return _Flow(-1, (), 0.0, 0.0, env.now, done)
         route = self._route(links)
+        if serial and self._alone_at_full_speed(route, demand_Bps):
+            return _Flow(-1, route, demand_Bps, work_s, env.now, None)
+        done = env.event()
         fid = self._next_id
         self._next_id += 1
         self.flows_started += 1
@@ -410,6 +423,23 @@ class Fabric:
         affected[fid] = f
         self._respeed(affected)
         return f
+
+    def serial_limit(self, links: Sequence[tuple[str, float]]) -> float | None:
+        """For serial flows over ``links`` (see :meth:`flow`): the largest demand at
+        which such a flow is not put on the links, where every link has weight 1 and
+        no other route crosses them (a demand above it, or None, goes through
+        :meth:`flow`)."""
+        route = self._route(links if isinstance(links, tuple) else tuple(links))
+        if not route or any(b not in self._exclusive or w != 1.0 for b, w in route):
+            return None
+        return min(self._cap[b] for b, _w in route)
+
+    def _alone_at_full_speed(self, route: tuple[tuple[int, float], ...], demand: float
+                             ) -> bool:
+        """Whether ``route`` crosses only exclusive bundles and a flow of ``demand``
+        alone on them exceeds no capacity."""
+        exclusive, cap = self._exclusive, self._cap
+        return all(b in exclusive and not w * demand > cap[b] for b, w in route)
 
     def _touching(self, route: tuple[tuple[int, float], ...]) -> dict[int, _Flow]:
         """The flows on any bundle of ``route`` by increasing id: the order their

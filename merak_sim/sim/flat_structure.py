@@ -61,6 +61,9 @@ class FlatArrays:
             of its send (receive) on that rank, or -1 (int64).
         rule, alloc, free: per action id, its cost rule and its memory rules (the
             structure's ``rule_of_action``, ``alloc_rule``, ``free_rule``; int64).
+        chunk: per action id, its chunk (int64).
+        send_rank, recv_rank: per transfer id, the ranks posting its send and its
+            receive (int64).
     """
 
     first: np.ndarray
@@ -71,6 +74,9 @@ class FlatArrays:
     rule: np.ndarray
     alloc: np.ndarray
     free: np.ndarray
+    chunk: np.ndarray
+    send_rank: np.ndarray
+    recv_rank: np.ndarray
 
 
 def history_of_code(code: int) -> tuple[Held, ...]:
@@ -380,30 +386,38 @@ def structure_fields(sched: Schedule, rows: StepRows) -> dict | None:
         compute_ids=PerRank(S, partial(_rank_ids, first)),
         consumed=PerRank(S, partial(_rank_consumed, first, consumed)),
         flat=FlatArrays(c.first, k, consumed, xf["send_prev"], xf["recv_prev"], rid,
-                        mem[0], mem[1]),
+                        mem[0], mem[1], c.ch[ai], c.rank[xf["send_row"]],
+                        c.rank[xf["recv_row"]]),
         **_chunk_facts(sched, c, ai))
 
 
-def flat_arrays_of_ops(op_words: Sequence[Sequence[int]], kinds: Sequence[int],
+def flat_arrays_of_ops(op_words: Sequence[Sequence[int]], actions: Sequence,
                        rules: Sequence[Sequence[int]]) -> FlatArrays:
-    """The :class:`FlatArrays` of a walked structure, from its op words, the kind code
-    of each action id and its rule, alloc and free rule ids (``rules``)."""
+    """The :class:`FlatArrays` of a walked structure, from its op words, its actions
+    (by id) and their rule, alloc and free rule ids (``rules``)."""
     first, consumed = [0], []
     send_prev: dict[int, int] = {}
     recv_prev: dict[int, int] = {}
-    for words in op_words:
+    send_rank: dict[int, int] = {}
+    recv_rank: dict[int, int] = {}
+    for rank, words in enumerate(op_words):
         last = -1
         it = iter(words)
         for code, x, y in zip(it, it, it, strict=True):
             if code == OP_POST:
                 (send_prev if y else recv_prev)[x] = last
+                (send_rank if y else recv_rank)[x] = rank
                 continue
             consumed.append(y)
             last = x
         first.append(len(consumed))
     nt = len(send_prev)
-    return FlatArrays(np.array(first, dtype=np.int64), np.array(kinds, dtype=np.int64),
-                      np.array(consumed, dtype=np.int64),
-                      np.array([send_prev[t] for t in range(nt)], dtype=np.int64),
-                      np.array([recv_prev[t] for t in range(nt)], dtype=np.int64),
-                      *(np.array(x, dtype=np.int64) for x in rules))
+
+    def ints(values: Sequence[int]) -> np.ndarray:
+        return np.array(values, dtype=np.int64)
+
+    return FlatArrays(ints(first), ints([a.kind.code for a in actions]), ints(consumed),
+                      ints([send_prev[t] for t in range(nt)]),
+                      ints([recv_prev[t] for t in range(nt)]), *(ints(x) for x in rules),
+                      ints([a.chunk for a in actions]), ints([send_rank[t] for t in range(nt)]),
+                      ints([recv_rank[t] for t in range(nt)]))

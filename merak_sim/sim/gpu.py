@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from merak_sim.layout import RankLayout
+from merak_sim.schedule.arrays import KIND_OF_CODE
 from merak_sim.schedule.ir import Kind
 
 from .buckets import chunk_buckets, overlapped_share
@@ -84,10 +85,11 @@ class EngineRun:
         self.copies = ([(d, t) for d in range(pl.dp) for t in range(pl.tp)] if full
                        else [(0, 0)])
         self.routes = LinkRoutes(opts.topology, pl, full) if opts.topology else None
+        fa = prog.structure.arrays
         self.fabric = (Fabric(env, opts.topology, self.routes.every_route(
-            {(t.src, t.dst) for t in prog.transfers}, prog.num_ranks, self.copies))
-            if opts.contention else None)
-        nx = len(prog.transfers)
+            zip(fa.send_rank.tolist(), fa.recv_rank.tolist(), strict=True), prog.num_ranks,
+            self.copies)) if opts.contention else None)
+        nx = len(prog.transfer_s)
         self.transfers = [[TransferState() for _ in range(nx)] for _ in self.copies]
         #: per copy, (start times, end times) indexed by transfer id.
         self.xfer_times = [([0.0] * nx, [0.0] * nx) for _ in self.copies]
@@ -108,19 +110,27 @@ class EngineRun:
         self.tp_on_fabric = self.fabric is not None and pl.tp > 1 and any(prog.tp_s)
         #: (stage, dp index, action id) -> (start, end, delay) of a TP collective.
         self.tp_store: dict[tuple[int, int, int], tuple[float, float, float]] = {}
+        #: per action id, its kind code and chunk (the engine builds no Action).
+        self.kinds: list[int] = fa.kind.tolist()
+        self.chunks: list[int] = fa.chunk.tolist()
+        #: per transfer id: the sending and receiving ranks, and its bytes.
+        self.t_src: list[int] = fa.send_rank.tolist()
+        self.t_dst: list[int] = fa.recv_rank.tolist()
+        self.t_bytes: tuple[float, ...] = prog.transfer_bytes
 
     def start_transfer(self, copy: int, tid: int) -> None:
         """Start transfer ``tid`` of ``copy`` now (both sides are posted)."""
-        env, tr = self.env, self.prog.transfers[tid]
+        env = self.env
+        dur, nbytes = self.prog.transfer_s[tid], self.t_bytes[tid]
         st = self.transfers[copy][tid]
         xs, xe = self.xfer_times[copy]
         xs[tid] = env.now
-        if self.fabric is not None and tr.duration_s > 0 and tr.nbytes > 0:
+        if self.fabric is not None and dur > 0 and nbytes > 0:
             d_idx, t_idx = self.copies[copy]
-            ev = self.fabric.start(self.routes.p2p(tr.src, tr.dst, d_idx, t_idx),
-                                   tr.duration_s, tr.nbytes / tr.duration_s)
+            ev = self.fabric.start(self.routes.p2p(self.t_src[tid], self.t_dst[tid], d_idx,
+                                                   t_idx), dur, nbytes / dur)
         else:
-            ev = env.timeout(tr.duration_s)
+            ev = env.timeout(dur)
         ev.callbacks.append(lambda _e: xe.__setitem__(tid, env.now))
         if st.waiter is not None:
             waiter = st.waiter
@@ -187,6 +197,9 @@ class GPU:
         """The process of the rank's program."""
         if self.overlap:
             self.env.process(self.collective_stream())
+        if self.tp_group is None:
+            yield from self._alone_stream()
+            return
         for code, x, y in self.run.prog.ops[self.stage]:
             if code == OP_POST:
                 self._post(x, bool(y))
@@ -194,6 +207,69 @@ class GPU:
                 yield from self._all_reduce(x)
             else:
                 yield from self._compute(x, y)
+
+    def _alone_stream(self) -> Generator:
+        """:meth:`compute_stream` of a GPU without tensor-parallel peers to keep step
+        with: :meth:`_wait_transfer`, :meth:`_alone` and :meth:`_tp_collective`
+        written out in one loop (the same events, created in the same order; the
+        optimizer step and AR by their methods)."""
+        run, env, prog = self.run, self.env, self.run.prog
+        dur, tp_s, tp_b = prog.duration_s, prog.tp_s, prog.tp_bytes
+        alloc, free, kinds = prog.mem_alloc, prog.mem_free, run.kinds
+        hbm, acts, slow = self.hbm, self.acts, self.slow
+        transfers = run.transfers[self.copy]
+        tp_on, optimizer = run.tp_on_fabric, Kind.OPTIMIZER.code
+        buckets = self.last_backward if self.overlap else ()
+        ring = run.routes.tp_ring(self.stage, self.dp_idx) if tp_on else None
+        # demands up to ``limit`` leave nothing to simulate (Fabric.serial_limit)
+        limit = run.fabric.serial_limit(ring[0]) if tp_on else None
+        if limit is None:
+            limit = -1.0
+        timeout = env.timeout
+        it = iter(prog.structure.op_words[self.stage])
+        for code, x, y in zip(it, it, it, strict=True):
+            if code == OP_POST:
+                self._post(x, bool(y))
+                continue
+            if code == OP_AR:
+                yield from self._all_reduce(x)
+                continue
+            if kinds[x] == optimizer:
+                yield from self._compute(x, y)
+                continue
+            if y >= 0:
+                ev = transfers[y].done
+                if ev is None:
+                    ev = transfers[y].waiter = env.event()
+                if ev.callbacks is not None:  # not processed yet
+                    yield ev
+            d = dur[x] * slow
+            t0 = env.now
+            hbm.alloc(t0, alloc[x], x)
+            if x in buckets:
+                self._push_buckets(x, t0, d)
+            if tp_on and tp_s[x] > 0 and tp_b[x] > 0:
+                xt = tp_s[x] if tp_s[x] < d else d
+                demand = tp_b[x] / xt
+                base = timeout(d)
+                if d > xt:
+                    yield timeout(d - xt)
+                c0 = env.now
+                if demand > ring[1]:
+                    demand = ring[1]
+                if not demand <= limit:
+                    fl = run.fabric.flow(ring[0], xt, demand, serial=True)
+                    yield base
+                    if fl.slowed and not fl.done.triggered:
+                        yield fl.done
+                else:
+                    yield base
+                self.tp_comm[x] = run.tp_store[(self.stage, self.dp_idx, x)] = (
+                    c0, env.now, env.now - (t0 + d))
+            else:
+                yield timeout(d)
+            hbm.free(env.now, free[x])
+            acts.append((x, t0, env.now))
 
     def _post(self, tid: int, is_send: bool) -> None:
         st = self.run.transfers[self.copy][tid]
@@ -239,7 +315,7 @@ class GPU:
         if consumed >= 0:
             yield from self._wait_transfer(consumed)
         d = prog.duration_s[x] * self.slow
-        kind = prog.actions[x].kind
+        kind = KIND_OF_CODE[self.run.kinds[x]]
         on_fabric = self.run.tp_on_fabric and prog.tp_s[x] > 0 and prog.tp_bytes[x] > 0
         if self.tp_group is not None and kind is not Kind.OPTIMIZER:
             yield from self._lockstep(x, d, on_fabric)
@@ -293,7 +369,7 @@ class GPU:
         if d > xt:
             yield env.timeout(d - xt)
         c0 = env.now
-        fl = run.fabric.flow(links, xt, demand if demand < cap else cap)
+        fl = run.fabric.flow(links, xt, demand if demand < cap else cap, serial=True)
         yield base
         if fl.slowed and not fl.done.triggered:
             yield fl.done
@@ -303,7 +379,7 @@ class GPU:
     def _push_buckets(self, x: int, t0: float, d: float) -> None:
         """Queue the gradient buckets of chunk ``x``'s last backward, ready evenly
         through it, and wake the collective stream."""
-        ch = self.run.prog.actions[x].chunk
+        ch = self.run.chunks[x]
         opts = self.run.opts
         self.bucket_queue += [(ch, ready, dd) for ready, dd in
                               chunk_buckets(t0, d, self.chunk_ar[ch], opts.buckets, opts.zero)]

@@ -116,6 +116,8 @@ class LinkRoutes:
         out = [self.p2p(a, b, d, t) for d, t in copies for a, b in pairs]
         dps = sorted({d for d, _t in copies})
         for s in range(stages):
-            out += [self.dp_ring(s, d, t) for d, t in copies]
-            out += [self.tp_ring(s, d)[0] for d in dps]
+            if self.pl.dp > 1:  # one data-parallel rank reduces nothing on the links
+                out += [self.dp_ring(s, d, t) for d, t in copies]
+            if self.pl.tp > 1:
+                out += [self.tp_ring(s, d)[0] for d in dps]
         return out

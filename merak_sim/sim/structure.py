@@ -117,7 +117,7 @@ class ProgramStructure:
         """:attr:`flat`, or the same arrays derived from the op words."""
         if self.flat is not None:
             return self.flat
-        return flat_arrays_of_ops(self.op_words, [a.kind.code for a in self.actions],
+        return flat_arrays_of_ops(self.op_words, self.actions,
                                   (self.rule_of_action, self.alloc_rule, self.free_rule))
 
     def rank_ops(self, rank: int) -> Iterator[tuple[int, int, int]]:
