@@ -251,19 +251,22 @@ class GPU:
             if tp_on and tp_s[x] > 0 and tp_b[x] > 0:
                 xt = tp_s[x] if tp_s[x] < d else d
                 demand = tp_b[x] / xt
-                base = timeout(d)
-                if d > xt:
-                    yield timeout(d - xt)
-                c0 = env.now
                 if demand > ring[1]:
                     demand = ring[1]
-                if not demand <= limit:
+                base = timeout(d)
+                if demand <= limit:
+                    # Left off the links: nothing happens when the collective starts
+                    # (the clock's own sum: now + delay), so no event for it.
+                    c0 = t0 + (d - xt) if d > xt else t0
+                    yield base
+                else:
+                    if d > xt:
+                        yield timeout(d - xt)
+                    c0 = env.now
                     fl = run.fabric.flow(ring[0], xt, demand, serial=True)
                     yield base
                     if fl.slowed and not fl.done.triggered:
                         yield fl.done
-                else:
-                    yield base
                 self.tp_comm[x] = run.tp_store[(self.stage, self.dp_idx, x)] = (
                     c0, env.now, env.now - (t0 + d))
             else:

@@ -37,6 +37,7 @@ class _Pending:
 
 
 PENDING = _Pending()
+_new_event = object.__new__
 
 
 class Event:
@@ -144,13 +145,19 @@ class Environment:
 
     def event(self) -> Event:
         """A new event, triggered by :meth:`Event.succeed`."""
-        return Event(self)
+        ev = _new_event(Event)  # Event.__init__'s fields, set here: one call less
+        ev.env = self
+        ev.callbacks = []
+        ev._value = PENDING
+        return ev
 
     def timeout(self, delay: float, value: Any = None) -> Event:
         """An event processed ``delay`` seconds from now."""
         if delay < 0:
             raise ValueError(f"negative delay {delay}")
-        ev = Event(self)
+        ev = _new_event(Event)
+        ev.env = self
+        ev.callbacks = []
         ev._value = value
         heappush(self._queue, (self.now + delay, NORMAL, next(self._eid), ev))
         return ev
