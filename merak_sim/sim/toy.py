@@ -2,7 +2,8 @@
 
 :func:`uniform_table` prices every model stage the same (unit costs by default), so
 the simulator can be exercised without a model, a cluster or a cost model, and its
-results compared with the closed forms of Merak's schedule analysis (Lai et al., TPDS 2023; f=1, b=2, r=1).
+results compared with the closed forms of Merak's schedule analysis (Lai et al., TPDS
+2023; f=1, b=2, r=1).
 """
 
 from __future__ import annotations
