@@ -14,7 +14,9 @@ Printed, never asserted (timings depend on the machine's load, shown first):
    times (this process's CPU, which other processes on a shared machine disturb less
    than the wall clock): ``evaluator`` as ``simulate`` runs it (the periodic shortcut
    where it applies), ``full`` the same evaluated in full (``keep_trace=True``), and
-   ``simpy`` the SimPy engine with link contention on (up to 65,536 passes; one run).
+   ``simpy`` the discrete-event engine (``engine="simpy"``: SimPy itself before
+   issue 34, its own event loop with SimPy's order after) with link contention on (up
+   to 65,536 passes; one run).
    The costs are Megatron-LM's 1T model's stages (first, middle, last) on DGX A100,
    repeated to pp x v stages, so every shape prices the same work per stage.
 2. The two published runs through ``merak-sim simulate --engine evaluator --json``,
@@ -204,7 +206,8 @@ def print_grid(now: list[dict], prev: list[dict] | None) -> None:
     print("\n## 1. Cold simulate(): us per micro-batch pass (CPU, median)")
     head = f"{'pp':>3} {'M':>5} {'v':>2} {'passes':>8} | {'eval':>7} {'full':>7} {'simpy':>7}"
     if prev:
-        head += f" | {'prev eval':>9} {'full':>7} {'simpy':>7} | {'x eval':>6} {'x full':>6} {'x simpy':>7}"
+        head += (f" | {'prev eval':>9} {'full':>7} {'simpy':>7} | {'x eval':>6} {'x full':>6} "
+                 f"{'x simpy':>7}")
     print(head + f" | {'full passes/s':>13}")
     for i, r in enumerate(now):
         n = r["passes"]

@@ -390,10 +390,15 @@ def _compiled(cfg: ParallelConfig, table: CostTable,
 #: Objects a paused block may leave alive before :func:`_collector_paused` freezes
 #: them (a schedule of a few thousand passes stays below it).
 FREEZE_AFTER = 200_000
+#: Micro-batch passes from which an evaluation's result is frozen whatever the count
+#: of objects: its few containers (the times, the per-action tuples) hold hundreds of
+#: thousands of items, which a collection of the young generation would traverse
+#: (20 ms at 65,536 passes, a third of the evaluation).
+FREEZE_PASSES = 4096
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
+def _collector_paused(large: bool = False) -> Iterator[None]:
     """Pause Python's cyclic garbage collector for the block (if it runs): building
     and evaluating a schedule allocates hundreds of thousands of acyclic tuples,
     actions and lists that reference counting frees, and a collection started part
@@ -401,11 +406,12 @@ def _collector_paused() -> Iterator[None]:
     block.
 
     Where the block leaves more than :data:`FREEZE_AFTER` new objects alive (a large
-    schedule and its structure, kept in the caches, and the result) they are frozen
-    (``gc.freeze``) before the collector resumes: otherwise its next full collections
-    walk every one of them again (0.7 s after the 1T run's 0.85 s). They are
-    long-lived and acyclic, so reference counting still frees them when dropped;
-    only a cycle alive now and dropped later would wait for ``gc.unfreeze``."""
+    schedule and its structure, kept in the caches, and the result), or it was
+    ``large`` (containers of many items), they are frozen (``gc.freeze``) before the
+    collector resumes: otherwise its next collections walk every one of them again
+    (0.7 s after the 1T run's 0.85 s). They are long-lived and acyclic, so reference
+    counting still frees them when dropped; only a cycle alive now and dropped later
+    would wait for ``gc.unfreeze``."""
     if not gc.isenabled():
         yield
         return
@@ -413,7 +419,7 @@ def _collector_paused() -> Iterator[None]:
     try:
         yield
     finally:
-        if gc.get_count()[0] > FREEZE_AFTER:
+        if large or gc.get_count()[0] > FREEZE_AFTER:
             gc.freeze()
         gc.enable()
 
@@ -424,7 +430,8 @@ def _evaluated(cfg: ParallelConfig, table: CostTable, placement: RankLayout,
     """:func:`simulate`'s result with the fast evaluator: extended from a small base
     where the schedule is periodic and no trace is kept, else in full (with the
     cyclic collector paused, :func:`_collector_paused`)."""
-    with _collector_paused():
+    with _collector_paused(cfg.pp * cfg.num_microbatches * cfg.virtual_stages
+                           >= FREEZE_PASSES):
         if custom_schedule is None and not keep_trace:
             ext = _periodic(cfg, table, placement, overlap_dp, buckets, common)
             if ext is not None:

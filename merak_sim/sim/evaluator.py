@@ -10,10 +10,16 @@ the two ranks of a tied embedding (``Compiled.tied_ar``) is a rendezvous: each r
 starts when that rank reaches it and its reduction begins when the later of the two
 has (so the wait shows inside the AR, as the runtime records it). The
 processing order that makes every dependency available is a property of the schedule
-alone, so :func:`plan` computes it once (integer arrays) and :func:`evaluate` is a
-single pass of additions and maxima, which the planner can call for many cost tables
-of the same schedule. It is the same arithmetic the SimPy engine performs event by
-event with contention off, which is why the two agree to rounding.
+alone, so :func:`plan` computes it once (integer arrays) and :func:`evaluate` with it
+is a single pass of additions and maxima, which the planner can call for many cost
+tables of the same schedule. Without a plan, :func:`evaluate` times the ranks in
+sweeps down and up the pipeline, each rank as far as its transfers allow (one pass
+that finds an order as it goes, from the structure's arrays; a cold evaluation pays
+for no dependency list), and the transfers' times follow from their ends' with numpy.
+Any order that makes every dependency available gives the same floats, since each
+time is the same maxima and additions of the same values. It is the same arithmetic
+the discrete-event engine performs event by event with contention off, which is why
+the two agree to rounding.
 """
 
 from __future__ import annotations
@@ -266,7 +272,10 @@ def evaluate(
         ends = np.array(end, dtype=float)
         arrays = (np.array(start, dtype=float), ends, *_transfer_times(prog, ends))
         xs, xe = arrays[2].tolist(), arrays[3].tolist()
-    makespan = max(max(end, default=0.0), max(xe, default=0.0))
+    if arrays is not None:  # the same maximum, over the arrays
+        makespan = max(float(arrays[1].max(initial=0.0)), float(arrays[3].max(initial=0.0)))
+    else:
+        makespan = max(max(end, default=0.0), max(xe, default=0.0))
     for rb in all_buckets:
         for _c, _s, e in rb:
             if e > makespan:

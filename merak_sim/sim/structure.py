@@ -11,6 +11,11 @@ action's (kind, chunk) on its rank (model stage, consumed tensor, cost rule, pee
 are derived once per rank and reused for every micro-batch, and the liveness
 history of an item is tracked as a small integer code next to its states, so the
 walk hashes integers instead of enum members and tuples of them.
+
+A schedule held as rows (:class:`~merak_sim.schedule.arrays.ArraySchedule`, what the
+simulator builds from a few hundred passes on) is not walked: the same fields come
+from array operations (:mod:`merak_sim.sim.flat_structure`), equal field by field
+(tests/test_array_structure.py), the per-action objects only when read.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import repeat
+
+import numpy as np
 
 from merak_sim.schedule.arrays import ArraySchedule, rows_of
 from merak_sim.schedule.ir import Action, Kind, Schedule, ScheduleError
@@ -163,6 +170,11 @@ class ProgramStructure:
                         for g in stages if g in (0, last)})
         if len(ranks) < 2:
             return ()
+        if self.flat is not None:  # from the arrays: the op words are built on first use
+            fa = self.flat
+            ids = [int(lo) + x for r in ranks for lo in (fa.first[r],) for x in
+                   np.flatnonzero(fa.kind[lo:fa.first[r + 1]] == Kind.ALL_REDUCE.code)]
+            return tuple(ids) if len(ids) == 2 else ()
         ids = [x for r in ranks for code, x, _y in self.rank_ops(r) if code == OP_AR]
         return tuple(ids) if len(ids) == 2 else ()
 
