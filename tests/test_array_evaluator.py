@@ -122,3 +122,27 @@ def test_deadlock_found_by_the_sweeps():
     prog = compile_program(stuck, table(2, "uniform", 1))
     with pytest.raises(ScheduleError, match="deadlock"):
         evaluate(prog)
+
+
+@pytest.mark.parametrize("record", [False, True])
+@pytest.mark.parametrize("capacity", [1e12, 40.0, 5.0])
+def test_replay_arrays_equals_the_loop(record, capacity):
+    """The numpy replay of a rank's actions: the same peak, final use, timeline and
+    first out-of-memory action and time as the per-action loop (zero allocations and
+    frees included)."""
+    import numpy as np
+
+    rng = random.Random(11)
+    n = 400
+    alloc = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(n)]
+    free = [rng.choice([0.0, rng.uniform(0, 1)]) for _ in range(n)]
+    start = sorted(rng.uniform(0, 10) for _ in range(n))
+    end = [s + rng.uniform(0, 1) for s in start]
+    for lo, hi in ((0, n), (37, 301)):
+        loop, arr = HBM(capacity, 6.0, record), HBM(capacity, 6.0, record)
+        loop.replay(range(lo, hi), start, end, alloc, free)
+        arr.replay_arrays(range(lo, hi), np.array(start), np.array(end), np.array(alloc),
+                          np.array(free))
+        assert (arr.peak, arr.used, arr.oom_time, arr.oom_action, arr.overflow,
+                list(arr.timeline)) == (loop.peak, loop.used, loop.oom_time, loop.oom_action,
+                                        loop.overflow, loop.timeline)

@@ -132,6 +132,10 @@ def _load_schedule(schedule: Schedule | str | Path) -> Schedule:
     return lower(sched)
 
 
+#: Actions of a rank from which its memory is replayed with numpy.
+REPLAY_ARRAYS = 256
+
+
 def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
                     overlap_dp: bool = False, buckets: int = 1, zero: int = 0,
                     pl: DependencyGraph | None = None,
@@ -154,7 +158,10 @@ def evaluator_trace(prog: Compiled, placement: RankLayout, capacity: float, *,
     for r in range(S):
         hbm = HBM(capacity, prog.state_bytes[r], record_memory)
         ids = range(first[r], first[r + 1])
-        hbm.replay_arrays(ids, start, end, alloc, free)
+        if len(ids) < REPLAY_ARRAYS:  # a few actions: the loop costs less than numpy
+            hbm.replay(ids, ev.start, ev.end, prog.mem_alloc, prog.mem_free)
+        else:
+            hbm.replay_arrays(ids, start, end, alloc, free)
         acts.append(Deferred(partial(_rows, ids, ev.start, ev.end)))
         mems.append(hbm)
     return EventLog(prog=prog, placement=placement, mode="representative",
