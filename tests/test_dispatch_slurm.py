@@ -110,7 +110,7 @@ def test_sbatch_through_a_stand_in_srun_trains_two_cpu_ranks(tmp_path):
     out = tmp_path / "job dir"
     assert main(["dispatch", str(plan_file), "--launcher", "slurm", "--out", str(out),
                  "--cpus-per-task", "2", "--venv", sys.prefix, "--",
-                 "--data", "tokens.bin", "--steps", "6", "--lr", "3e-3", "--eval-every", "3",
+                 "--data", "tokens.bin", "--steps", "4", "--lr", "3e-3", "--eval-every", "2",
                  "--eval-fraction", "0.1", "--save-dir", "ck"]) == 0
     tools = _tools(tmp_path / "bin", srun=SRUN, scontrol=SCONTROL)
     # The venv comes from the environment step alone: PATH does not hold it.
@@ -125,8 +125,8 @@ def test_sbatch_through_a_stand_in_srun_trains_two_cpu_ranks(tmp_path):
     assert float(final) < float(first), proc.stdout[-2000:]
     evals = [float(x) for x in re.findall(r"eval step \d+ loss ([\d.]+)", proc.stdout)]
     assert len(evals) == 2 and evals[-1] < evals[0]
-    assert (tmp_path / "ck" / "checkpoint-6" / "manifest.json").is_file()
-    export = subprocess.run([sys.executable, "-m", "merak_exec", "export", "ck/checkpoint-6",
+    assert (tmp_path / "ck" / "checkpoint-4" / "manifest.json").is_file()
+    export = subprocess.run([sys.executable, "-m", "merak_exec", "export", "ck/checkpoint-4",
                              "--hf", "hf"], cwd=tmp_path, capture_output=True, text=True,
                             timeout=200)
     assert export.returncode == 0, export.stderr

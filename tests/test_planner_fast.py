@@ -60,8 +60,10 @@ def test_relaxed_arrays_never_exceed_the_exact_tables():
     rp = RelaxedPricer(model, cluster, cm, "bf16")
     pricer = Pricer(model, cluster, cm, 32, "bf16")
     n = 0
-    for c in enumerate_candidates(model, 16, 8, 32, FULL):
-        if c.pruned:
+    # every third candidate (the space has ~41,000; each is priced exactly): the bound
+    # is checked over every kind of candidate the enumeration interleaves
+    for i, c in enumerate(enumerate_candidates(model, 16, 8, 32, FULL)):
+        if c.pruned or i % 3:
             continue
         rel = rp.arrays(c)
         tab, arr = pricer.price(c)
