@@ -15,7 +15,7 @@ must divide ``kv_heads``).
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from merak_sim.config import ParallelConfig
@@ -95,7 +95,7 @@ def _fsdp_unsupported(config: ParallelConfig) -> str | None:
                           getattr(config, "sequence_parallel", False)) or None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _splitting_kinds(schedule: str) -> tuple[str, ...]:
     """The backward-splitting action kinds (I, W, F*) a registered schedule runs: read
     from a small build (pp 2, its fewest micro-batches, two chunks if interleaved)."""

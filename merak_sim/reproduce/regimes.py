@@ -29,9 +29,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from merak_sim.config import ParallelConfig
 from merak_sim.costs.calibrated import calibrated_cost_model
 from merak_sim.hardware import Cluster
-from merak_sim.config import ParallelConfig
 from merak_sim.model import ModelSpec, get_model
 from merak_sim.planner import SYSTEMS, NoFeasiblePlanError, SearchSpace, search
 from merak_sim.resolve import resolve_cluster
