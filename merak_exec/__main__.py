@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from merak_sim.cli.options import stacked
 from merak_sim.cli.vocab import config_from_options, config_options, refuse_plan_clash
 
 __all__ = ["main", "run", "cli"]
@@ -131,10 +132,67 @@ def _load_config(ctx, param, path: str | None):
     return path
 
 
-def _model_opts(f):
-    for opt in reversed(_MODEL_OPTS):
-        f = opt(f)
-    return f
+_model_opts = stacked(*_MODEL_OPTS)
+
+
+#: train's run options: batch, steps, learning rate and seed.
+_RUN_OPTS = stacked(
+    click.option("--microbatches", type=_POS, default=None,
+                 help="micro-batches per iteration per pipeline (M)  [default: 4]"),
+    click.option("--steps", type=_POS, default=10, show_default=True,
+                 help="training iterations (optimizer steps)"),
+    click.option("--lr", type=_Finite(min=0.0, min_open=True), default=1e-3, show_default=True,
+                 callback=_learning_rate,
+                 help="peak AdamW learning rate (at most 1), followed by --lr-schedule"),
+    click.option("--lr-schedule", type=click.Choice(["linear", "cosine", "constant",
+                                                     "constant_with_warmup"]),
+                 default="linear", show_default=True,
+                 help="decay from the peak to 0 over --steps after --warmup-steps"),
+    click.option("--warmup-steps", type=click.IntRange(min=0), default=0, show_default=True),
+    click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+                 help="seeds the model's initialisation and the data order"),
+)
+#: train's data options: what to train on and what to hold out.
+_DATA_OPTS = stacked(
+    click.option("--data", "data_path", default=None,
+                 help="train on this data: a token file (uint16/uint32 ids end to end), a "
+                      "HuggingFace datasets folder (save_to_disk) or a .jsonl of {\"text\"} "
+                      "with --tokenizer  [default: synthetic tokens]"),
+    click.option("--tokenizer", default=None, help="a local HuggingFace tokenizer folder for "
+                                                   "text data (nothing is downloaded)"),
+    click.option("--data-dtype", type=click.Choice(["auto", "uint16", "uint32", "int32", "int64"]),
+                 default="auto", show_default=True,
+                 help="token width of a token file (auto: uint16 when --vocab fits)"),
+    click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True,
+                 help="evaluate loss and perplexity on the held-out data every N steps and at "
+                      "the end (0: never)"),
+    click.option("--eval-fraction", type=_Finite(0.0, 0.5, min_open=True), default=0.01,
+                 show_default=True, help="share of --data's sequences held out for evaluation"),
+)
+#: train's outputs, inputs from earlier runs and build options.
+_OUTPUT_OPTS = stacked(
+    click.option("--save-dir", default=None,
+                 help="write checkpoints here (checkpoint-<step>), at least one at the end"),
+    click.option("--save-every", type=click.IntRange(min=0), default=0, show_default=True,
+                 help="checkpoint every N steps too (needs --save-dir)"),
+    click.option("--resume", default=None, help="checkpoint to resume from (any degrees)"),
+    click.option("--export-hf", "export_dir", default=None,
+                 help="at the end, write the model in HuggingFace's layout to this new folder"),
+    click.option("--config", "config_file", default=None, is_eager=True, expose_value=False,
+                 callback=_load_config,
+                 help="a TOML file of these options (keys as the flags); flags given win"),
+    click.option("--chrome-trace", "trace_path", default=None,
+                 help="write the last step's Chrome trace here (rank 0)"),
+    click.option("--trace", "trace_alias", default=None, hidden=True),
+    click.option("--split-points", default=None,
+                 help="comma-separated layer indices where stages begin (chain layers: "
+                      "0 = embedding, 1..L = blocks, L+1 = head)"),
+    click.option("--meta/--no-meta", default=True, show_default=True,
+                 help="build the model on the meta device; materialise only local layers"),
+    click.option("--plan", "plan_path", default=None,
+                 help="a merak-plan/1 file (from `merak-sim plan`/`dispatch`): its model and "
+                      "parallel configuration replace the model, degree and batch options"),
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -147,55 +205,9 @@ def cli() -> None:
 @_model_opts
 @config_options("degrees", "schedule", "memory", "overlap", "precision", "batch",
                 defaults=_EXEC_DEFAULTS, skip=("attention", "overlap_param_gather"))
-@click.option("--microbatches", type=_POS, default=None,
-              help="micro-batches per iteration per pipeline (M)  [default: 4]")
-@click.option("--steps", type=_POS, default=10, show_default=True,
-              help="training iterations (optimizer steps)")
-@click.option("--lr", type=_Finite(min=0.0, min_open=True), default=1e-3, show_default=True,
-              callback=_learning_rate,
-              help="peak AdamW learning rate (at most 1), followed by --lr-schedule")
-@click.option("--lr-schedule", type=click.Choice(["linear", "cosine", "constant",
-                                                  "constant_with_warmup"]),
-              default="linear", show_default=True,
-              help="decay from the peak to 0 over --steps after --warmup-steps")
-@click.option("--warmup-steps", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="seeds the model's initialisation and the data order")
-@click.option("--data", "data_path", default=None,
-              help="train on this data: a token file (uint16/uint32 ids end to end), a "
-                   "HuggingFace datasets folder (save_to_disk) or a .jsonl of {\"text\"} "
-                   "with --tokenizer  [default: synthetic tokens]")
-@click.option("--tokenizer", default=None, help="a local HuggingFace tokenizer folder for "
-                                                "text data (nothing is downloaded)")
-@click.option("--data-dtype", type=click.Choice(["auto", "uint16", "uint32", "int32", "int64"]),
-              default="auto", show_default=True,
-              help="token width of a token file (auto: uint16 when --vocab fits)")
-@click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True,
-              help="evaluate loss and perplexity on the held-out data every N steps and at "
-                   "the end (0: never)")
-@click.option("--eval-fraction", type=_Finite(0.0, 0.5, min_open=True), default=0.01,
-              show_default=True, help="share of --data's sequences held out for evaluation")
-@click.option("--save-dir", default=None,
-              help="write checkpoints here (checkpoint-<step>), at least one at the end")
-@click.option("--save-every", type=click.IntRange(min=0), default=0, show_default=True,
-              help="checkpoint every N steps too (needs --save-dir)")
-@click.option("--resume", default=None, help="checkpoint to resume from (any degrees)")
-@click.option("--export-hf", "export_dir", default=None,
-              help="at the end, write the model in HuggingFace's layout to this new folder")
-@click.option("--config", "config_file", default=None, is_eager=True, expose_value=False,
-              callback=_load_config,
-              help="a TOML file of these options (keys as the flags); flags given win")
-@click.option("--chrome-trace", "trace_path", default=None,
-              help="write the last step's Chrome trace here (rank 0)")
-@click.option("--trace", "trace_alias", default=None, hidden=True)
-@click.option("--split-points", default=None,
-              help="comma-separated layer indices where stages begin (chain layers: "
-                   "0 = embedding, 1..L = blocks, L+1 = head)")
-@click.option("--meta/--no-meta", default=True, show_default=True,
-              help="build the model on the meta device; materialise only local layers")
-@click.option("--plan", "plan_path", default=None,
-              help="a merak-plan/1 file (from `merak-sim plan`/`dispatch`): its model and "
-                   "parallel configuration replace the model, degree and batch options")
+@_RUN_OPTS
+@_DATA_OPTS
+@_OUTPUT_OPTS
 @_aliases(trace_path=("trace_alias", "--chrome-trace", "--trace"))
 def train(kind, layers, hidden, heads, vocab, seq, dropout, microbatches, steps, lr,
           lr_schedule, warmup_steps, seed, data_path, tokenizer, data_dtype, eval_every,

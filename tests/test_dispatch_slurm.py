@@ -79,7 +79,19 @@ def _job_id_with_free_port() -> int:
             except OSError:
                 continue
             return job
-    pytest.skip("no free port in 29500-30499")
+    pytest.fail("no free port in 29500-30499 for the sbatch file's port rule; free one")
+
+
+def _path_without(tool: str, folder: Path) -> str:
+    """A PATH of one folder linking every program of /usr/bin and /bin but ``tool``, so
+    the script sees no ``tool`` whatever this machine has installed."""
+    folder.mkdir()
+    for d in ("/usr/bin", "/bin"):
+        for exe in Path(d).iterdir():
+            link = folder / exe.name
+            if exe.name != tool and not link.exists() and os.access(exe, os.X_OK):
+                link.symlink_to(exe)
+    return str(folder)
 
 
 def _slurm_env(tools: Path, job: int, extra_path: str = "") -> dict[str, str]:
@@ -217,9 +229,7 @@ def test_environment_step_is_stated_and_checked(tmp_path):
     assert text.index("export MERAK_A=1") < text.index("export MERAK_B") < text.index("srun ")
     g = write_launch(_plan(), "torchrun", out_dir=tmp_path / "t")
     assert "# Environment: none given" in g.launcher.read_text()
-    path = "/usr/bin:/bin"
-    if shutil.which("torchrun", path=path):
-        pytest.skip("a system torchrun is on the bare PATH")
+    path = _path_without("torchrun", tmp_path / "bare-bin")
     r = subprocess.run([shutil.which("bash"), str(g.launcher)],
                        env={"PATH": path, "HOME": str(tmp_path)}, capture_output=True,
                        text=True, timeout=30)

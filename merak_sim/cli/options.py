@@ -16,6 +16,7 @@ before any work starts.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,8 @@ from merak_sim.io import OutputPathError, check_output_path
 from merak_sim.progress import REPLAY_BOUND, WorkBound
 
 __all__ = ["ORDER_HELP", "PIPELINE_SEND_HELP", "AliasOption", "Recompute", "parse_recompute",
-           "check_writable", "check_work", "emit_json", "json_options", "POSITIVE", "NON_NEGATIVE"]
+           "check_writable", "check_work", "emit_json", "json_options", "stacked", "POSITIVE",
+           "NON_NEGATIVE"]
 
 class _BoundedInt(click.ParamType):
     """An integer of at least ``low``; the error names the value's field."""
@@ -156,6 +158,16 @@ def emit_json(obj: Any, as_json: bool, json_out: str | None, **dumps: Any) -> st
     if as_json:
         click.echo(text)
     return text
+
+
+def stacked(*options: Callable) -> Callable:
+    """One decorator applying ``options`` as if written one above the other (the first
+    on top): a command's option groups declared beside it, so the command stays short."""
+    def deco(f: Callable) -> Callable:
+        for opt in reversed(options):
+            f = opt(f)
+        return f
+    return deco
 
 
 def json_options(f):

@@ -15,6 +15,7 @@ import textwrap
 
 import click
 
+from merak_sim.config import DTYPES
 from merak_sim.costs.comm import PIPELINE_SENDS
 from merak_sim.schedule import SCHEDULES
 
@@ -26,6 +27,7 @@ from .options import (
     check_writable,
     emit_json,
     json_options,
+    stacked,
 )
 from .profile_option import load_profile, profile_option
 
@@ -97,6 +99,61 @@ def _print_plan(res, top_k: int, memory_margin: float, written) -> None:
 
 
 
+#: the search space: allowed values of each configuration field.
+_SPACE_OPTS = stacked(
+    click.option("--tp", "tp", default=None, help="Allowed tp degrees, e.g. 1,2,4."),
+    click.option("--pp", "pp", default=None, help="Allowed pp degrees, e.g. 4,8."),
+    click.option("--cp", "cp", default=None, help="Allowed context-parallel degrees, e.g. 1,2,4."),
+    click.option("--zero", "zero", default=None, help="Allowed ZeRO stages, e.g. 0,1,2,3."),
+    click.option("--zero-groups", "--hsdp", "zero_groups", default=None,
+                 help="Allowed HSDP shard-group sizes (0: shard over all), e.g. 0,8."),
+    click.option("--attention", "attention", default=None,
+                 help="Allowed attention kernels, e.g. flash or flash,unfused (default auto: "
+                      "flash on GPU presets; the --space systems: unfused)."),
+    click.option("--overlap-param-gather", type=click.Choice(["off", "on", "both"]),
+                 default=None, help="Overlap of the DP gradient reduction and the ZeRO 1/2 "
+                                    "parameter all-gather with compute."),
+    click.option("--dtype", "dtype", type=click.Choice(list(DTYPES)),
+                 default=None, help="Training precision (default bf16)."),
+    click.option("--order", default=None, help=ORDER_HELP + " Every candidate uses it."),
+    click.option("--pipeline-send", type=click.Choice(PIPELINE_SENDS), default=None,
+                 help=PIPELINE_SEND_HELP),
+    profile_option,
+    click.option("--micro-batch-sizes", "--mbs", "micro_batch_sizes", cls=AliasOption,
+                 default=None, help="Allowed micro-batch sizes."),
+    click.option("--schedules", default=None,
+                 help=f"Comma-separated schedules ({', '.join(SCHEDULES)})."),
+)
+
+
+#: plan's memory margin, ranking and outputs.
+_OUTPUT_OPTS = stacked(
+    click.option("--memory-margin", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
+                 show_default=True,
+                 help="Fraction of GPU memory kept free beyond the reserve every plan keeps "
+                      "(CUDA context and NCCL buffers, 2.28 GiB on a GPU without a measurement: "
+                      "merak_sim.runtime_memory), in [0, 1); 0.15 without expandable segments."),
+    click.option("--no-confirm", is_flag=True, help="Rank by the fast evaluator only."),
+    click.option("--executable", is_flag=True,
+                 help="Only options merak-exec runs today (what dispatch accepts)."),
+    click.option("--out", type=click.Path(dir_okay=False), default="plan.json",
+                 show_default=True, help="Where to write the best plan (merak-plan/1)."),
+    click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+                 help="Also write every candidate (with why it lost) as CSV."),
+    json_options,
+)
+
+
+#: how the search ranks: candidates confirmed, and the system it stands for.
+_SEARCH_OPTS = stacked(
+    click.option("--top", "top_k", type=POSITIVE, default=3, show_default=True,
+                 help="Candidates confirmed with the SimPy engine (and rows shown x3)."),
+    click.option("--space", "system", type=click.Choice(_SYSTEM_CHOICES), default="full",
+                 show_default=True,
+                 help="Search everything, or restrict to a system of the paper reproduction."),
+)
+
+
 @click.command("plan")
 @click.option("--model", "--model-json", "model", cls=AliasOption, required=True,
               help="Model preset name or JSON file.")
@@ -105,46 +162,9 @@ def _print_plan(res, top_k: int, memory_margin: float, written) -> None:
 @click.option("--nodes", type=POSITIVE, default=None, help="Nodes of the cluster.")
 @click.option("--global-batch-size", type=POSITIVE, required=True,
               help="Samples per iteration.")
-@click.option("--top", "top_k", type=POSITIVE, default=3, show_default=True,
-              help="Candidates confirmed with the SimPy engine (and rows shown x3).")
-@click.option("--space", "system", type=click.Choice(_SYSTEM_CHOICES), default="full",
-              show_default=True,
-              help="Search everything, or restrict to a system of the paper reproduction.")
-@click.option("--tp", "tp", default=None, help="Allowed tp degrees, e.g. 1,2,4.")
-@click.option("--pp", "pp", default=None, help="Allowed pp degrees, e.g. 4,8.")
-@click.option("--cp", "cp", default=None, help="Allowed context-parallel degrees, e.g. 1,2,4.")
-@click.option("--zero", "zero", default=None, help="Allowed ZeRO stages, e.g. 0,1,2,3.")
-@click.option("--zero-groups", "--hsdp", "zero_groups", default=None,
-              help="Allowed HSDP shard-group sizes (0: shard over all), e.g. 0,8.")
-@click.option("--attention", "attention", default=None,
-              help="Allowed attention kernels, e.g. flash or flash,unfused (default auto: "
-                   "flash on GPU presets; the --space systems: unfused).")
-@click.option("--overlap-param-gather", type=click.Choice(["off", "on", "both"]),
-              default=None, help="Overlap of the DP gradient reduction and the ZeRO 1/2 "
-                                 "parameter all-gather with compute.")
-@click.option("--dtype", "dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]),
-              default=None, help="Training precision (default bf16).")
-@click.option("--order", default=None, help=ORDER_HELP + " Every candidate uses it.")
-@click.option("--pipeline-send", type=click.Choice(PIPELINE_SENDS), default=None,
-              help=PIPELINE_SEND_HELP)
-@profile_option
-@click.option("--micro-batch-sizes", "--mbs", "micro_batch_sizes", cls=AliasOption,
-              default=None, help="Allowed micro-batch sizes.")
-@click.option("--schedules", default=None,
-              help=f"Comma-separated schedules ({', '.join(SCHEDULES)}).")
-@click.option("--memory-margin", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
-              show_default=True,
-              help="Fraction of GPU memory kept free beyond the reserve every plan keeps "
-                   "(CUDA context and NCCL buffers, 2.28 GiB on a GPU without a measurement: "
-                   "merak_sim.runtime_memory), in [0, 1); 0.15 without expandable segments.")
-@click.option("--no-confirm", is_flag=True, help="Rank by the fast evaluator only.")
-@click.option("--executable", is_flag=True,
-              help="Only options merak-exec runs today (what dispatch accepts).")
-@click.option("--out", type=click.Path(dir_okay=False), default="plan.json",
-              show_default=True, help="Where to write the best plan (merak-plan/1).")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write every candidate (with why it lost) as CSV.")
-@json_options
+@_SEARCH_OPTS
+@_SPACE_OPTS
+@_OUTPUT_OPTS
 def plan_command(model, cluster, nodes, global_batch_size, top_k, system, tp, pp,
                  cp, zero, zero_groups, attention, overlap_param_gather, dtype, order,
                  pipeline_send, micro_batch_sizes, schedules, memory_margin, no_confirm,

@@ -22,6 +22,7 @@ from .options import (
     check_writable,
     emit_json,
     json_options,
+    stacked,
 )
 from .profile_option import load_profile, profile_option
 from .vocab import CONFIG_FLAGS, config_from_options, config_options, refuse_plan_clash
@@ -63,6 +64,30 @@ def _what_ifs(slow_gpu, degrade_link, cfg, cluster, nodes, mode):
                               mode=mode)
     except WhatIfError as e:
         raise click.UsageError(str(e)) from None
+
+
+def _cost_model(pipeline_send, profile_file, trace_file):
+    """The cost model the options ask for: None (the calibrated default), the calibrated
+    model with another pipeline send or a calibrate profile, or the trace-driven one."""
+    from merak_sim.costs.calibrated import calibrated_cost_model
+
+    profile = load_profile(profile_file)
+    if profile is not None and trace_file:
+        raise click.UsageError("--profile prices from the analytic model, --trace from a "
+                               "profiled trace: give one of them")
+    if not trace_file:
+        return (None if pipeline_send is None and profile is None
+                else calibrated_cost_model(pipeline_send, profile))
+    try:
+        from merak_sim.costs.trace_model import TraceCostModel
+    except ImportError:
+        raise click.UsageError("--trace needs the trace-driven cost model "
+                               "(merak_sim.costs.trace_model), not available in this "
+                               "build") from None
+    from merak_sim.costs.analytic import AnalyticCostModel
+
+    return TraceCostModel(trace_file, fallback=None if pipeline_send is None
+                          else AnalyticCostModel(pipeline_send=pipeline_send))
 
 
 def _zero3_table(cfg, model, cluster, nodes, cost_model):
@@ -143,6 +168,51 @@ def _check_bounds(cfg, mode: str, engine: str) -> str:
     return "bar" if sys.stderr.isatty() else "lines"
 
 
+#: simulate's engine, contention and what-if options.
+_ENGINE_OPTS = stacked(
+    click.option("--mode", type=click.Choice(["representative", "full"]),
+                 default="representative", show_default=True),
+    click.option("--engine", type=click.Choice(["simpy", "evaluator"]), default="simpy",
+                 show_default=True, help="Discrete events, or the exact contention-free "
+                                         "critical path."),
+    click.option("--contention/--no-contention", default=None,
+                 help="Share link bandwidth between concurrent transfers (default: on for "
+                      "simpy)."),
+    click.option("--overlap-dp", is_flag=True,
+                 help="Bucketed gradient reduction overlapped with the last backwards."),
+    click.option("--sub-cluster", is_flag=True,
+                 help="Allow dp*tp*pp below the cluster's GPU count."),
+    click.option("--slow-gpu", multiple=True, metavar="RANK:FACTOR",
+                 help="Full mode: GPU RANK computes FACTOR times slower (repeatable, each "
+                      "GPU once)."),
+    click.option("--degrade-link", multiple=True, metavar="LINK:FACTOR",
+                 help="Full mode: scale a link's capacity, e.g. node0.nic.out:0.5 "
+                      "(gpu<R>.out|in, node<N>.nic.out|in; repeatable, each link once)."),
+)
+
+
+#: simulate's outputs.
+_OUTPUT_OPTS = stacked(
+    json_options,
+    click.option("--chrome-trace", type=click.Path(dir_okay=False), default=None,
+                 help="Write a Chrome trace (open in Perfetto)."),
+    click.option("--gantt", "--plot", "plot", cls=AliasOption, type=click.Path(dir_okay=False),
+                 default=None,
+                 help="Write a Gantt chart (and FILE-memory.png with memory over time)."),
+)
+
+
+#: simulate's pricing: pipeline sends, a cost profile or trace, the precision.
+_COST_OPTS = stacked(
+    click.option("--pipeline-send", type=click.Choice(PIPELINE_SENDS), default=None,
+                 help=PIPELINE_SEND_HELP),
+    profile_option,
+    config_options("precision", defaults=dict(dtype="bf16")),
+    click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None,
+                 help="Profiled trace (merak-trace/1) for trace-driven costs."),
+)
+
+
 @click.command("simulate")
 @click.option("--model", "--model-json", "model", cls=AliasOption, default=None,
               help="Model preset name or JSON file.")
@@ -155,43 +225,15 @@ def _check_bounds(cfg, mode: str, engine: str) -> str:
 @config_options("degrees", "batch", "schedule", "memory", "overlap",
                 defaults=dict(zero=0, zero_group=0, tp_overlap="none", tp_overlap_parts=2,
                               attention="auto"))
-@click.option("--pipeline-send", type=click.Choice(PIPELINE_SENDS), default=None,
-              help=PIPELINE_SEND_HELP)
-@profile_option
-@config_options("precision", defaults=dict(dtype="bf16"))
-@click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None,
-              help="Profiled trace (merak-trace/1) for trace-driven costs.")
-@click.option("--mode", type=click.Choice(["representative", "full"]),
-              default="representative", show_default=True)
-@click.option("--engine", type=click.Choice(["simpy", "evaluator"]), default="simpy",
-              show_default=True, help="Discrete events, or the exact contention-free "
-                                      "critical path.")
-@click.option("--contention/--no-contention", default=None,
-              help="Share link bandwidth between concurrent transfers (default: on for "
-                   "simpy).")
-@click.option("--overlap-dp", is_flag=True,
-              help="Bucketed gradient reduction overlapped with the last backwards.")
-@click.option("--sub-cluster", is_flag=True,
-              help="Allow dp*tp*pp below the cluster's GPU count.")
-@click.option("--slow-gpu", multiple=True, metavar="RANK:FACTOR",
-              help="Full mode: GPU RANK computes FACTOR times slower (repeatable, each "
-                   "GPU once).")
-@click.option("--degrade-link", multiple=True, metavar="LINK:FACTOR",
-              help="Full mode: scale a link's capacity, e.g. node0.nic.out:0.5 "
-                   "(gpu<R>.out|in, node<N>.nic.out|in; repeatable, each link once).")
-@json_options
-@click.option("--chrome-trace", type=click.Path(dir_okay=False), default=None,
-              help="Write a Chrome trace (open in Perfetto).")
-@click.option("--gantt", "--plot", "plot", cls=AliasOption, type=click.Path(dir_okay=False),
-              default=None,
-              help="Write a Gantt chart (and FILE-memory.png with memory over time).")
+@_COST_OPTS
+@_ENGINE_OPTS
+@_OUTPUT_OPTS
 def simulate_command(model, cluster, plan_file, nodes, pipeline_send, trace_file, mode,
                      engine, contention, overlap_dp, sub_cluster, slow_gpu, degrade_link,
                      as_json, json_out, chrome_trace, plot, profile_file, **given):
     """Simulate one training iteration: time, breakdown, FLOP/s and memory."""
     from pathlib import Path
 
-    from merak_sim.costs.calibrated import calibrated_cost_model
     from merak_sim.sim import simulate
 
     memory_png = None
@@ -212,23 +254,7 @@ def simulate_command(model, cluster, plan_file, nodes, pipeline_send, trace_file
         cfg = _config(given)
     what_ifs = _what_ifs(slow_gpu, degrade_link, cfg, cluster, nodes, mode)
     progress = _check_bounds(cfg, mode, engine)
-    profile = load_profile(profile_file)
-    if profile is not None and trace_file:
-        raise click.UsageError("--profile prices from the analytic model, --trace from a "
-                               "profiled trace: give one of them")
-    cost_model = (None if pipeline_send is None and profile is None
-                  else calibrated_cost_model(pipeline_send, profile))
-    if trace_file:
-        try:
-            from merak_sim.costs.trace_model import TraceCostModel
-        except ImportError:
-            raise click.UsageError("--trace needs the trace-driven cost model "
-                                   "(merak_sim.costs.trace_model), not available in this "
-                                   "build") from None
-        from merak_sim.costs.analytic import AnalyticCostModel
-
-        cost_model = TraceCostModel(trace_file, fallback=None if pipeline_send is None
-                                    else AnalyticCostModel(pipeline_send=pipeline_send))
+    cost_model = _cost_model(pipeline_send, profile_file, trace_file)
     table = _zero3_table(cfg, model, cluster, nodes, cost_model)
     res = simulate(
         model, cluster, cfg, nodes=nodes, cost_model=cost_model, cost_table=table,
