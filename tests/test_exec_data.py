@@ -51,7 +51,7 @@ def test_jsonl_with_a_local_tokenizer(tmp_path):
 
 
 def test_datasets_folder_with_input_ids(tmp_path):
-    datasets = pytest.importorskip("datasets")  # the data extra, installed by make test
+    import datasets  # the data extra, installed by make test
     datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5, 6, 7]]}).save_to_disk(
         str(tmp_path / "ds"))
     s = load_data(str(tmp_path / "ds"), seq_len=2, vocab_size=10)
