@@ -37,33 +37,17 @@ model keeps its per-variant kernel count as the ring's, a small overstatement fo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from merak_sim.config import CP_COMMS
 from merak_sim.costs.moe import a2a_time
-from merak_sim.costs.ring import ring_pass
+from merak_sim.costs.ring import RingPass, ring_pass
 from merak_sim.layout import RankLayout
 
-__all__ = ["CPPass", "CP_COMMS", "cp_pass", "check_cp_comm", "inner_a2a_size",
+__all__ = ["CP_COMMS", "cp_pass", "check_cp_comm", "inner_a2a_size",
            "cp_volumes", "cp_notes"]
 
 Comm = Callable[[str, float, tuple[int, ...], Any], float]
-
-
-@dataclass(frozen=True, slots=True)
-class CPPass:
-    """Context-parallel exchanges of one layer pass: (total, exposed) seconds forward
-    and backward, bytes one GPU sends in each, and the working bytes held while one
-    layer runs (not per micro-batch)."""
-
-    fwd_total_s: float
-    fwd_exposed_s: float
-    bwd_total_s: float
-    bwd_exposed_s: float
-    fwd_bytes: float
-    bwd_bytes: float
-    working_bytes: float = 0.0
 
 
 def _heads_per_rank(model: Any, tp: int) -> tuple[int, int]:
@@ -127,14 +111,12 @@ def cp_volumes(kind: str, cp: int, q: float, kv: float, a: int = 0) -> tuple[flo
 
 
 def cp_pass(comm: Comm, cluster: Any, config: Any, pp_rank: int, model: Any,
-            kv_bytes: float, attn_fwd_s: float, attn_bwd_s: float) -> CPPass:
+            kv_bytes: float, attn_fwd_s: float, attn_bwd_s: float) -> RingPass:
     """The context-parallel exchanges of one layer pass on pipeline rank ``pp_rank``
     under ``config.cp_comm`` (module docstring); ring is :func:`ring_pass`'s figure."""
     kind = getattr(config, "cp_comm", "ring")
     if kind == "ring" or config.cp == 1 or kv_bytes <= 0:
-        r = ring_pass(comm, cluster, config, pp_rank, kv_bytes, attn_fwd_s, attn_bwd_s)
-        return CPPass(r.fwd_total_s, r.fwd_exposed_s, r.bwd_total_s, r.bwd_exposed_s,
-                      r.fwd_bytes, r.bwd_bytes)
+        return ring_pass(comm, cluster, config, pp_rank, kv_bytes, attn_fwd_s, attn_bwd_s)
     cp = config.cp
     lay = RankLayout.of(config)
     grp = lay.group("cp", lay.rank(pp_rank))
@@ -143,11 +125,11 @@ def cp_pass(comm: Comm, cluster: Any, config: Any, pp_rank: int, model: Any,
         f = comm("all-gather", cp * kv_bytes, grp, cluster)
         b = f + comm("reduce-scatter", cp * kv_bytes, grp, cluster)
         vf, vb = cp_volumes(kind, cp, q, kv_bytes)
-        return CPPass(f, f, b, b, vf, vb, 2 * cp * kv_bytes)
+        return RingPass(f, f, b, b, vf, vb, 2 * cp * kv_bytes)
     if kind == "a2a":
         t = a2a_time(q + kv_bytes, grp, cluster) + a2a_time(q, grp, cluster)
         vf, vb = cp_volumes(kind, cp, q, kv_bytes)
-        return CPPass(t, t, t, t, vf, vb, 2 * q + kv_bytes)
+        return RingPass(t, t, t, t, vf, vb, 2 * q + kv_bytes)
     a = inner_a2a_size(model, config, cluster, pp_rank) or inner_a2a_size(model, config)
     if not a:
         raise ValueError(f"cp-comm a2a+ring finds no inner all-to-all group in cp={cp}")
@@ -161,7 +143,7 @@ def cp_pass(comm: Comm, cluster: Any, config: Any, pp_rank: int, model: Any,
     ef = t_a2a + (r - 1) * max(0.0, tf - attn_fwd_s / r)
     eb = t_a2a + (r - 1) * max(0.0, tb - attn_bwd_s / r)
     vf, vb = cp_volumes(kind, cp, q, kv_bytes, a)
-    return CPPass(t_a2a + (r - 1) * tf, ef, t_a2a + (r - 1) * tb, eb, vf, vb,
+    return RingPass(t_a2a + (r - 1) * tf, ef, t_a2a + (r - 1) * tb, eb, vf, vb,
                   2 * q + 2 * kv_bytes)
 
 

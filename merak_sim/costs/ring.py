@@ -45,8 +45,9 @@ def ring_steps(cp: int) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class RingPass:
-    """Ring exchanges of one layer pass: (total, exposed) seconds, forward and
-    backward, and the bytes one GPU sends in each."""
+    """Context-parallel exchanges of one layer pass: (total, exposed) seconds, forward
+    and backward, the bytes one GPU sends in each, and the working bytes held while one
+    layer runs (0 for the ring; the other variants of :mod:`merak_sim.costs.cp`)."""
 
     fwd_total_s: float
     fwd_exposed_s: float
@@ -54,6 +55,7 @@ class RingPass:
     bwd_exposed_s: float
     fwd_bytes: float
     bwd_bytes: float
+    working_bytes: float = 0.0
 
 
 def ring_pass(comm: Comm, cluster: Any, config: Any, pp_rank: int, kv_bytes: float,
