@@ -222,15 +222,18 @@ class Reader:
         if whole is not None:
             return self._read(whole)
         shape = pieces[0].full_shape()
-        first = self._read(pieces[0])
-        full = torch.zeros(shape, dtype=first.dtype)
-        seen = torch.zeros(shape, dtype=torch.bool)
+        full = seen = None  # the dtype is the stored one: allocated at the first read
         for view, group in _by_view(pieces).items():
             cut_shape = group[0].cut_shape or group[0].shape
-            cut = torch.zeros(cut_shape, dtype=full.dtype)
-            cut_seen = torch.zeros(cut_shape, dtype=torch.bool)
+            cut = cut_seen = None
             for p in group:
                 data = self._read(p)
+                if full is None:
+                    full = torch.zeros(shape, dtype=data.dtype)
+                    seen = torch.zeros(shape, dtype=torch.bool)
+                if cut is None:
+                    cut = torch.zeros(cut_shape, dtype=data.dtype)
+                    cut_seen = torch.zeros(cut_shape, dtype=torch.bool)
                 a, b = p.flat or (0, cut.numel())
                 cut.view(-1)[a:b] = data.reshape(-1)
                 cut_seen.view(-1)[a:b] = True
