@@ -49,7 +49,7 @@ from merak_sim.plan import Plan
 from merak_sim.progress import PLANNER_BOUND, Progress, progress_reporter
 from merak_sim.resolve import cluster_record, resolve_cluster, resolve_model
 from merak_sim.schedule import SCHEDULES, ScheduleError
-from merak_sim.sim.from_config import zero_bubble_costs
+from merak_sim.sim.from_config import split_grad_sync, zero_bubble_costs
 
 from .bounds import bound_parts, lower_bound
 from .closest import closest_exact
@@ -219,8 +219,7 @@ def _evaluate_one(job: _Job, bound: float, c: Candidate, tab, arr, rows: RowBook
     if skey not in seen:
         seen.add(skey)
         counts["schedules"] += 1
-    # As from_config.split_grad_sync: whether the all-gather follows the optimizer.
-    split = 1 if c.zero in (1, 2) and not c.overlap_param_gather else 0
+    split = split_grad_sync(c)  # a candidate has the config's zero fields
     # A cost-aware order follows this table's times (as from_config.schedule_for).
     costs = (zero_bubble_costs(tab, fit.fractions)
              if SCHEDULES[c.schedule].cost_aware else None)
