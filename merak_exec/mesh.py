@@ -272,7 +272,8 @@ _COMM_MARKERS = ("/gloo/", "NCCL", "c10d", "ProcessGroup", "Connection closed by
 
 def is_comm_failure(e: BaseException) -> bool:
     """Whether ``e`` is a torch.distributed failure (a store or group timeout, a closed
-    connection): a DistError, or a RuntimeError with a gloo / NCCL / c10d message."""
+    connection): a DistError, a RuntimeError with a gloo / NCCL / c10d message, or
+    DCP's CheckpointException gathering one."""
     return _comm_cause(e) is not None
 
 
@@ -282,13 +283,19 @@ def _comm_cause(e: BaseException) -> BaseException | None:
         return e
     if isinstance(e, RuntimeError) and not isinstance(e, RankTimeoutError):
         return e if any(m in str(e) for m in _COMM_MARKERS) else None
+    api = sys.modules.get("torch.distributed.checkpoint.api")
+    if api is not None and isinstance(e, api.CheckpointException):
+        for f in getattr(e, "failures", {}).values():  # (exception, its stack) per rank
+            inner = f[0] if isinstance(f, tuple) else f
+            if isinstance(inner, BaseException) and _comm_cause(inner) is not None:
+                return _comm_cause(inner)
     return None
 
 
 @contextlib.contextmanager
 def bounded(what: str, group=None, quiet: bool = False):
     """Turn a torch.distributed failure inside the block (a store or group timeout, a
-    closed connection) into one
+    closed connection, DCP's CheckpointException of one) into one
     :class:`RankTimeoutError` line naming this rank, ``what`` and the other ranks of
     ``group`` (default: the whole world). The block is a fault point (``op:TEXT``).
     ``quiet``: silence stderr inside it (torch's C++ store client logs every timed-out
